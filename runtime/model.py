@@ -1,0 +1,231 @@
+"""The decoder: Llama family (Llama, SmolLM, Mistral, Qwen2) and GPT-2 family, top to bottom.
+
+Must not import Qt. Pre-norm blocks, ``Block.forward`` is two residual lines. RoPE tables
+are precomputed once (Su et al. 2021, "RoFormer", in transformers' half-split
+``rotate_half`` layout, which is how transformers hands us the weights). Attention
+is ``runtime.attention``; the KV cache is ``runtime.kv_cache.KVCache``.
+
+Fused projections: q/k/v are one matrix and so are the MLP's gate/up. One GEMV
+instead of three (or two) per layer saves dispatch time on the decode path, where
+each token is one matrix-vector product per weight.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from runtime.attention import attention
+from runtime.config import ModelConfig
+from runtime.kv_cache import KVCache
+
+#: Called per layer with attention weights ``(B, H, Tq, Tk)`` when set (probe only).
+AttentionObserver = Callable[[int, torch.Tensor], None]
+
+
+def rope_tables(head_dim: int, max_positions: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables ``(max_positions, head_dim)`` in float32.
+
+    ``inv_freq[i] = theta ** (-2i / head_dim)`` (RoFormer eq. 15), repeated for the
+    two halves of each head (transformers' layout).
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    pos = torch.arange(max_positions, dtype=torch.float64)
+    freqs = torch.outer(pos, inv_freq)  # (T, D/2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (T, D)
+    return emb.cos().float(), emb.sin().float()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``[x1, x2] -> [-x2, x1]`` over the last axis."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x (B, H, T, D)`` by tables ``(T, D)`` already indexed by position."""
+    return x * cos + rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    """Multi-head / grouped-query self-attention with a fused q/k/v projection."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.use_rope = cfg.family == "llama"
+        qkv_out = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, qkv_out, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        cache: KVCache | None,
+        layer: int,
+        observer: AttentionObserver | None = None,
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x)  # (B, T, (H + 2 Hkv) D)
+        q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+        q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
+        v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
+        if rope is not None:
+            cos, sin = rope
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # (B, Hkv, Tcached + T, D)
+        if observer is not None:
+            y, weights = attention(q, k, v, causal=True, return_weights=True)
+            observer(layer, weights)
+        else:
+            y = attention(q, k, v, causal=True)  # (B, H, T, D)
+        y = y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H D)
+        return self.o_proj(y)
+
+
+class MLP(nn.Module):
+    """SwiGLU (llama family: ``down(silu(gate(x)) * up(x))``) or GELU (GPT-2: ``proj(gelu(fc(x)))``)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.swiglu = cfg.family == "llama"
+        self.intermediate = cfg.intermediate_size
+        if self.swiglu:
+            self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        else:
+            self.gate_up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gelu_approx = "none" if cfg.activation == "gelu" else "tanh"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.gate_up_proj(x)
+        if self.swiglu:
+            gate, up = h.split(self.intermediate, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.gelu(h, approximate=self.gelu_approx))
+
+
+class Norm(nn.Module):
+    """RMSNorm (Zhang & Sennrich 2019) for the llama family, LayerNorm for GPT-2."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.rms = cfg.family == "llama"
+        self.eps = cfg.norm_eps
+        self.weight = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.bias = None if self.rms else nn.Parameter(torch.zeros(cfg.hidden_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rms:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+
+
+class Block(nn.Module):
+    """Pre-norm decoder block."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = Norm(cfg)
+        self.attn = Attention(cfg)
+        self.mlp_norm = Norm(cfg)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, rope, cache, layer, observer=None):
+        x = x + self.attn(self.attn_norm(x), rope, cache, layer, observer)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Decoder(nn.Module):
+    """Token ids -> logits, with an optional KV cache.
+
+    Build on the meta device, then :meth:`load_weights` assigns real tensors
+    (no second copy) and builds the RoPE tables.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.pos_embed = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size) if cfg.family == "gpt2" else None
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.final_norm = Norm(cfg)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rope_cos: torch.Tensor | None = None
+        self.rope_sin: torch.Tensor | None = None
+        self.observer: AttentionObserver | None = None
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Assign tensors named as in :func:`runtime.weights.to_decoder_state` (strict)."""
+        self.load_state_dict(state, strict=True, assign=True)
+        if self.cfg.family == "llama":
+            device = self.embed.weight.device
+            cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_position_embeddings, self.cfg.rope_theta)
+            dtype = self.embed.weight.dtype
+            self.rope_cos, self.rope_sin = cos.to(device, dtype), sin.to(device, dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        cache: KVCache | None = None,
+        *,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """Logits for ``input_ids (B, T)``.
+
+        With a cache the tokens take positions ``cache.length ..``, attend to every
+        cached token before them, and are appended to the cache.
+
+        Returns:
+            float32 logits ``(B, T, V)``, or ``(B, 1, V)`` with ``last_only``.
+
+        Raises:
+            CacheLimitError: the cache cannot hold ``T`` more tokens.
+            ValueError: positions past the model's maximum context.
+        """
+        B, T = input_ids.shape
+        start = cache.length if cache is not None else 0
+        if start + T > self.cfg.max_position_embeddings:
+            raise ValueError(
+                f"{start + T} tokens pass the model's maximum context of {self.cfg.max_position_embeddings}"
+            )
+        if cache is not None:
+            cache.reserve(T)
+        x = self.embed(input_ids)  # (B, T, C)
+        rope = None
+        if self.pos_embed is not None:
+            x = x + self.pos_embed.weight[start : start + T]
+        else:
+            rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T])  # (T, D) each
+        for i, block in enumerate(self.blocks):
+            x = block(x, rope, cache, i, self.observer)
+        if cache is not None:
+            cache.advance(T)
+        if last_only:
+            x = x[:, -1:]
+        x = self.final_norm(x)
+        head = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(x, head).float()  # (B, T, V)
+
+    @torch.inference_mode()
+    def shift_key_positions(self, cache: KVCache, start: int, end: int, delta: int) -> None:
+        """Re-rotate cached keys ``start .. end-1`` by ``delta`` positions (in place).
+
+        RoPE rotations compose: ``R(p + delta) k = R(delta) R(p) k``, so moving keys
+        that were rotated at position ``p`` to ``p + delta`` needs one rotation by
+        ``delta`` (used after evicting the middle of the cache). GPT-2's learned
+        absolute positions are added to the embeddings, not the keys: nothing to do.
+        """
+        if self.rope_cos is None or start >= end or delta == 0:
+            return
+        cos, sin = rope_tables(self.cfg.head_dim, abs(delta) + 1, self.cfg.rope_theta)
+        c, s = cos[abs(delta)], sin[abs(delta)] * (1 if delta > 0 else -1)  # (D,)
+        for kb in cache.k:
+            seg = kb[:, :, start:end].float()
+            kb[:, :, start:end] = (seg * c + rotate_half(seg) * s).to(kb.dtype)

@@ -1,0 +1,432 @@
+"""A chat session: a conversation, its KV cache, and generation as a stream of typed events.
+
+Must not import Qt. Each turn: render the conversation with the chat template ->
+token ids -> longest common prefix with what the cache holds -> crop the cache
+there -> prefill the rest in chunks (cancellable, with progress) -> decode.
+
+Context overflow policies (when conversation + reply would pass the context limit):
+
+- ``stop``: the reply ends with finish reason ``"context"``.
+- ``truncate-middle``: keep the system prompt and the newest turns, drop the oldest
+  turns in between, re-prefill what changed (counted in ``dropped_tokens``).
+- ``rolling``: StreamingLLM (Xiao et al. 2023, "Efficient Streaming Language Models
+  with Attention Sinks"): keep the first ``sink_tokens`` tokens and a window of the
+  newest; evict the middle from the cache. Positions: keys are cached after RoPE, and
+  after an eviction the kept keys are re-rotated by minus the evicted count
+  (RoPE rotations compose), so cache slot ``i`` always holds position ``i`` and the
+  model never sees a position past the window. We chose re-rotation over caching
+  keys before RoPE because it costs one rotation per eviction instead of one per
+  cached key on every decode step.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Iterator, Union
+
+import torch
+
+from runtime.chat_format import PLAIN_STOP, Message, encode_messages
+from runtime.errors import ContextOverflowError
+from runtime.loader import Model
+from runtime.sampling import Sampler, SamplingParams
+from runtime.streaming import IncrementalDetokenizer, StopStringMatcher
+
+OVERFLOW_POLICIES = ("stop", "truncate-middle", "rolling")
+#: llama.cpp's default ``repeat_last_n``: the repetition penalty looks this far back (tokens).
+REPEAT_LAST_N = 64
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How a session generates.
+
+    Attributes:
+        sampling: sampling parameters (temperature 0 = greedy).
+        max_new_tokens: most tokens per reply.
+        stop_strings: texts that end a reply (not shown).
+        context_limit: context window in tokens (``None``: the model's maximum).
+        overflow: ``"stop"``, ``"truncate-middle"`` or ``"rolling"``.
+        sink_tokens: first tokens the rolling policy always keeps.
+        prefill_chunk: tokens per prefill step (progress and cancel granularity).
+        cache_dtype: KV-cache dtype name (``None``: the weights' dtype).
+        cache_limit_bytes: cap on the KV cache's allocated bytes (``None``: none).
+
+    Raises:
+        ValueError: values out of range (one sentence, with the allowed range).
+    """
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_new_tokens: int = 512
+    stop_strings: tuple[str, ...] = ()
+    context_limit: int | None = None
+    overflow: str = "truncate-middle"
+    sink_tokens: int = 4
+    prefill_chunk: int = 256
+    cache_dtype: str | None = None
+    cache_limit_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max new tokens must be at least 1; got {self.max_new_tokens}")
+        if self.context_limit is not None and self.context_limit < 1:
+            raise ValueError(f"the context length must be a positive number of tokens; got {self.context_limit}")
+        if self.overflow not in OVERFLOW_POLICIES:
+            raise ValueError(f"unknown overflow policy {self.overflow!r}; use one of {', '.join(OVERFLOW_POLICIES)}")
+        if self.sink_tokens < 0:
+            raise ValueError(f"sink tokens must be 0 or more; got {self.sink_tokens}")
+        if self.prefill_chunk < 1:
+            raise ValueError(f"the prefill chunk must be at least 1 token; got {self.prefill_chunk}")
+
+
+@dataclass
+class TurnStats:
+    """Figures of one reply (the command line's JSON fields). Times in seconds."""
+
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    prefilled_tokens: int = 0
+    completion_tokens: int = 0
+    dropped_tokens: int = 0
+    ttft_s: float = 0.0
+    prefill_tokens_per_s: float = 0.0
+    decode_tokens_per_s: float = 0.0
+    context_limit: int = 0
+    kv_cache: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """``done`` of ``total`` prompt tokens prefilled so far."""
+
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class TextPiece:
+    """Newly shown reply text (never a broken character, never part of a stop string)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class StatsUpdate:
+    """Figures so far (after prefill, then every few decoded tokens)."""
+
+    stats: TurnStats
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The reply ended: ``reason`` is ``"stop"``, ``"length"``, ``"context"`` or ``"cancelled"``."""
+
+    reason: str
+    text: str
+    stats: TurnStats
+
+
+Event = Union[PrefillProgress, TextPiece, StatsUpdate, Finish]
+
+
+class _Stop(Exception):
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+class ChatSession:
+    """One conversation with its KV cache.
+
+    Args:
+        model: a loaded :class:`runtime.loader.Model`.
+        system_prompt: optional system message.
+        settings: :class:`GenerationSettings`.
+
+    Raises:
+        ValueError: a context limit past the model's maximum, an unknown cache dtype.
+        CacheLimitError: a cache limit below one token.
+    """
+
+    def __init__(self, model: Model, *, system_prompt: str | None = None, settings: GenerationSettings | None = None):
+        self.model = model
+        self.settings = settings or GenerationSettings()
+        max_ctx = model.config.max_position_embeddings
+        limit = self.settings.context_limit or max_ctx
+        if limit > max_ctx:
+            raise ValueError(f"a context of {limit} tokens passes the model's maximum of {max_ctx}; use at most {max_ctx}")
+        self.context_limit = limit
+        self.cache = model.new_cache(limit, dtype=self.settings.cache_dtype, limit_bytes=self.settings.cache_limit_bytes)
+        self.context_limit = min(limit, self.cache.token_limit)
+        self.system_prompt = system_prompt
+        self.messages: list[Message] = []
+        # The logical token stream the cache was built from, and the logical position
+        # of each cache slot (they differ only after a rolling eviction).
+        self._stream: list[int] = []
+        self._slots: list[int] = []
+        self._cancel = threading.Event()
+        self.last_logits: torch.Tensor | None = None  # logits that chose the first reply token
+        self.last_stats: TurnStats | None = None
+
+    # ---- conversation edits --------------------------------------------------------------
+    def cancel(self) -> None:
+        """Ask the running reply to stop (thread-safe; takes effect within one step)."""
+        self._cancel.set()
+
+    def reset(self) -> None:
+        """Forget the conversation and the cache (memory stays allocated)."""
+        self.messages.clear()
+        self._stream.clear()
+        self._slots.clear()
+        self.cache.reset()
+
+    def send(self, text: str) -> Iterator[Event]:
+        """Add a user message and generate the reply (appended to :attr:`messages` at the end)."""
+        self.messages.append(Message("user", text))
+        return self._generate()
+
+    def regenerate(self) -> Iterator[Event]:
+        """Drop the last reply and generate it again (the prompt is reused from the cache).
+
+        Raises:
+            ValueError: there is no user message to reply to.
+        """
+        while self.messages and self.messages[-1].role == "assistant":
+            self.messages.pop()
+        if not self.messages:
+            raise ValueError("there is no message to regenerate a reply for")
+        return self._generate()
+
+    def edit_last_user(self, text: str) -> Iterator[Event]:
+        """Replace the last user message (dropping replies after it) and generate.
+
+        Raises:
+            ValueError: the conversation has no user message.
+        """
+        idx = max((i for i, m in enumerate(self.messages) if m.role == "user"), default=None)
+        if idx is None:
+            raise ValueError("there is no user message to edit")
+        del self.messages[idx:]
+        return self.send(text)
+
+    # ---- prompt assembly -----------------------------------------------------------------
+    def _conversation(self, messages: list[Message]) -> list[Message]:
+        sys_msgs = [Message("system", self.system_prompt)] if self.system_prompt else []
+        return sys_msgs + messages
+
+    def _stop_strings(self) -> tuple[str, ...]:
+        extra = () if self.model.has_chat_template else (PLAIN_STOP,)
+        return tuple(s for s in self.settings.stop_strings + extra if s)
+
+    def _prompt(self, reserve: int) -> tuple[list[int], int]:
+        """Prompt ids for the conversation and the tokens dropped to fit it.
+
+        ``reserve``: tokens to leave free for the reply under truncate-middle.
+
+        Raises:
+            ContextOverflowError: the last message cannot fit even alone.
+        """
+        tok = self.model.tokenizer
+        full = encode_messages(tok, self._conversation(self.messages))
+        limit = self.context_limit
+        if len(full) < limit and (self.settings.overflow != "truncate-middle" or len(full) + reserve <= limit):
+            return full, 0
+        alone = encode_messages(tok, self._conversation(self.messages[-1:]))
+        if len(alone) >= limit:
+            raise ContextOverflowError(
+                f"the message needs {len(alone)} tokens with the chat template but the context holds "
+                f"{limit}; shorten the message or raise the context length",
+                prompt_tokens=len(alone), context_limit=limit,
+            )
+        if self.settings.overflow != "truncate-middle":
+            return full, 0
+        # Drop the oldest turns (a user message and the replies after it) until it fits.
+        msgs = list(self.messages)
+        ids = full
+        target = max(limit - reserve, len(alone) + 1)
+        while len(ids) > target and len(msgs) > 1:
+            del msgs[0]
+            while len(msgs) > 1 and msgs[0].role != "user":
+                del msgs[0]
+            ids = encode_messages(tok, self._conversation(msgs))
+        if len(ids) >= limit:
+            ids = alone
+        return ids, len(full) - len(ids)
+
+    # ---- the cache -----------------------------------------------------------------------
+    def _sync_cache(self, ids: list[int]) -> int:
+        """Crop the cache to its longest common prefix with ``ids``; returns reused tokens."""
+        n = 0
+        for a, b in zip(self._stream, ids):
+            if a != b:
+                break
+            n += 1
+        n = min(n, len(ids) - 1)  # always prefill at least one token to get logits
+        keep = sum(1 for p in self._slots if p < n)
+        # Slots after an eviction gap are valid only if everything before them is.
+        self.cache.crop(keep)
+        del self._slots[keep:]
+        del self._stream[n:]
+        return n
+
+    def _evict_for(self, n_new: int) -> None:
+        """Rolling policy: make room for ``n_new`` tokens by evicting after the sinks."""
+        limit = self.context_limit
+        if self.cache.length + n_new <= limit:
+            return
+        sink = min(self.settings.sink_tokens, limit - 1)
+        window = limit - sink
+        if n_new > window:
+            raise _Stop("context")
+        n_evict = max(self.cache.length + n_new - limit, window // 4)
+        n_evict = min(n_evict, self.cache.length - sink)
+        end = sink + n_evict
+        self.cache.evict(sink, end)
+        self.model.decoder.shift_key_positions(self.cache, sink, self.cache.length, -n_evict)
+        del self._slots[sink:end]
+
+    def _feed(self, ids: list[int], *, last_only: bool) -> torch.Tensor:
+        """Run ``ids`` through the model, appending them to the cache."""
+        base = len(self._stream)
+        logits = self.model.logits(ids, self.cache, last_only=last_only)
+        self._slots.extend(range(base, base + len(ids)))
+        self._stream.extend(ids)
+        return logits
+
+    # ---- generation ----------------------------------------------------------------------
+    def _generate(self) -> Iterator[Event]:
+        self._cancel.clear()
+        st = self.settings
+        t_start = time.perf_counter()
+        stats = TurnStats(context_limit=self.context_limit)
+        reserve = min(st.max_new_tokens, self.context_limit // 2)
+        prompt, dropped = self._prompt(reserve)
+        stats.prompt_tokens, stats.dropped_tokens = len(prompt), dropped
+        detok = IncrementalDetokenizer(self.model.tokenizer)
+        stops = StopStringMatcher(self._stop_strings())
+        sampler = Sampler(st.sampling)
+        shown: list[str] = []
+        generated: list[int] = []
+        reason = "stop"
+        logits = None
+        try:
+            if st.overflow == "stop" and len(prompt) >= self.context_limit:
+                raise _Stop("context")
+            reused = self._sync_cache(prompt)
+            stats.reused_tokens, stats.prefilled_tokens = reused, len(prompt) - reused
+            rest = prompt[reused:]
+            t_prefill = time.perf_counter()
+            done = 0
+            yield PrefillProgress(0, len(rest))
+            while done < len(rest):
+                if self._cancel.is_set():
+                    raise _Stop("cancelled")
+                chunk = rest[done : done + st.prefill_chunk]
+                if st.overflow == "rolling":
+                    chunk = chunk[: max(1, self.context_limit - min(st.sink_tokens, self.context_limit - 1))]
+                    self._evict_for(len(chunk))
+                last = done + len(chunk) == len(rest)
+                logits = self._feed(chunk, last_only=True)
+                done += len(chunk)
+                yield PrefillProgress(done, len(rest))
+            prefill_s = time.perf_counter() - t_prefill
+            stats.prefill_tokens_per_s = len(rest) / prefill_s if prefill_s > 0 else 0.0
+            self.last_logits = logits[0, -1].clone()
+            yield StatsUpdate(self._snapshot(stats))
+            t_decode = None
+            n_steps = 0
+            while True:
+                recent = (self._stream[-REPEAT_LAST_N:]) if st.sampling.repetition_penalty != 1.0 else None
+                token = sampler(logits[0, -1], recent)
+                if not generated:
+                    stats.ttft_s = time.perf_counter() - t_start
+                    t_decode = time.perf_counter()
+                if token in self.model.stop_token_ids:
+                    raise _Stop("stop")
+                generated.append(token)
+                piece, hit = stops.push(detok.push(token))
+                if piece:
+                    shown.append(piece)
+                    yield TextPiece(piece)
+                if hit:
+                    raise _Stop("stop")
+                if len(generated) >= st.max_new_tokens:
+                    raise _Stop("length")
+                if self._cancel.is_set():
+                    raise _Stop("cancelled")
+                logits = self._step(generated, stats)
+                n_steps += 1
+                stats.decode_tokens_per_s = n_steps / max(time.perf_counter() - t_decode, 1e-9)
+                stats.completion_tokens = len(generated)
+                if n_steps % 16 == 0:
+                    yield StatsUpdate(self._snapshot(stats))
+        except _Stop as s:
+            reason = s.reason
+        if reason != "stop" or not stops.stopped:
+            piece, hit = stops.push(detok.flush())
+            tail = piece + ("" if hit else stops.flush())
+            if tail:
+                shown.append(tail)
+                yield TextPiece(tail)
+        text = "".join(shown)
+        stats.completion_tokens = len(generated)
+        if text or reason in ("stop", "length"):
+            self.messages.append(Message("assistant", text))
+        self.last_stats = self._snapshot(stats)
+        yield Finish(reason, text, self.last_stats)
+
+    def _step(self, generated: list[int], stats: TurnStats) -> torch.Tensor:
+        """Decode the newest token, applying the overflow policy when the cache is full."""
+        token = generated[-1]
+        if self.cache.length + 1 > self.context_limit:
+            policy = self.settings.overflow
+            if policy == "rolling":
+                self._evict_for(1)
+            elif policy == "truncate-middle":
+                return self._truncate_mid_reply(generated, stats)
+            else:
+                raise _Stop("context")
+        return self._feed([token], last_only=True)
+
+    def _truncate_mid_reply(self, generated: list[int], stats: TurnStats) -> torch.Tensor:
+        """truncate-middle during a reply: drop the oldest turns, re-prefill prompt + reply so far.
+
+        Raises:
+            _Stop("context"): even the last message and the reply so far do not fit.
+        """
+        tok = self.model.tokenizer
+        limit = self.context_limit
+        remaining = self.settings.max_new_tokens - len(generated)
+        target = limit - max(1, min(remaining, limit // 4))
+        msgs = list(self.messages)
+        before = len(encode_messages(tok, self._conversation(msgs)))
+        ids = encode_messages(tok, self._conversation(msgs)) + generated
+        while len(ids) > target and len(msgs) > 1:
+            del msgs[0]
+            while len(msgs) > 1 and msgs[0].role != "user":
+                del msgs[0]
+            ids = encode_messages(tok, self._conversation(msgs)) + generated
+        if len(ids) > limit:
+            raise _Stop("context")
+        stats.dropped_tokens += before - (len(ids) - len(generated))
+        reused = self._sync_cache(ids)
+        rest = ids[reused:]
+        logits = None
+        for i in range(0, len(rest), self.settings.prefill_chunk):
+            logits = self._feed(rest[i : i + self.settings.prefill_chunk], last_only=True)
+        return logits
+
+    def _snapshot(self, stats: TurnStats) -> TurnStats:
+        return replace(stats, kv_cache=self.cache.stats())
+
+    def run(self, events: Iterator[Event]) -> Finish:
+        """Drain an event stream and return its :class:`Finish` (for callers that do not stream)."""
+        finish = None
+        for ev in events:
+            if isinstance(ev, Finish):
+                finish = ev
+        assert finish is not None
+        return finish

@@ -1,0 +1,96 @@
+"""Rename and fuse a transformers state dict into the decoder's layout.
+
+Must not import Qt. transformers reads the tensors (GGUF dequantized, or safetensors);
+this module only maps names, fuses q/k/v and gate/up, and transposes GPT-2's Conv1D.
+"""
+from __future__ import annotations
+
+import torch
+
+from runtime.config import ModelConfig
+from runtime.errors import ModelLoadError
+
+
+def _take(sd: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    try:
+        return sd[name]
+    except KeyError:
+        raise ModelLoadError(
+            f"the weights have no tensor {name!r}; the file is incomplete or not the architecture "
+            f"its config says: re-download or re-export it"
+        ) from None
+
+
+def _strip_prefix(sd: dict[str, torch.Tensor], prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, t in sd.items():
+        for p in prefixes:
+            if name.startswith(p):
+                name = name[len(p):]
+                break
+        out[name] = t
+    return out
+
+
+def to_decoder_state(cfg: ModelConfig, sd: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """transformers names -> :class:`runtime.model.Decoder` names, cast to ``dtype``.
+
+    Llama family: ``model.layers.N.self_attn.{q,k,v}_proj`` fused into
+    ``blocks.N.attn.qkv_proj``; ``mlp.{gate,up}_proj`` into ``blocks.N.mlp.gate_up_proj``.
+    GPT-2: ``h.N.attn.c_attn`` (a Conv1D, ``(in, out)``) transposed into
+    ``qkv_proj``; ``mlp.c_fc`` / ``mlp.c_proj`` into ``gate_up_proj`` / ``down_proj``.
+
+    Raises:
+        ModelLoadError: a tensor is missing.
+    """
+    out: dict[str, torch.Tensor] = {}
+
+    def put(name: str, t: torch.Tensor) -> None:
+        out[name] = t.to(dtype).contiguous()
+
+    if cfg.family == "llama":
+        sd = _strip_prefix(sd, ("model.",))
+        put("embed.weight", _take(sd, "embed_tokens.weight"))
+        for i in range(cfg.n_layers):
+            p = f"layers.{i}."
+            b = f"blocks.{i}."
+            put(b + "attn_norm.weight", _take(sd, p + "input_layernorm.weight"))
+            put(b + "mlp_norm.weight", _take(sd, p + "post_attention_layernorm.weight"))
+            put(b + "attn.qkv_proj.weight", torch.cat([_take(sd, p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
+            if cfg.qkv_bias:
+                put(b + "attn.qkv_proj.bias", torch.cat([_take(sd, p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
+            put(b + "attn.o_proj.weight", _take(sd, p + "self_attn.o_proj.weight"))
+            if cfg.o_bias:
+                put(b + "attn.o_proj.bias", _take(sd, p + "self_attn.o_proj.bias"))
+            put(b + "mlp.gate_up_proj.weight", torch.cat([_take(sd, p + "mlp.gate_proj.weight"), _take(sd, p + "mlp.up_proj.weight")]))
+            put(b + "mlp.down_proj.weight", _take(sd, p + "mlp.down_proj.weight"))
+            if cfg.mlp_bias:
+                put(b + "mlp.gate_up_proj.bias", torch.cat([_take(sd, p + "mlp.gate_proj.bias"), _take(sd, p + "mlp.up_proj.bias")]))
+                put(b + "mlp.down_proj.bias", _take(sd, p + "mlp.down_proj.bias"))
+        put("final_norm.weight", _take(sd, "norm.weight"))
+        if not cfg.tie_word_embeddings:
+            put("lm_head.weight", _take(sd, "lm_head.weight"))
+        return out
+
+    # GPT-2 family: Conv1D weights are stored (in, out); nn.Linear wants (out, in).
+    sd = _strip_prefix(sd, ("transformer.",))
+    put("embed.weight", _take(sd, "wte.weight"))
+    put("pos_embed.weight", _take(sd, "wpe.weight"))
+    for i in range(cfg.n_layers):
+        p = f"h.{i}."
+        b = f"blocks.{i}."
+        put(b + "attn_norm.weight", _take(sd, p + "ln_1.weight"))
+        put(b + "attn_norm.bias", _take(sd, p + "ln_1.bias"))
+        put(b + "mlp_norm.weight", _take(sd, p + "ln_2.weight"))
+        put(b + "mlp_norm.bias", _take(sd, p + "ln_2.bias"))
+        put(b + "attn.qkv_proj.weight", _take(sd, p + "attn.c_attn.weight").t())
+        put(b + "attn.qkv_proj.bias", _take(sd, p + "attn.c_attn.bias"))
+        put(b + "attn.o_proj.weight", _take(sd, p + "attn.c_proj.weight").t())
+        put(b + "attn.o_proj.bias", _take(sd, p + "attn.c_proj.bias"))
+        put(b + "mlp.gate_up_proj.weight", _take(sd, p + "mlp.c_fc.weight").t())
+        put(b + "mlp.gate_up_proj.bias", _take(sd, p + "mlp.c_fc.bias"))
+        put(b + "mlp.down_proj.weight", _take(sd, p + "mlp.c_proj.weight").t())
+        put(b + "mlp.down_proj.bias", _take(sd, p + "mlp.c_proj.bias"))
+    put("final_norm.weight", _take(sd, "ln_f.weight"))
+    put("final_norm.bias", _take(sd, "ln_f.bias"))
+    return out
