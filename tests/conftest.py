@@ -20,3 +20,11 @@ def default_tokenizer(default_model_file):
     return AutoTokenizer.from_pretrained(
         str(default_model_file.parent), gguf_file=default_model_file.name
     )
+
+
+@pytest.fixture(scope="session")
+def default_model(default_model_file):
+    """The default model loaded by our runtime on the CPU in float32 (loaded once per run)."""
+    from runtime import load_model
+
+    return load_model(default_model_file, device="cpu")

@@ -212,7 +212,7 @@ def test_partial_prefix_that_does_not_complete_is_released():
     assert shown == ["Hi", "", "\nUs"] and not stopped  # released by flush()
 
 
-def test_earliest_of_several_stop_strings_wins():
+def test_first_of_several_stop_strings_to_complete_wins():
     shown, stopped, matcher = run_matcher(["</s>", "\nUser:"], ["a\nUs", "er: b</s>"])
     assert "".join(shown) == "a" and stopped and matcher.matched == "\nUser:"
     shown, _, matcher = run_matcher(["</s>", "\nUser:"], ["a</", "s>\nUser:"])

@@ -1,0 +1,5 @@
+import sys
+
+from attnchat.cli import main
+
+sys.exit(main())

@@ -1,0 +1,266 @@
+"""The ``attnchat`` command line: the app, ``chat``, ``models``.
+
+Errors a user can cause exit with status 2 and one line on stderr (what was wrong,
+what to do); anything unexpected writes its traceback to the log folder and prints
+one line pointing there. Heavy imports (torch) happen only in the commands that
+need them, so ``attnchat models ...`` and ``--help`` stay fast.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any, Sequence
+
+from attnchat import models_cmd
+
+EXIT_USER_ERROR = 2
+log = logging.getLogger("attnchat")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line and exits 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _quiet_libraries() -> None:
+    """No progress bars or library warnings on the user's terminal; never reach a model hub."""
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be a positive number")
+    return value
+
+
+def _add_generation_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", metavar="SRC", help="a .gguf file or a model folder (default: the default model)")
+    p.add_argument("--system", metavar="TEXT", help="system prompt")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=512, metavar="N", help="most tokens per reply (default 512)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (1 = off)")
+    p.add_argument("--min-p", type=float, default=0.0, metavar="P", help="min-p threshold (0 = off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R", help="1 = off")
+    p.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed (same seed, same text)")
+    p.add_argument("--context", type=int, default=None, metavar="N", help="context length in tokens (default: the model's maximum)")
+    p.add_argument("--cache-dtype", default=None, metavar="D", help="KV-cache dtype: float32, bfloat16, float16")
+    p.add_argument("--cache-limit-mib", type=float, default=None, metavar="M", help="KV-cache memory limit in MiB")
+    p.add_argument("--overflow", choices=["stop", "truncate-middle", "rolling"], default="truncate-middle",
+                   help="what happens when the conversation passes the context (default truncate-middle)")
+    p.add_argument("--sink-tokens", type=int, default=4, metavar="N", help="tokens the rolling policy always keeps")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="a stop string (repeatable)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    p.add_argument("--dtype", default=None, help="weight dtype: float32, bfloat16, float16 (default per device)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="attnchat", description="A local chat app that shows its KV cache and attention.")
+    parser.add_argument("--model", metavar="SRC", help="a .gguf file or a model folder")
+    parser.add_argument("--self-test", action="store_true", help="load the model, answer one question, exit 0 if right")
+    parser.add_argument("--screenshot", metavar="DIR", help="save screenshots of the app's windows to DIR and exit")
+    parser.add_argument("--terminal", action="store_true", help="chat in the terminal instead of the window")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    chat = sub.add_parser("chat", help="chat from the command line", description=(
+        "Each --prompt is one user turn of one conversation. Without --prompt: an interactive terminal chat."))
+    chat.add_argument("--prompt", action="append", default=[], metavar="TEXT", help="a user turn (repeatable)")
+    chat.add_argument("--json", action="store_true", help="one JSON object per turn (JSON Lines)")
+    _add_generation_args(chat)
+    models_cmd.add_parser(sub)
+    return parser
+
+
+def _settings(args: argparse.Namespace):
+    from runtime.sampling import SamplingParams
+    from runtime.session import GenerationSettings
+
+    limit = None
+    if args.cache_limit_mib is not None:
+        if args.cache_limit_mib <= 0:
+            raise ValueError(f"the KV-cache limit must be positive; got {args.cache_limit_mib} MiB")
+        limit = int(args.cache_limit_mib * 1024 * 1024)
+    if args.context is not None and args.context <= 0:
+        raise ValueError(f"the context length must be a positive number of tokens; got {args.context}")
+    if args.cache_dtype is not None:
+        from runtime.kv_cache import parse_cache_dtype
+
+        parse_cache_dtype(args.cache_dtype)
+    sampling = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, seed=args.seed,
+    )
+    return GenerationSettings(
+        sampling=sampling, max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop),
+        context_limit=args.context, overflow=args.overflow, sink_tokens=args.sink_tokens,
+        cache_dtype=args.cache_dtype, cache_limit_bytes=limit,
+    )
+
+
+def _load(args: argparse.Namespace):
+    from runtime import load_model
+
+    return load_model(args.model, device=args.device, dtype=getattr(args, "dtype", None))
+
+
+def _turn_json(model, finish) -> dict[str, Any]:
+    out = {"text": finish.text, "finish_reason": finish.reason}
+    out.update(finish.stats.to_dict())
+    out["device"] = str(model.device)
+    out["model"] = model.name
+    return out
+
+
+def _run_chat(args: argparse.Namespace) -> int:
+    settings = _settings(args)  # validate before the slow load
+    model = _load(args)
+    from runtime.session import ChatSession
+
+    session = ChatSession(model, system_prompt=args.system, settings=settings)
+    if not args.prompt:
+        return _interactive(session)
+    for prompt in args.prompt:
+        finish = session.run(session.send(prompt))
+        if args.json:
+            print(json.dumps(_turn_json(model, finish), ensure_ascii=False), flush=True)
+        else:
+            print(finish.text, flush=True)
+    return 0
+
+
+def _interactive(session) -> int:
+    """A terminal chat: streamed replies, /reset, /exit; Ctrl-C stops the reply, not the program."""
+    from runtime.session import Finish, PrefillProgress, TextPiece
+
+    generating = False
+
+    def on_sigint(signum, frame):
+        if generating:
+            session.cancel()
+        else:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    print(f"attnchat — {session.model.name} on {session.model.device}. /reset clears, /exit quits, Ctrl-C stops a reply.")
+    try:
+        while True:
+            try:
+                line = input("> ")
+            except (EOFError, KeyboardInterrupt):
+                print()
+                return 0
+            text = line.strip()
+            if not text:
+                continue
+            if text in ("/exit", "/quit"):
+                return 0
+            if text == "/reset":
+                session.reset()
+                print("(conversation cleared)")
+                continue
+            generating = True
+            try:
+                for ev in session.send(line):
+                    if isinstance(ev, TextPiece):
+                        sys.stdout.write(ev.text)
+                        sys.stdout.flush()
+                    elif isinstance(ev, Finish):
+                        s = ev.stats
+                        note = {"cancelled": " (stopped)", "length": " (length limit)", "context": " (context full)"}.get(ev.reason, "")
+                        print(f"{note}\n[{s.completion_tokens} tokens, {s.decode_tokens_per_s:.1f} tok/s, "
+                              f"KV cache {s.kv_cache.get('used_bytes', 0) / 2**20:.1f} MiB]")
+            finally:
+                generating = False
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _self_test(args: argparse.Namespace) -> int:
+    from runtime.session import ChatSession, GenerationSettings
+
+    model = _load(args)
+    session = ChatSession(model, settings=GenerationSettings(max_new_tokens=24))
+    finish = session.run(session.send("What is the capital of France?"))
+    ok = "paris" in finish.text.lower()
+    print(f"self-test {'passed' if ok else 'FAILED'}: {model.name} on {model.device} answered {finish.text!r}")
+    return 0 if ok else 1
+
+
+def _app(args: argparse.Namespace) -> int:
+    if args.self_test:
+        return _self_test(args)
+    try:
+        from desktop.app import main as desktop_main  # the window, when installed
+    except ImportError:
+        desktop_main = None
+    if desktop_main is not None and not args.terminal:
+        return desktop_main(args)
+    from models import fetch
+
+    fetch.ensure_default() if args.model is None else None
+    chat_args = build_parser().parse_args(["chat"] + (["--model", args.model] if args.model else []) + ["--device", args.device])
+    return _run_chat(chat_args)
+
+
+def _log_file():
+    try:
+        from models import paths
+
+        return paths.log_dir() / "attnchat.log"
+    except OSError:
+        return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    _quiet_libraries()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logfile = _log_file()
+    if logfile is not None:
+        logging.basicConfig(filename=str(logfile), level=logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "models":
+            return models_cmd.run(args)
+        if args.command == "chat":
+            return _run_chat(args)
+        return _app(args)
+    except KeyboardInterrupt:
+        print("attnchat: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one line for the user, the traceback for the log
+        from models import FetchError
+
+        user_error = isinstance(e, (ValueError, FetchError))
+        try:
+            from runtime.errors import AttnchatError
+
+            user_error = user_error or isinstance(e, AttnchatError)
+        except ImportError:
+            pass
+        log.exception("command failed")
+        if user_error:
+            print(f"attnchat: error: {e}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        where = f"; details in {logfile}" if logfile else ""
+        print(f"attnchat: internal error: {type(e).__name__}: {e}{where}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
