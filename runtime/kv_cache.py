@@ -12,6 +12,12 @@ short chat never uses, and the memory panel should show what a conversation real
 costs. Why not ``torch.cat`` per token: that copies the whole cache every step
 (O(T^2) bytes over a reply). Growing by ``chunk_tokens`` copies each token at most
 ``capacity / chunk_tokens`` times and keeps every decode step an in-place write.
+
+Every buffer operation runs under ``torch.inference_mode``: the buffers are inference
+tensors (no autograd version counters), writable from any caller.
+
+Every buffer operation runs under ``torch.inference_mode``: the buffers are inference
+tensors (no autograd version counters), writable from any caller.
 """
 from __future__ import annotations
 
@@ -164,6 +170,7 @@ class KVCache:
             new_v[i][:, :, :n].copy_(self.v[i][:, :, :n])
         self.k, self.v, self.capacity = new_k, new_v, new_cap
 
+    @torch.inference_mode()
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write new keys/values ``(B, Hkv, Tnew, D)`` at ``length`` for one layer.
 

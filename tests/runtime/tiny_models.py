@@ -1,0 +1,128 @@
+"""Tiny seeded random models of each supported family, saved in transformers' layout.
+
+A helper for tests (not a test file). ``make_tiny_model(tmp_dir, family)`` writes
+``config.json``, ``model.safetensors`` and a small WordLevel tokenizer with a chat
+template into ``tmp_dir / family`` and returns that folder. The weights come from
+``torch.manual_seed(0)``, so every call builds the same model.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
+
+#: 64 plain words; with the 4 special tokens the vocabulary has 68 entries.
+WORDS = (
+    "the a an and or but if then is are was were be been have has had do does did "
+    "i you he she it we they me him her us them my your his its our their what "
+    "which who when where why how all each few more most other some such no not "
+    "only own same so than too very can will"
+).split()
+SPECIAL_TOKENS = ("[UNK]", "<|im_start|>", "<|im_end|>", "<|endoftext|>")
+
+#: Std of the random init (transformers' default is 0.02).
+INIT_STD = 0.1
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|> {{ message['role'] }} {{ message['content'] }} <|im_end|> "
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+)
+
+
+def make_tokenizer():
+    """A transformers fast tokenizer over :data:`WORDS` and :data:`SPECIAL_TOKENS` (68 tokens)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    assert len(set(WORDS)) == len(WORDS) == 64, "the word list must hold 64 distinct words"
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + tuple(WORDS))}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        unk_token="[UNK]",
+        bos_token="<|im_start|>",
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def _config(family: str, vocab_size: int, eos_id: int, bos_id: int):
+    from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
+
+    # GQA: 4 query heads share 2 KV heads; head_dim 16; 2 layers.
+    llama_like = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        pad_token_id=None,
+        # Larger than the default 0.02 so logits are O(1) and attention is not uniform:
+        # a small error in our decoder then shows up against the 1e-4 tolerance.
+        initializer_range=INIT_STD,
+    )
+    if family == "llama":
+        return LlamaConfig(**llama_like)
+    if family == "mistral":
+        return MistralConfig(**llama_like, sliding_window=None)
+    if family == "qwen2":
+        # Tied embeddings here, so the tied-head path is tested too.
+        return Qwen2Config(**{**llama_like, "tie_word_embeddings": True}, use_sliding_window=False)
+    if family == "gpt2":
+        return GPT2Config(
+            vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=128,
+            bos_token_id=bos_id, eos_token_id=eos_id,
+            # Dropout off (eval mode does this anyway; explicit for clarity).
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            initializer_range=INIT_STD,
+        )
+    raise ValueError(f"unknown family {family!r}; use one of {FAMILIES}")
+
+
+def make_tiny_model(tmp_dir, family: str) -> Path:
+    """Build a tiny seeded random ``family`` model and save it to ``tmp_dir / family``.
+
+    Args:
+        tmp_dir: a folder (e.g. pytest's ``tmp_path``); the model goes in a subfolder.
+        family: ``"llama"``, ``"mistral"``, ``"qwen2"`` or ``"gpt2"``.
+
+    Returns:
+        The folder: config.json, model.safetensors and tokenizer files.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tok = make_tokenizer()
+    cfg = _config(family, len(tok), tok.eos_token_id, tok.bos_token_id)
+    assert cfg.vocab_size == len(tok)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).float().eval()
+    with torch.no_grad():
+        # Random init leaves norm weights at 1 and (in transformers) biases at 0; give
+        # them random values so a swapped or dropped norm weight or bias changes the logits.
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name or ".ln_" in name:
+                p.copy_(torch.randn_like(p) * 0.1 + (1.0 if name.endswith("weight") else 0.0))
+        if family == "qwen2":
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    assert proj.bias is not None, "Qwen2 has q/k/v biases"
+                    proj.bias.copy_(torch.randn_like(proj.bias))
+    out = Path(tmp_dir) / family
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out), safe_serialization=True)
+    tok.save_pretrained(str(out))
+    return out
