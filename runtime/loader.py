@@ -150,61 +150,116 @@ def _refuse_pickle(path: Path) -> None:
     )
 
 
-def _tokenizer_cache_dir(path: Path) -> Path:
+def _gguf_cache_dir(path: Path) -> Path | None:
+    """Where the GGUF's converted config and tokenizer are kept (None if unavailable).
+
+    Keyed by the file's path, size, mtime and the transformers version, so a changed
+    file or library rebuilds it.
+    """
     import transformers
     from models import paths
 
-    st = path.stat()
-    key = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}".encode()).hexdigest()[:16]
-    return paths.cache_dir() / "tokenizers" / key
-
-
-def _load_gguf_tokenizer(path: Path):
-    """The GGUF's tokenizer; converted once (seconds), then read from the user cache dir."""
-    from transformers import AutoTokenizer
-
-    cached = None
     try:
-        cached = _tokenizer_cache_dir(path)
-        if (cached / "tokenizer.json").exists():
-            return AutoTokenizer.from_pretrained(str(cached))
-    except Exception:  # a stale or broken cache is rebuilt below
-        log.warning("tokenizer cache unusable, rebuilding", exc_info=True)
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    if cached is not None:
-        try:
-            tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
-            tok.save_pretrained(str(tmp))
-            os.replace(tmp, cached) if not cached.exists() else None
-        except OSError:
-            log.warning("could not cache the tokenizer", exc_info=True)
-    return tok
+        st = path.stat()
+        key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+        return paths.cache_dir() / "gguf" / hashlib.sha1(key.encode()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+def _read_cached(cached: Path | None):
+    """(hf_config, tokenizer) from the cache, or (None, None)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if cached is None or not (cached / "config.json").exists() or not (cached / "tokenizer_config.json").exists():
+        return None, None
+    try:
+        return AutoConfig.from_pretrained(str(cached)), AutoTokenizer.from_pretrained(str(cached))
+    except Exception:  # a stale or broken cache is rebuilt
+        log.warning("GGUF cache %s unusable, rebuilding", cached, exc_info=True)
+        return None, None
+
+
+def _write_cache(cached: Path | None, hf_config, tokenizer) -> None:
+    if cached is None:
+        return
+    tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+    try:
+        hf_config.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        if not cached.exists():
+            os.replace(tmp, cached)
+    except OSError:
+        log.warning("could not cache the GGUF's config and tokenizer", exc_info=True)
+    finally:
+        if tmp.exists():
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _TensorNames:
+    """What transformers' GGUF name mapping reads of a model: config, parameter names, children.
+
+    transformers walks every submodule of a real model and rebuilds gguf's name map
+    for each (seconds for 30 layers); the top level alone yields the same map for
+    the families we run.
+    """
+
+    def __init__(self, config, names):
+        self.config = config
+        self._names = dict.fromkeys(names)
+
+    def state_dict(self):
+        return self._names
+
+    def named_children(self):
+        return iter(())
+
+
+def _one_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _model_config(path: Path, hf_config) -> ModelConfig:
+    """:meth:`ModelConfig.from_hf`, with the file or folder named in its error."""
+    try:
+        return ModelConfig.from_hf(hf_config)
+    except UnsupportedModelError as e:
+        raise UnsupportedModelError(f"{path.name}: {e}") from None
 
 
 def _read_gguf(path: Path, dtype: torch.dtype):
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     _check_gguf_file(path)
+    cached = _gguf_cache_dir(path)
+    hf_config, tokenizer = _read_cached(cached)
+    if hf_config is None:
+        try:
+            hf_config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        except ValueError as e:
+            if "not supported" in str(e) or "architecture" in str(e):
+                raise UnsupportedModelError(f"{path.name}: {_one_line(e).rstrip('.')}; attnchat runs Llama-family and GPT-2 models") from None
+            raise ModelLoadError(f"{path.name} could not be read as GGUF ({_one_line(e)}); the file may be truncated: download it again") from None
+        except Exception as e:
+            raise ModelLoadError(f"{path.name} could not be read as GGUF ({type(e).__name__}: {_one_line(e)}); the file may be truncated: download it again") from None
+    cfg = _model_config(path, hf_config)
     try:
-        hf_config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-    except ValueError as e:
-        if "not supported" in str(e) or "architecture" in str(e):
-            raise UnsupportedModelError(f"{path.name}: {str(e).splitlines()[0]}; attnchat runs Llama-family and GPT-2 models") from None
-        raise ModelLoadError(f"{path.name} could not be read as GGUF ({str(e).splitlines()[0]}); the file may be truncated: download it again") from None
-    except Exception as e:
-        raise ModelLoadError(f"{path.name} could not be read as GGUF ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); the file may be truncated: download it again") from None
-    cfg = ModelConfig.from_hf(hf_config)
-    try:
-        tokenizer = _load_gguf_tokenizer(path)
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            _write_cache(cached, hf_config, tokenizer)
         # Names only: transformers maps GGUF tensor names through a model skeleton on meta.
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(hf_config)
-        parsed = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=skeleton)
+        names = _TensorNames(hf_config, skeleton.state_dict().keys())
+        parsed = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=names)
     except (UnsupportedModelError, ModelLoadError):
         raise
     except Exception as e:
-        raise ModelLoadError(f"{path.name} could not be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}); the file may be truncated or damaged: download it again") from None
+        raise ModelLoadError(f"{path.name} could not be read ({type(e).__name__}: {_one_line(e)}); the file may be truncated or damaged: download it again") from None
     return cfg, tokenizer, parsed["tensors"]
 
 
@@ -227,7 +282,7 @@ def _read_folder(path: Path, dtype: torch.dtype):
         hf_config = AutoConfig.from_pretrained(str(path))
     except Exception as e:
         raise UnsupportedModelError(f"{path.name}: its config could not be read ({str(e).splitlines()[0]}); pick a Llama-family or GPT-2 model") from None
-    cfg = ModelConfig.from_hf(hf_config)
+    cfg = _model_config(path, hf_config)
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
         if any(p.suffix in PICKLE_SUFFIXES for p in path.iterdir()):
@@ -292,7 +347,10 @@ def load_model(source: str | os.PathLike | None = None, *, device: str = "auto",
         cfg, tokenizer, tensors = _read_gguf(path, wdtype)
     else:
         raise ModelLoadError(f"{path} does not exist; give a .gguf file or a model folder")
-    state = to_decoder_state(cfg, tensors, wdtype)
+    try:
+        state = to_decoder_state(cfg, tensors, wdtype)
+    except ModelLoadError as e:  # name the file in the message
+        raise ModelLoadError(f"{path.name}: {e}") from None
     del tensors
     with torch.device("meta"):
         decoder = Decoder(cfg)
