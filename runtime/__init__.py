@@ -1,9 +1,10 @@
 """attnchat's runtime: our decoder, attention, KV cache, sampling and chat sessions.
 
-torch + transformers; never Qt. Public API: :func:`load_model`, :class:`Model`,
-:func:`attention`, :class:`KVCache`, the typed errors. Nothing runs at import time.
+torch + transformers; never Qt. This module is the public API the desktop and the
+command line use. Nothing runs at import time.
 """
 from runtime.attention import attention
+from runtime.chat_format import Message
 from runtime.config import ModelConfig
 from runtime.errors import (
     AttnchatError,
@@ -13,11 +14,25 @@ from runtime.errors import (
     ModelLoadError,
     UnsupportedModelError,
 )
-from runtime.kv_cache import KVCache
+from runtime.kv_cache import CACHE_DTYPES, KVCache
 from runtime.loader import Model, load_model
+from runtime.sampling import SamplingParams
+from runtime.session import (
+    OVERFLOW_POLICIES,
+    ChatSession,
+    Event,
+    Finish,
+    GenerationSettings,
+    PrefillProgress,
+    StatsUpdate,
+    TextPiece,
+    TurnStats,
+)
 
 __all__ = [
-    "attention", "ModelConfig", "KVCache", "Model", "load_model",
+    "attention", "Message", "ModelConfig", "KVCache", "CACHE_DTYPES", "Model", "load_model",
+    "SamplingParams", "ChatSession", "GenerationSettings", "OVERFLOW_POLICIES", "Event",
+    "PrefillProgress", "TextPiece", "StatsUpdate", "Finish", "TurnStats",
     "AttnchatError", "CacheLimitError", "ContextOverflowError", "DeviceError",
     "ModelLoadError", "UnsupportedModelError",
 ]
