@@ -28,3 +28,15 @@ def default_model(default_model_file):
     from runtime import load_model
 
     return load_model(default_model_file, device="cpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need CUDA; CI has none, so they are skipped there."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
