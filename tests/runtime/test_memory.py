@@ -1,0 +1,82 @@
+"""The memory planner's arithmetic, and `attnchat memory`."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from runtime.memory import count_parameters, kv_bytes_per_token, plan, plan_for_config
+
+
+def test_issue_example_32_layers_8_kv_heads_128_dims_2_bytes():
+    p = plan(layers=32, kv_heads=8, head_dim=128, cache_dtype="bfloat16", context=100_000)
+    assert p.kv_bytes_per_token == 131_072
+    assert p.kv_bytes == 13_107_200_000
+    assert 12.2 < p.kv_bytes / 2**30 < 12.21  # "about 12 GiB"
+
+
+def test_default_model_float32_is_46080_bytes_per_token():
+    assert kv_bytes_per_token(30, 3, 64, 4) == 46_080
+
+
+@pytest.mark.parametrize("budget,expected", [(0, 0), (46_079, 0), (46_080, 1), (100 * 2**20, 2275)])
+def test_max_context_in_budget_is_whole_tokens(budget, expected):
+    p = plan(layers=30, kv_heads=3, head_dim=64, cache_dtype="float32", context=10, budget_bytes=budget)
+    assert p.max_context_in_budget == expected
+
+
+def test_bad_numbers_raise():
+    with pytest.raises(ValueError, match="layers must be positive"):
+        plan(layers=0, kv_heads=1, head_dim=1, context=1)
+    with pytest.raises(ValueError, match="context"):
+        plan(layers=1, kv_heads=1, head_dim=1, context=0)
+    with pytest.raises(ValueError, match="unknown cache dtype"):
+        plan(layers=1, kv_heads=1, head_dim=1, context=1, cache_dtype="int3")
+
+
+@pytest.mark.slow
+def test_parameter_count_matches_the_loaded_default_model(default_model):
+    loaded = sum(p.numel() for p in default_model.decoder.parameters())
+    assert count_parameters(default_model.config) == loaded
+    p = plan_for_config(default_model.config, context=8192)
+    assert p.weights_bytes == default_model.weights_bytes
+    assert p.kv_bytes == 8192 * 46_080
+    assert p.total_bytes == p.weights_bytes + p.kv_bytes
+
+
+def test_memory_command_with_numbers():
+    out = subprocess.run(
+        [sys.executable, "-m", "attnchat", "memory", "--layers", "32", "--kv-heads", "8", "--head-dim", "128",
+         "--cache-dtype", "bfloat16", "--context", "100000", "--budget-mib", "1024", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["kv_bytes_per_token"] == 131_072
+    assert data["kv_bytes"] == 13_107_200_000
+    assert data["max_context_in_budget"] == 8192
+    assert data["weights_bytes"] is None
+
+
+@pytest.mark.slow
+def test_memory_command_on_the_default_model(default_model_file, default_model):
+    out = subprocess.run(
+        [sys.executable, "-m", "attnchat", "memory", "--model", str(default_model_file),
+         "--cache-dtype", "float16", "--context", "1000", "--budget-mib", "10", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["kv_bytes_per_token"] == 23_040
+    assert data["kv_bytes"] == 23_040_000
+    assert data["max_context_in_budget"] == 10 * 2**20 // 23_040
+    assert data["weights_bytes"] == default_model.weights_bytes
+
+
+def test_memory_command_half_given_numbers_exit_2():
+    out = subprocess.run([sys.executable, "-m", "attnchat", "memory", "--layers", "3", "--context", "5"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "give all three" in out.stderr
