@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from attnchat import models_cmd
+from attnchat import bench, heads_cmd, memory_cmd, models_cmd, serve_cmd
 
 EXIT_USER_ERROR = 2
 log = logging.getLogger("attnchat")
@@ -26,7 +26,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad argument in one line and exits 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        # Always "attnchat: error:" (subcommands too), the prefix every user error has.
+        self.exit(EXIT_USER_ERROR, f"attnchat: error: {message} (see {self.prog} --help)\n")
 
 
 def _quiet_libraries() -> None:
@@ -83,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--json", action="store_true", help="one JSON object per turn (JSON Lines)")
     _add_generation_args(chat)
     models_cmd.add_parser(sub)
+    memory_cmd.add_parser(sub)
+    heads_cmd.add_parser(sub)
+    bench.add_parser(sub)
+    serve_cmd.add_parser(sub)
     return parser
 
 
@@ -202,14 +207,15 @@ def _self_test(args: argparse.Namespace) -> int:
 
 
 def _app(args: argparse.Namespace) -> int:
-    if args.self_test:
-        return _self_test(args)
     try:
         from desktop.app import main as desktop_main  # the window, when installed
     except ImportError:
+        log.warning("the desktop app is not available; using the terminal", exc_info=True)
         desktop_main = None
     if desktop_main is not None and not args.terminal:
-        return desktop_main(args)
+        return desktop_main(args)  # the window; --self-test and --screenshot run headless there
+    if args.self_test:
+        return _self_test(args)
     from models import fetch
 
     fetch.ensure_default() if args.model is None else None
@@ -239,6 +245,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return models_cmd.run(args)
         if args.command == "chat":
             return _run_chat(args)
+        if args.command == "memory":
+            return memory_cmd.run(args)
+        if args.command == "heads":
+            return heads_cmd.run(args)
+        if args.command == "serve":
+            return serve_cmd.run(args)
+        if args.command == "bench":
+            return bench.run(args)
         return _app(args)
     except KeyboardInterrupt:
         print("attnchat: interrupted", file=sys.stderr)

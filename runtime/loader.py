@@ -332,7 +332,10 @@ def load_model(source: str | os.PathLike | None = None, *, device: str = "auto",
     """
     t0 = time.perf_counter()
     dev = resolve_device(device)
-    wdtype = parse_cache_dtype(dtype) if dtype is not None else default_dtype(dev)
+    try:
+        wdtype = parse_cache_dtype(dtype) if dtype is not None else default_dtype(dev)
+    except ValueError:
+        raise ValueError(f"unknown weight dtype {dtype!r}; use float32, bfloat16 or float16") from None
     if source is None:
         from models import fetch
 
@@ -360,3 +363,38 @@ def load_model(source: str | os.PathLike | None = None, *, device: str = "auto",
         tokenizer=tokenizer, path=path, config=cfg, device=dev, dtype=wdtype, decoder=decoder,
         load_seconds=time.perf_counter() - t0, stop_token_ids=_stop_ids(tokenizer, cfg),
     )
+
+
+def read_config(source: str | os.PathLike | None = None) -> ModelConfig:
+    """A model's :class:`ModelConfig` without loading its weights (for the memory planner).
+
+    Raises:
+        ModelLoadError, UnsupportedModelError: as :func:`load_model`.
+    """
+    from transformers import AutoConfig
+
+    if source is None:
+        from models import fetch
+
+        path = fetch.ensure_default()
+    else:
+        path = Path(source).expanduser()
+    if path.suffix.lower() in PICKLE_SUFFIXES:
+        _refuse_pickle(path)
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"{path} has no config.json; give a folder in transformers' layout or a .gguf file")
+        try:
+            return _model_config(path, AutoConfig.from_pretrained(str(path)))
+        except (UnsupportedModelError, ModelLoadError):
+            raise
+        except Exception as e:
+            raise UnsupportedModelError(f"{path.name}: its config could not be read ({_one_line(e)})") from None
+    _check_gguf_file(path)
+    hf_config, _ = _read_cached(_gguf_cache_dir(path))
+    if hf_config is None:
+        try:
+            hf_config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        except Exception as e:
+            raise ModelLoadError(f"{path.name} could not be read as GGUF ({_one_line(e)}); download it again") from None
+    return _model_config(path, hf_config)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from runtime import load_model
-from tests.runtime.tiny_models import FAMILIES, make_tiny_model
+from tests.runtime.tiny_models import FAMILIES, VOCAB_SIZE, make_tiny_model
 
 SEQ_LEN = 24
 PREFILL = 10
@@ -43,16 +43,30 @@ def test_logits_match_transformers(folders, family):
     assert m.config.model_type == family
     if family != "gpt2":
         assert (m.config.n_heads, m.config.n_kv_heads, m.config.head_dim) == (4, 2, 16)  # GQA
-    assert m.config.vocab_size == len(m.tokenizer) == 67
+    assert m.config.vocab_size == len(m.tokenizer) == VOCAB_SIZE
     ids = _ids(m.config.vocab_size)
     ours = m.logits(ids)
     theirs = _reference_logits(folders[family], ids)
-    assert ours.shape == theirs.shape == (1, SEQ_LEN, 67)
+    assert ours.shape == theirs.shape == (1, SEQ_LEN, VOCAB_SIZE)
     assert ours.dtype == torch.float32
     # The logits are O(1) (init std 0.1), so 1e-4 is a tight check, not a trivially met one.
     assert theirs.abs().max() > 0.5
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
     assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tokenizer_and_stop_tokens(folders, family):
+    """Every family's folder gives back the same byte-level tokenizer (Qwen2's included)."""
+    m = load_model(folders[family], device="cpu")
+    text = "the cat is very, very happy! Où? 😀"
+    ids = m.encode(text)
+    assert len(ids) > 10 and max(ids) < VOCAB_SIZE
+    assert m.decode(ids) == text
+    assert m.has_chat_template
+    assert m.tokenizer.convert_tokens_to_ids("<|im_end|>") == 2
+    # <|im_end|> (eos, end of turn) and <|endoftext|>: all inside the vocabulary.
+    assert m.stop_token_ids == frozenset({2, 3})
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -1,7 +1,7 @@
 """Tiny seeded random models of each supported family, saved in transformers' layout.
 
 A helper for tests (not a test file). ``make_tiny_model(tmp_dir, family)`` writes
-``config.json``, ``model.safetensors`` and a small WordLevel tokenizer with a chat
+``config.json``, ``model.safetensors`` and a small byte-level BPE tokenizer with a chat
 template into ``tmp_dir / family`` and returns that folder. The weights come from
 ``torch.manual_seed(0)``, so every call builds the same model.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
 
-#: 64 plain words; with the 4 special tokens the vocabulary has 68 entries.
+#: 64 plain words: the BPE tokenizer's training text.
 WORDS = (
     "the a an and or but if then is are was were be been have has had do does did "
     "i you he she it we they me him her us them my your his its our their what "
@@ -19,33 +19,49 @@ WORDS = (
     "only own same so than too very can will"
 ).split()
 SPECIAL_TOKENS = ("[UNK]", "<|im_start|>", "<|im_end|>", "<|endoftext|>")
+#: 4 special tokens + 256 byte tokens + merges learnt from :data:`WORDS`.
+VOCAB_SIZE = 320
 
 #: Std of the random init (transformers' default is 0.02).
 INIT_STD = 0.1
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
-    "<|im_start|> {{ message['role'] }} {{ message['content'] }} <|im_end|> "
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 
 def make_tokenizer():
-    """A transformers fast tokenizer over :data:`WORDS` and :data:`SPECIAL_TOKENS` (68 tokens)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """A transformers fast tokenizer: byte-level BPE, :data:`VOCAB_SIZE` tokens.
+
+    Byte-level (as GPT-2, Llama 3, Qwen2 and SmolLM use) so any text encodes and so
+    transformers' ``Qwen2Tokenizer`` (which AutoTokenizer picks for every ``qwen2``
+    folder and which rebuilds a byte-level BPE from the saved vocab and merges) reads
+    it back as the same tokenizer. Trained on :data:`WORDS`: 60 merges, the rest of
+    any text falls back to single bytes.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     assert len(set(WORDS)) == len(WORDS) == 64, "the word list must hold 64 distinct words"
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + tuple(WORDS))}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE, special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    corpus = [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))]
+    backend.train_from_iterator(corpus, trainer)
+    assert backend.get_vocab_size() == VOCAB_SIZE, backend.get_vocab_size()
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>",
         unk_token="[UNK]",
         bos_token="<|im_start|>",
+        pad_token="<|endoftext|>",
     )
     tok.chat_template = CHAT_TEMPLATE
     return tok

@@ -1,0 +1,174 @@
+"""``attnchat bench``: our engine side by side with transformers (and llama.cpp when importable).
+
+Each engine runs in its own subprocess (:mod:`attnchat.bench_worker`), interleaved
+A B A B over the repetitions, on the same token ids; the report gives medians with
+min and max, and ratios (ours over theirs, speed-wise: bigger is better).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+FIGURES = ("load_s", "ttft_s", "prefill_tokens_per_s", "followup_ttft_s", "peak_rss_bytes")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("bench", help="benchmark against transformers (and llama.cpp)",
+                              description="Side-by-side benchmark; each engine in its own process, interleaved.")
+    p.add_argument("--model", metavar="SRC", help="a .gguf file or model folder (default: the default model)")
+    p.add_argument("--quick", action="store_true", help="depths 128 and 1,024 only (else also 4,096)")
+    p.add_argument("--repeats", type=int, default=3, metavar="N", help="repetitions per engine (default 3)")
+    p.add_argument("--engines", default=None, help="comma-separated: ours,transformers,llamacpp (default: all available)")
+    p.add_argument("--dtype", default=None, help="weights' dtype for every engine (default float32)")
+    p.add_argument("--depths", default=None, help="comma-separated decode depths (overrides --quick)")
+    p.add_argument("--decode-tokens", type=int, default=32, metavar="N")
+    p.add_argument("--prefill-tokens", type=int, default=512, metavar="N")
+    p.add_argument("--followup-context", type=int, default=1000, metavar="N")
+    p.add_argument("--followup-tokens", type=int, default=20, metavar="N")
+    p.add_argument("--json", metavar="PATH", help="write the raw figures, summary and ratios as JSON")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG of decode tok/s against depth")
+    p.set_defaults(func=run)
+    return p
+
+
+def _summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _machine() -> dict:
+    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+    except ImportError:
+        pass
+    return info
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.repeats < 1:
+        raise ValueError("--repeats must be at least 1")
+    if args.model is None:
+        from models import fetch
+
+        model = str(fetch.ensure_default())
+    else:
+        model = str(args.model)
+        if not os.path.exists(model):
+            raise ValueError(f"{model} does not exist; give a .gguf file or a model folder")
+    engines = args.engines.split(",") if args.engines else ["ours", "transformers", "llamacpp"]
+    unknown = set(engines) - {"ours", "transformers", "llamacpp"}
+    if unknown:
+        raise ValueError(f"unknown engine(s) {', '.join(sorted(unknown))}; use ours, transformers, llamacpp")
+    llamacpp_available = importlib.util.find_spec("llama_cpp") is not None and model.endswith(".gguf")
+    if "llamacpp" in engines and not llamacpp_available:
+        engines.remove("llamacpp")
+        print("llama.cpp: llama-cpp-python is not importable (or the model is not a GGUF); skipped", file=sys.stderr)
+    depths = args.depths or ("128,1024" if args.quick else "128,1024,4096")
+    common = ["--model", model, "--prefill-tokens", str(args.prefill_tokens), "--depths", depths,
+              "--decode-tokens", str(args.decode_tokens), "--followup-context", str(args.followup_context),
+              "--followup-tokens", str(args.followup_tokens)] + (["--dtype", args.dtype] if args.dtype else [])
+    raw: dict[str, list[dict]] = {e: [] for e in engines}
+    for rep in range(args.repeats):
+        for engine in engines:  # interleaved: A B A B
+            t0 = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "attnchat.bench_worker", "--engine", engine] + common,
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+                raise RuntimeError(f"the {engine} benchmark run failed: {tail}")
+            raw[engine].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            print(f"  rep {rep + 1}/{args.repeats} {engine}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    summary = {}
+    for engine, runs in raw.items():
+        s = {f: _summary([r[f] for r in runs]) for f in FIGURES}
+        s["decode_tokens_per_s"] = {d: _summary([r["decode_tokens_per_s"][d] for r in runs]) for d in runs[0]["decode_tokens_per_s"]}
+        s["kv_bytes_per_token"] = runs[0]["kv_bytes_per_token"]
+        s["dtype"] = runs[0]["dtype"]
+        summary[engine] = s
+    ratios = _ratios(summary, depths.split(","))
+    report = {"model": model, "machine": _machine(), "settings": {k: v for k, v in vars(args).items() if k != "func"},
+              "depths": [int(d) for d in depths.split(",")], "raw": raw, "summary": summary, "ratios": ratios}
+    _print_table(summary, ratios)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    if args.plot:
+        plot(report, args.plot)
+    return 0
+
+
+def _ratios(summary: dict, depths: list[str]) -> dict:
+    def med(engine, *path):
+        node = summary.get(engine)
+        for p in path:
+            if node is None:
+                return None
+            node = node.get(p)
+        return node["median"] if node else None
+
+    # The "1k" depth is 1024 when measured, else the deepest measured.
+    d1k = "1024" if "1024" in depths else depths[-1]
+    ours_dec, tf_dec, lc_dec = med("ours", "decode_tokens_per_s", d1k), med("transformers", "decode_tokens_per_s", d1k), med("llamacpp", "decode_tokens_per_s", d1k)
+    ours_fu, tf_fu = med("ours", "followup_ttft_s"), med("transformers", "followup_ttft_s")
+    ours_pf, tf_pf = med("ours", "prefill_tokens_per_s"), med("transformers", "prefill_tokens_per_s")
+    div = lambda a, b: (a / b) if a and b else None  # noqa: E731
+    return {
+        "decode_1k_vs_transformers": div(ours_dec, tf_dec),
+        "followup_ttft_vs_transformers": div(tf_fu, ours_fu),
+        "prefill_512_vs_transformers": div(ours_pf, tf_pf),
+        "decode_1k_vs_llamacpp": div(ours_dec, lc_dec),
+    }
+
+
+def _print_table(summary: dict, ratios: dict) -> None:
+    depths = list(next(iter(summary.values()))["decode_tokens_per_s"])
+    head = ["engine", "load s", "TTFT s", "prefill tok/s"] + [f"decode@{d}" for d in depths] + ["follow-up TTFT s", "peak RSS MB"]
+    rows = []
+    for engine, s in summary.items():
+        rows.append([engine, f"{s['load_s']['median']:.2f}", f"{s['ttft_s']['median']:.3f}",
+                     f"{s['prefill_tokens_per_s']['median']:.0f}"]
+                    + [f"{s['decode_tokens_per_s'][d]['median']:.1f}" for d in depths]
+                    + [f"{s['followup_ttft_s']['median']:.3f}", f"{s['peak_rss_bytes']['median'] / 1e6:.0f}"])
+    widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
+    for r in [head] + rows:
+        print("  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+    print("ratios (ours over peer, speed-wise): " + ", ".join(f"{k}={v:.2f}" if v is not None else f"{k}=null" for k, v in ratios.items()))
+
+
+def plot(report: dict, path: str) -> None:
+    """A PNG of decode tok/s against depth, one line per engine (pyqtgraph, offscreen)."""
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    import pyqtgraph as pg
+    import pyqtgraph.exporters
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance() or QApplication([])  # noqa: F841 (keeps Qt alive)
+    pg.setConfigOptions(background="w", foreground="k", antialias=True)
+    w = pg.PlotWidget(title=f"decode speed against depth ({report['machine'].get('processor')}, {report['machine'].get('cpus')} CPUs)")
+    w.resize(800, 500)
+    w.addLegend()
+    w.setLabel("bottom", "context depth (tokens)")
+    w.setLabel("left", "decode tokens / s")
+    colours = {"ours": "#d62728", "transformers": "#1f77b4", "llamacpp": "#2ca02c"}
+    for engine, s in report["summary"].items():
+        xs = [int(d) for d in s["decode_tokens_per_s"]]
+        ys = [s["decode_tokens_per_s"][d]["median"] for d in s["decode_tokens_per_s"]]
+        w.plot(xs, ys, pen=pg.mkPen(colours.get(engine, "k"), width=3), symbol="o", symbolBrush=colours.get(engine, "k"),
+               name=f"{engine} ({s['dtype']})")
+    w.setLogMode(x=True, y=False)
+    w.setYRange(0, max(max(d["median"] for d in s["decode_tokens_per_s"].values()) for s in report["summary"].values()) * 1.15)
+    exporter = pg.exporters.ImageExporter(w.plotItem)
+    exporter.parameters()["width"] = 800
+    exporter.export(path)

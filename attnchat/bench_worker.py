@@ -1,0 +1,216 @@
+"""One benchmark run of one engine, in its own process: prints one JSON object.
+
+``python -m attnchat.bench_worker --engine ours|transformers|llamacpp --model PATH [...]``
+
+Every engine gets the same seeded random token ids (special tokens excluded) and is
+measured the same way:
+
+- ``load_s``: wall time from nothing to a model ready to run.
+- ``ttft_s`` / ``prefill_tokens_per_s``: a cold prompt of ``--prefill-tokens`` ids to
+  its first generated token.
+- ``decode_tokens_per_s[depth]``: after a prompt of ``depth`` ids, ``--decode-tokens``
+  greedy tokens; rate = (tokens - 1) / (time of last - time of first).
+- ``followup_ttft_s``: a conversation of ``--followup-context`` ids already processed,
+  then ``--followup-tokens`` more: time to the first token of the reply. Ours reuses
+  its KV cache (that is what a chat session does); transformers' ``generate`` and
+  llama.cpp re-process the whole conversation, as chat front ends built on them do.
+- ``peak_rss_bytes``: the process's peak resident memory (getrusage).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def random_ids(vocab_size: int, special: set[int], n: int, seed: int) -> list[int]:
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        t = rng.randrange(vocab_size)
+        if t not in special:
+            out.append(t)
+    return out
+
+
+# ---- ours ------------------------------------------------------------------------------
+class Ours:
+    name = "ours"
+
+    def __init__(self, path: str, dtype: str | None):
+        from runtime import load_model
+
+        self.model = load_model(path, device="cpu", dtype=dtype)
+        self.vocab = self.model.config.vocab_size
+        self.special = set(self.model.tokenizer.all_special_ids)
+        self.dtype = str(self.model.dtype).removeprefix("torch.")
+        self.kv_bytes_per_token = self.model.new_cache(1).bytes_per_token
+        self.cache = None
+
+    def _prefill(self, ids: list[int], chunk: int = 512):
+        logits = None
+        for i in range(0, len(ids), chunk):
+            logits = self.model.logits(ids[i : i + chunk], self.cache, last_only=True)
+        return int(logits[0, -1].argmax())
+
+    def generate(self, ids: list[int], n: int, *, reuse: bool = False) -> list[float]:
+        """Timestamps (perf_counter) of each generated token; starts cold unless ``reuse``."""
+        if not reuse or self.cache is None:
+            self.cache = self.model.new_cache(self.model.config.max_position_embeddings)
+        stamps = []
+        tok = self._prefill(ids)
+        stamps.append(time.perf_counter())
+        for _ in range(n - 1):
+            logits = self.model.logits([tok], self.cache, last_only=True)
+            tok = int(logits[0, -1].argmax())
+            stamps.append(time.perf_counter())
+        return stamps
+
+    def followup(self, context: list[int], turn: list[int]) -> float:
+        self.generate(context, 1)  # the conversation so far, cached
+        self.cache.crop(len(context))
+        t0 = time.perf_counter()
+        self.generate(turn, 1, reuse=True)
+        return time.perf_counter() - t0
+
+
+# ---- transformers ----------------------------------------------------------------------
+class Transformers:
+    name = "transformers"
+
+    def __init__(self, path: str, dtype: str | None):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch = torch
+        tdtype = getattr(torch, dtype or "float32")
+        if path.endswith(".gguf"):
+            from transformers import GgufConfig
+
+            d, f = os.path.split(path)
+            self.model = AutoModelForCausalLM.from_pretrained(
+                d, gguf_file=f, quantization_config=GgufConfig(dequantize=True), dtype=tdtype, attn_implementation="sdpa")
+            tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, attn_implementation="sdpa")
+            tok = AutoTokenizer.from_pretrained(path)
+        self.model.eval()
+        cfg = self.model.config
+        self.vocab = cfg.vocab_size
+        self.special = set(tok.all_special_ids)
+        self.dtype = dtype or "float32"
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.kv_bytes_per_token = 2 * cfg.num_hidden_layers * heads * head_dim * tdtype.itemsize
+
+    def generate(self, ids: list[int], n: int, *, reuse: bool = False) -> list[float]:
+        from transformers.generation.streamers import BaseStreamer
+
+        stamps: list[float] = []
+
+        class Clock(BaseStreamer):
+            first = True
+
+            def put(self, value):
+                if self.first:  # generate() first pushes the prompt
+                    self.first = False
+                    return
+                stamps.append(time.perf_counter())
+
+            def end(self):
+                pass
+
+        x = self.torch.tensor([ids])
+        with self.torch.no_grad():
+            self.model.generate(x, attention_mask=self.torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                                do_sample=False, streamer=Clock(), pad_token_id=0)
+        return stamps
+
+    def followup(self, context: list[int], turn: list[int]) -> float:
+        t0 = time.perf_counter()
+        self.generate(context + turn, 1)
+        return time.perf_counter() - t0
+
+
+# ---- llama.cpp -------------------------------------------------------------------------
+class LlamaCpp:
+    name = "llamacpp"
+
+    def __init__(self, path: str, dtype: str | None):
+        from llama_cpp import Llama
+
+        self.llm = Llama(model_path=path, n_ctx=8192, n_threads=os.cpu_count() or 2, verbose=False)
+        self.vocab = self.llm.n_vocab()
+        self.special = {self.llm.token_bos(), self.llm.token_eos()}
+        self.dtype = "gguf"
+        self.kv_bytes_per_token = None
+
+    def generate(self, ids: list[int], n: int, *, reuse: bool = False) -> list[float]:
+        stamps = []
+        self.llm.reset()
+        for i, _tok in enumerate(self.llm.generate(ids, top_k=1, temp=0.0, reset=True)):
+            stamps.append(time.perf_counter())
+            if i + 1 >= n:
+                break
+        return stamps
+
+    def followup(self, context: list[int], turn: list[int]) -> float:
+        t0 = time.perf_counter()
+        self.generate(context + turn, 1)
+        return time.perf_counter() - t0
+
+
+ENGINES = {"ours": Ours, "transformers": Transformers, "llamacpp": LlamaCpp}
+
+
+def measure(args: argparse.Namespace) -> dict:
+    t0 = time.perf_counter()
+    engine = ENGINES[args.engine](args.model, args.dtype)
+    load_s = time.perf_counter() - t0
+    ids = random_ids(engine.vocab, engine.special, max([args.prefill_tokens, args.followup_context + args.followup_tokens] + args.depths), args.seed)
+    # Warm-up (first-call costs: allocator, kernels), then the figures.
+    engine.generate(ids[:16], 2)
+    t = time.perf_counter()
+    first = engine.generate(ids[: args.prefill_tokens], 1)[0]
+    ttft = first - t
+    decode = {}
+    for depth in args.depths:
+        stamps = engine.generate(ids[:depth], args.decode_tokens)
+        decode[str(depth)] = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
+    followup = engine.followup(ids[: args.followup_context], ids[args.followup_context : args.followup_context + args.followup_tokens])
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    return {
+        "engine": args.engine, "dtype": engine.dtype, "load_s": load_s, "ttft_s": ttft,
+        "prefill_tokens_per_s": args.prefill_tokens / ttft if ttft > 0 else 0.0,
+        "decode_tokens_per_s": decode, "followup_ttft_s": followup, "peak_rss_bytes": rss,
+        "kv_bytes_per_token": engine.kv_bytes_per_token,
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="attnchat.bench_worker")
+    p.add_argument("--engine", choices=sorted(ENGINES), required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prefill-tokens", type=int, default=512)
+    p.add_argument("--depths", type=lambda s: [int(x) for x in s.split(",")], default=[128, 1024])
+    p.add_argument("--decode-tokens", type=int, default=32)
+    p.add_argument("--followup-context", type=int, default=1000)
+    p.add_argument("--followup-tokens", type=int, default=20)
+    args = p.parse_args(argv)
+    print(json.dumps(measure(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

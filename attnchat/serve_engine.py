@@ -1,0 +1,306 @@
+"""The server's engine: one worker thread owns the model and runs requests one at a time.
+
+No HTTP, no asyncio and no Qt here: the HTTP layer (``attnchat.server``) builds a
+:class:`Job` with a thread-safe ``emit`` callback and submits it; the worker replies
+with plain data (:class:`Started`, :class:`Delta`, :class:`Done`, :class:`Failed`).
+
+Prefix reuse: the worker keeps a small pool of :class:`runtime.ChatSession` objects.
+A request is a whole conversation; it goes to the session whose conversation (system
+prompt, then messages, the last reply included) is the longest prefix of the
+request's, so a client that resends a growing conversation lands on the session that
+holds its KV cache, and the session's own longest-common-prefix logic reuses it.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from runtime import (
+    ChatSession,
+    ContextOverflowError,
+    Finish,
+    GenerationSettings,
+    Message,
+    Model,
+    PrefillProgress,
+    SamplingParams,
+    TextPiece,
+    TurnStats,
+)
+
+log = logging.getLogger("attnchat.serve")
+
+#: Requests remembered for ``/v1/attnchat/stats``.
+HISTORY = 16
+
+
+# ---- what the worker sends back ---------------------------------------------------------
+@dataclass(frozen=True)
+class Started:
+    """The prompt fits and prefill has begun (``prompt_tokens`` after the overflow policy)."""
+
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New reply text."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Done:
+    """The reply ended; ``reason`` is the session's: stop, length, context or cancelled."""
+
+    reason: str
+    text: str
+    stats: TurnStats
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The request could not run (``error`` is a :class:`ContextOverflowError` or a bug)."""
+
+    error: Exception
+
+
+Item = Started | Delta | Done | Failed
+
+
+@dataclass
+class Job:
+    """One chat completion request.
+
+    Attributes:
+        system: system prompt (``None``: the chat template's default).
+        history: messages before the last user message.
+        user: the last user message's text.
+        emit: called from the worker thread with each :data:`Item`; must be thread-safe
+            and must not block.
+        sampling: how to pick tokens.
+        max_tokens: most tokens in the reply (at least 1).
+        stop: strings that end the reply (not shown).
+    """
+
+    system: str | None
+    history: list[Message]
+    user: str
+    emit: Callable[[Item], None]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 512
+    stop: tuple[str, ...] = ()
+    id: str = ""
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def conversation(self) -> list[Message]:
+        return [Message("system", self.system or "")] + self.history + [Message("user", self.user)]
+
+
+def _common_prefix(a: list[Message], b: list[Message]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class Engine:
+    """A worker thread, a queue of :class:`Job` and a pool of sessions over one model.
+
+    Args:
+        model: the loaded model (used only on the worker thread once started).
+        settings: the sessions' settings (context, cache dtype, overflow policy);
+            each job's ``settings`` replace them for its reply.
+        sessions: how many conversations keep their KV cache (at least 1).
+    """
+
+    def __init__(self, model: Model, *, settings: GenerationSettings | None = None, sessions: int = 4):
+        if sessions < 1:
+            raise ValueError(f"the server needs at least 1 session; got {sessions}")
+        self.model = model
+        self.settings = settings or GenerationSettings()
+        self.pool_size = sessions
+        self._pool: list[ChatSession] = []  # most recently used last
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._running: tuple[Job, ChatSession] | None = None
+        self._ids = itertools.count(1)
+        self._thread: threading.Thread | None = None
+        self.counts = collections.Counter()
+        self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=HISTORY)
+        # Built once (it validates the context against the model) so a bad setting fails
+        # at start-up, not on the first request.
+        self._pool.append(ChatSession(model, settings=self.settings))
+
+    @property
+    def context_limit(self) -> int:
+        return self._pool[0].context_limit if self._pool else 0
+
+    # ---- life cycle ------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="attnchat-engine", daemon=True)
+            self._thread.start()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Cancel the running reply, drop queued ones and stop the worker."""
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.cancelled.set()
+                self._finish_unrun(job)
+        with self._lock:
+            if self._running is not None:
+                self._running[0].cancelled.set()
+                self._running[1].cancel()
+        self._jobs.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    # ---- requests --------------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        """Queue ``job``; its items arrive through ``job.emit`` from the worker thread."""
+        if not job.id:
+            job.id = f"job-{next(self._ids)}"
+        self._count("requests")
+        self._jobs.put(job)
+
+    def cancel(self, job: Job) -> None:
+        """Stop ``job`` (thread-safe): skipped if queued, stopped within one step if running."""
+        job.cancelled.set()
+        with self._lock:
+            if self._running is not None and self._running[0] is job:
+                self._running[1].cancel()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, queue depth and the last requests (plain data for the stats endpoint)."""
+        with self._lock:
+            busy = self._running is not None
+            counts = dict(self.counts)
+            last = list(self.history)[::-1]
+        return {
+            "requests": counts.get("requests", 0),
+            "finished": dict(sorted((k.removeprefix("finish_"), v) for k, v in counts.items()
+                                    if k.startswith("finish_"))),
+            "failed": counts.get("failed", 0),
+            "queued": self._jobs.qsize(),
+            "busy": busy,
+            "sessions": len(self._pool),
+            "last": last,
+        }
+
+    # ---- the worker ------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            if job.cancelled.is_set():
+                self._finish_unrun(job)
+                continue
+            try:
+                self._run(job)
+            except Exception as e:  # a bug: report it to the client, keep serving
+                log.exception("request %s failed", job.id)
+                self._count("failed")
+                self._send(job, Failed(e))
+            finally:
+                with self._lock:
+                    self._running = None
+
+    def _finish_unrun(self, job: Job) -> None:
+        self._record(job, "cancelled", TurnStats())
+        self._send(job, Done("cancelled", "", TurnStats()))
+
+    def _session_for(self, job: Job) -> ChatSession:
+        """The pooled session whose conversation shares the longest prefix with the job's."""
+        want = job.conversation()
+        best, best_n = None, 1
+        for s in self._pool:
+            have = [Message("system", s.system_prompt or "")] + s.messages
+            n = _common_prefix(have, want)
+            # Past the system prompt, or an empty session; ties go to the most recently used.
+            if n > best_n or (n >= best_n and n == len(have)):
+                best, best_n = s, n
+        # A new conversation takes a fresh session while the pool has room, else the least
+        # recently used one: it would not reuse more than the system prompt anyway.
+        if best is None and len(self._pool) < self.pool_size:
+            best = ChatSession(self.model, settings=self.settings)
+        elif best is None:
+            best = self._pool[0]  # least recently used
+        if best in self._pool:
+            self._pool.remove(best)
+        self._pool.append(best)
+        return best
+
+    def _run(self, job: Job) -> None:
+        session = self._session_for(job)
+        session.settings = replace(self.settings, sampling=job.sampling, max_new_tokens=job.max_tokens,
+                                   stop_strings=job.stop)
+        session.system_prompt = job.system
+        session.messages = list(job.history)
+        with self._lock:
+            self._running = (job, session)
+            events = session.send(job.user)  # clears the session's cancel flag ...
+        if job.cancelled.is_set():  # ... so a cancel that came first is applied again
+            session.cancel()
+        started = False
+        try:
+            for ev in events:
+                if job.cancelled.is_set():
+                    session.cancel()
+                if isinstance(ev, PrefillProgress) and not started:
+                    started = True
+                    self._send(job, Started(ev.total))
+                elif isinstance(ev, TextPiece):
+                    self._send(job, Delta(ev.text))
+                elif isinstance(ev, Finish):
+                    if not started and ev.reason == "context":
+                        # The "stop" policy refuses a prompt that fills the context.
+                        n, limit = ev.stats.prompt_tokens, session.context_limit
+                        raise ContextOverflowError(
+                            f"the conversation needs {n} tokens but the context holds {limit}; "
+                            "shorten the messages", prompt_tokens=n, context_limit=limit)
+                    self._record(job, ev.reason, ev.stats)
+                    self._send(job, Done(ev.reason, ev.text, ev.stats))
+        except ContextOverflowError as e:  # the session and its cache are unchanged
+            self._count("failed")
+            self._send(job, Failed(e))
+        except Exception:
+            session.reset()  # its cache may not match its token stream any more
+            raise
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self.counts[key] += 1
+
+    def _record(self, job: Job, reason: str, stats: TurnStats) -> None:
+        self._count(f"finish_{reason}")
+        entry = {
+            "id": job.id, "finish_reason": reason, "time": time.time(),
+            "prompt_tokens": stats.prompt_tokens, "reused_tokens": stats.reused_tokens,
+            "prefilled_tokens": stats.prefilled_tokens, "completion_tokens": stats.completion_tokens,
+            "dropped_tokens": stats.dropped_tokens, "ttft_s": stats.ttft_s,
+            "decode_tokens_per_s": stats.decode_tokens_per_s,
+        }
+        with self._lock:
+            self.history.append(entry)
+
+    @staticmethod
+    def _send(job: Job, item: Item) -> None:
+        try:
+            job.emit(item)
+        except Exception:  # the client's loop is gone (shutdown): nobody to tell
+            log.debug("dropped %r for %s", item, job.id, exc_info=True)

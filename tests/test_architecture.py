@@ -1,0 +1,71 @@
+"""The direction of imports (DESIGN.md): desktop -> runtime -> models, nothing points back.
+
+Checked two ways: what a fresh interpreter really has in ``sys.modules`` after an
+import, and import-linter's static contracts in pyproject.toml.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QT = ("PySide6", "shiboken6", "pyqtgraph")
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def _loaded_after(imports: str, watched: tuple[str, ...]) -> list[str]:
+    """Top-level names from ``watched`` that are in sys.modules after running ``imports``."""
+    code = (
+        f"import json, sys\n{imports}\n"
+        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & {set(watched)!r})))"
+    )
+    r = _python(code)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_runtime_never_imports_qt():
+    imports = (
+        "import pkgutil, importlib, runtime, runtime.session\n"
+        "for m in pkgutil.iter_modules(runtime.__path__):\n"
+        "    importlib.import_module('runtime.' + m.name)\n"
+        "import torch; assert 'runtime.model' in sys.modules"
+    )
+    assert _loaded_after(imports, QT + ("desktop", "torch")) == ["torch"]
+
+
+def test_models_never_imports_torch():
+    imports = (
+        "import pkgutil, importlib, models\n"
+        "for m in pkgutil.iter_modules(models.__path__):\n"
+        "    importlib.import_module('models.' + m.name)\n"
+        "assert 'models.fetch' in sys.modules"
+    )
+    heavy = ("torch", "transformers", "gguf", "safetensors", "runtime", "desktop") + QT
+    assert _loaded_after(imports, heavy) == []
+
+
+def test_the_check_sees_an_import():
+    """The control: the same check does report a package that was imported."""
+    assert _loaded_after("import email, csv", ("csv", "email", "torch")) == ["csv", "email"]
+
+
+def test_import_linter_contracts_kept():
+    exe = Path(sys.executable).parent / "lint-imports"
+    if not exe.exists():
+        exe = ROOT / ".venv" / "bin" / "lint-imports"
+    r = subprocess.run([str(exe), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    for contract in (
+        "Layers: command line -> desktop -> runtime -> models KEPT",
+        "runtime never imports Qt KEPT",
+        "models imports neither torch nor transformers KEPT",
+    ):
+        assert contract in out, out
+    assert "0 broken" in out, out
