@@ -167,7 +167,6 @@ def plot(report: dict, path: str) -> None:
         ys = [s["decode_tokens_per_s"][d]["median"] for d in s["decode_tokens_per_s"]]
         w.plot(xs, ys, pen=pg.mkPen(colours.get(engine, "k"), width=3), symbol="o", symbolBrush=colours.get(engine, "k"),
                name=f"{engine} ({s['dtype']})")
-    w.setLogMode(x=True, y=False)
     w.setYRange(0, max(max(d["median"] for d in s["decode_tokens_per_s"].values()) for s in report["summary"].values()) * 1.15)
     exporter = pg.exporters.ImageExporter(w.plotItem)
     exporter.parameters()["width"] = 800

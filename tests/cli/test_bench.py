@@ -1,0 +1,38 @@
+"""`attnchat bench` on a tiny model: the harness runs both engines and reports what it promises."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.runtime.tiny_models import make_tiny_model
+
+
+def test_bench_harness_on_a_tiny_model(tmp_path):
+    folder = make_tiny_model(tmp_path / "tiny", "llama")
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnchat", "bench", "--model", str(folder), "--engines", "ours,transformers",
+         "--repeats", "2", "--depths", "16,48", "--decode-tokens", "4", "--prefill-tokens", "16",
+         "--followup-context", "40", "--followup-tokens", "4", "--json", str(out_json), "--plot", str(out_png)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out_json.read_text())
+    assert set(report["raw"]) == {"ours", "transformers"}
+    assert all(len(runs) == 2 for runs in report["raw"].values())  # two repetitions each
+    for engine, s in report["summary"].items():
+        assert set(s["decode_tokens_per_s"]) == {"16", "48"}
+        for d in s["decode_tokens_per_s"].values():
+            assert 0 < d["min"] <= d["median"] <= d["max"]
+        assert s["load_s"]["median"] > 0 and s["followup_ttft_s"]["median"] > 0
+        assert s["peak_rss_bytes"]["median"] > 10_000_000
+    # Same cache size: both engines agree on KV bytes per token (2 x layers x KV heads x head dim x 4).
+    assert report["summary"]["ours"]["kv_bytes_per_token"] == report["summary"]["transformers"]["kv_bytes_per_token"]
+    r = report["ratios"]
+    assert r["decode_1k_vs_llamacpp"] is None
+    assert r["decode_1k_vs_transformers"] > 0 and r["followup_ttft_vs_transformers"] > 0
+    expected = report["summary"]["ours"]["decode_tokens_per_s"]["48"]["median"] / report["summary"]["transformers"]["decode_tokens_per_s"]["48"]["median"]
+    assert abs(r["decode_1k_vs_transformers"] - expected) < 1e-9
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "decode@48" in proc.stdout and "ratios" in proc.stdout
