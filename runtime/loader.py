@@ -314,6 +314,58 @@ def _stop_ids(tokenizer, cfg: ModelConfig) -> frozenset[int]:
     return frozenset(ids)
 
 
+def _decoder_state(path: Path, cfg: ModelConfig, tensors, wdtype: torch.dtype) -> dict[str, torch.Tensor]:
+    try:
+        return to_decoder_state(cfg, tensors, wdtype)
+    except ModelLoadError as e:  # name the file in the message
+        raise ModelLoadError(f"{path.name}: {e}") from None
+
+
+#: Bump when the decoder's tensor names or fusion change: old converted files are ignored.
+WEIGHTS_LAYOUT_VERSION = 1
+
+
+def _converted_file(cached: Path | None, wdtype: torch.dtype) -> Path | None:
+    if cached is None or os.environ.get("ATTNCHAT_WEIGHT_CACHE", "1") == "0":
+        return None
+    return cached / f"decoder-v{WEIGHTS_LAYOUT_VERSION}-{str(wdtype).removeprefix('torch.')}.safetensors"
+
+
+def _load_gguf(path: Path, wdtype: torch.dtype):
+    """(config, tokenizer, decoder state) of a GGUF file.
+
+    The first load dequantizes through transformers (seconds: the GGUF's metadata is
+    parsed in Python) and keeps the decoder's converted weights as a safetensors file
+    in the user cache folder, beside the converted config and tokenizer; later loads
+    read that file (well under a second). ``ATTNCHAT_WEIGHT_CACHE=0`` turns it off.
+    """
+    from safetensors.torch import load_file, save_file
+
+    _check_gguf_file(path)
+    cached = _gguf_cache_dir(path)
+    converted = _converted_file(cached, wdtype)
+    if converted is not None and converted.exists():
+        hf_config, tokenizer = _read_cached(cached)
+        if hf_config is not None:
+            cfg = _model_config(path, hf_config)
+            try:
+                return cfg, tokenizer, load_file(str(converted))
+            except Exception:
+                log.warning("converted weights %s unusable, converting again", converted, exc_info=True)
+    cfg, tokenizer, tensors = _read_gguf(path, wdtype)
+    state = _decoder_state(path, cfg, tensors, wdtype)
+    del tensors
+    if converted is not None and converted.parent.exists():
+        tmp = converted.with_name(converted.name + f".tmp{os.getpid()}")
+        try:
+            save_file(state, str(tmp))
+            os.replace(tmp, converted)
+        except OSError:
+            log.warning("could not keep the converted weights", exc_info=True)
+            tmp.unlink(missing_ok=True)
+    return cfg, tokenizer, state
+
+
 def load_model(source: str | os.PathLike | None = None, *, device: str = "auto", dtype: str | torch.dtype | None = None) -> Model:
     """Load a model for our decoder.
 
@@ -346,15 +398,12 @@ def load_model(source: str | os.PathLike | None = None, *, device: str = "auto",
         _refuse_pickle(path)
     if path.is_dir():
         cfg, tokenizer, tensors = _read_folder(path, wdtype)
+        state = _decoder_state(path, cfg, tensors, wdtype)
+        del tensors
     elif path.exists() or path.suffix.lower() == ".gguf":
-        cfg, tokenizer, tensors = _read_gguf(path, wdtype)
+        cfg, tokenizer, state = _load_gguf(path, wdtype)
     else:
         raise ModelLoadError(f"{path} does not exist; give a .gguf file or a model folder")
-    try:
-        state = to_decoder_state(cfg, tensors, wdtype)
-    except ModelLoadError as e:  # name the file in the message
-        raise ModelLoadError(f"{path.name}: {e}") from None
-    del tensors
     with torch.device("meta"):
         decoder = Decoder(cfg)
     decoder.load_weights({k: v.to(dev) for k, v in state.items()})
