@@ -172,6 +172,7 @@ class Engine:
     # ---- requests --------------------------------------------------------------------
     def submit(self, job: Job) -> None:
         """Queue ``job``; its items arrive through ``job.emit`` from the worker thread."""
+        self.start()  # idempotent: the app's lifespan normally started it already
         if not job.id:
             job.id = f"job-{next(self._ids)}"
         self._count("requests")
@@ -227,19 +228,21 @@ class Engine:
     def _session_for(self, job: Job) -> ChatSession:
         """The pooled session whose conversation shares the longest prefix with the job's."""
         want = job.conversation()
-        best, best_n = None, 1
-        for s in self._pool:
+        best, best_score = None, (0, False)
+        for s in reversed(self._pool):  # most recently used first: it wins ties
             have = [Message("system", s.system_prompt or "")] + s.messages
             n = _common_prefix(have, want)
-            # Past the system prompt, or an empty session; ties go to the most recently used.
-            if n > best_n or (n >= best_n and n == len(have)):
-                best, best_n = s, n
-        # A new conversation takes a fresh session while the pool has room, else the least
-        # recently used one: it would not reuse more than the system prompt anyway.
-        if best is None and len(self._pool) < self.pool_size:
-            best = ChatSession(self.model, settings=self.settings)
-        elif best is None:
-            best = self._pool[0]  # least recently used
+            whole = n == len(have)  # the request extends this conversation: nothing is lost
+            # Sharing only the system prompt is not worth another conversation's cache.
+            if (n > 1 or whole) and (n, whole) > best_score:
+                best, best_score = s, (n, whole)
+        if best is None:
+            # A new conversation: a fresh session while the pool has room, else the least
+            # recently used one.
+            if len(self._pool) < self.pool_size:
+                best = ChatSession(self.model, settings=self.settings)
+            else:
+                best = self._pool[0]
         if best in self._pool:
             self._pool.remove(best)
         self._pool.append(best)
@@ -273,6 +276,8 @@ class Engine:
                         raise ContextOverflowError(
                             f"the conversation needs {n} tokens but the context holds {limit}; "
                             "shorten the messages", prompt_tokens=n, context_limit=limit)
+                    with self._lock:  # idle before the client hears, so stats never lag
+                        self._running = None
                     self._record(job, ev.reason, ev.stats)
                     self._send(job, Done(ev.reason, ev.text, ev.stats))
         except ContextOverflowError as e:  # the session and its cache are unchanged

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnchat.serve_engine import Delta, Done, Engine, Failed, Item, Job, Started
+from models.catalog import CATALOG
 from runtime import ContextOverflowError, GenerationSettings, Message, Model, SamplingParams
 
 log = logging.getLogger("attnchat.serve")
@@ -261,6 +262,10 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
         ValueError: settings the model cannot take (a context past its maximum, ...).
     """
     model_id = model_id or model.name
+    # Names a request may use for the model, compared case-insensitively: its id, its file
+    # name and, for a catalog model, the catalog's id and name.
+    aliases = {model_id.lower(), model.name.lower(), model.path.name.lower()}
+    aliases |= {n.lower() for e in CATALOG if e.filename == model.path.name for n in (e.id, e.name)}
     engine = Engine(model, settings=settings, sessions=sessions)
     created = int(time.time())
 
@@ -299,7 +304,7 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
 
     @v1.get("/models/{name:path}")
     async def get_model(name: str) -> dict[str, Any]:
-        if name != model_id:
+        if name.lower() not in aliases:
             raise _no_model(name, model_id)
         return model_card()
 
@@ -311,7 +316,7 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
     @v1.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
         req = _parse(await _read_body(request, max_body_bytes))
-        if req.model != model_id:
+        if req.model.lower() not in aliases:
             raise _no_model(req.model, model_id)
         _unsupported(req)
         system, history, user = _conversation(req)
@@ -326,31 +331,33 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
             raise APIError(400, str(e), code="invalid_value") from None
         max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
         loop = asyncio.get_running_loop()
-        items: asyncio.Queue[Item] = asyncio.Queue()
+        items: asyncio.Queue[Item | None] = asyncio.Queue()
         job = Job(system=system, history=history, user=user, sampling=sampling,
                   max_tokens=min(max_tokens, engine.context_limit), stop=_stops(req.stop),
                   emit=lambda item: loop.call_soon_threadsafe(items.put_nowait, item),
                   id=f"chatcmpl-{uuid.uuid4().hex}")
         engine.submit(job)
-        first = await _next_or_disconnect(items, request, engine, job)
-        if first is None:
-            return Response(status_code=499)  # the client left; nobody reads this
-        if not isinstance(first, Started):
-            return _failure(first)
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(_stream(items, engine, job, model_id, include_usage),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        text: list[str] = []
-        while True:
-            item = await _next_or_disconnect(items, request, engine, job)
+        # Until the reply streams (Starlette then watches the connection itself), a task
+        # watches for the client leaving: it cancels the job and wakes this handler.
+        watcher = asyncio.create_task(_watch_disconnect(request, engine, job, items))
+        try:
+            item = await items.get()
             if item is None:
-                return Response(status_code=499)
-            if isinstance(item, Delta):
-                text.append(item.text)
-            elif isinstance(item, (Done, Failed)):
-                break
+                return Response(status_code=499)  # the client left; nobody reads this
+            if not isinstance(item, Started):
+                return _failure(item)
+            if req.stream:
+                watcher.cancel()
+                include_usage = bool(req.stream_options and req.stream_options.include_usage)
+                return StreamingResponse(_stream(items, engine, job, model_id, include_usage),
+                                         media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            while not isinstance(item, (Done, Failed)):
+                item = await items.get()
+                if item is None:
+                    return Response(status_code=499)
+        finally:
+            watcher.cancel()
         if isinstance(item, Failed) or item.reason == "cancelled":
             return _failure(item)
         return JSONResponse({
@@ -385,7 +392,8 @@ def _no_model(name: str, model_id: str) -> APIError:
 
 def _failure(item: Item) -> JSONResponse:
     if isinstance(item, Failed) and isinstance(item.error, ContextOverflowError):
-        return APIError(400, f"This model's context holds {item.error.context_limit} tokens; {item.error}.",
+        text = str(item.error)
+        return APIError(400, text[:1].upper() + text[1:] + ".",
                         param="messages", code="context_length_exceeded").response()
     if isinstance(item, Failed):
         return APIError(500, f"The server failed to answer: {type(item.error).__name__}: {item.error}",
@@ -394,15 +402,12 @@ def _failure(item: Item) -> JSONResponse:
                     type="server_error", code="unavailable").response()
 
 
-async def _next_or_disconnect(items: asyncio.Queue, request: Request, engine: Engine, job: Job) -> Item | None:
-    """The job's next item, or ``None`` (and the job cancelled) once the client has gone."""
-    while True:
-        try:
-            return await asyncio.wait_for(items.get(), DISCONNECT_POLL_S)
-        except TimeoutError:
-            if await request.is_disconnected():
-                engine.cancel(job)
-                return None
+async def _watch_disconnect(request: Request, engine: Engine, job: Job, items: asyncio.Queue) -> None:
+    """Cancel ``job`` and put ``None`` in ``items`` once the client has gone."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_S)
+    engine.cancel(job)
+    items.put_nowait(None)
 
 
 async def _stream(items: asyncio.Queue, engine: Engine, job: Job, model_id: str,
@@ -422,6 +427,8 @@ async def _stream(items: asyncio.Queue, engine: Engine, job: Job, model_id: str,
             batch = [await items.get()]
             while not items.empty():  # send what piled up as one chunk
                 batch.append(items.get_nowait())
+            if None in batch:  # the client left before the stream began
+                return
             text = "".join(i.text for i in batch if isinstance(i, Delta))
             if text:
                 yield chunk({"content": text})
