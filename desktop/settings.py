@@ -1,0 +1,82 @@
+"""The app's settings: one class over QSettings with one table of defaults.
+
+Unchanged writes are skipped; real changes emit :attr:`Settings.changed`. Tests
+(and ``--self-test`` / ``--screenshot``) pass an INI file path so nothing touches
+the user's own settings. Must not import torch or runtime.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QByteArray, QObject, QSettings, Signal
+
+__all__ = ["DEFAULTS", "Settings"]
+
+#: Every key the app reads, with its default (which also fixes the value's type).
+DEFAULTS: dict[str, Any] = {
+    "window/geometry": QByteArray(),
+    "window/state": QByteArray(),
+    "window/splitter": QByteArray(),
+    "last_conversation": 0,
+    "model/source": "",          # "" = the default model
+    "model/device": "auto",
+    "generation/system_prompt": "",
+    "generation/max_new_tokens": 512,
+    "generation/temperature": 0.0,
+    "generation/context": 0,      # 0 = the model's maximum
+}
+
+
+class Settings(QObject):
+    """Typed access to QSettings with defaults.
+
+    Args:
+        path: an INI file to use instead of the platform's settings store.
+    """
+
+    changed = Signal(str, object)  # key, new value
+
+    def __init__(self, path: str | Path | None = None, parent: QObject | None = None):
+        super().__init__(parent)
+        if path is None:
+            self._qs = QSettings("attnchat", "attnchat")
+        else:
+            self._qs = QSettings(str(path), QSettings.Format.IniFormat)
+
+    def get(self, key: str) -> Any:
+        """The value of ``key`` (its default when unset), converted to the default's type.
+
+        Raises:
+            KeyError: ``key`` is not in :data:`DEFAULTS`.
+        """
+        default = DEFAULTS[key]
+        value = self._qs.value(key, default)
+        if value is None:
+            return default
+        try:
+            if isinstance(default, bool):
+                return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+            if isinstance(default, (int, float, str)):
+                return type(default)(value)
+            if isinstance(default, QByteArray) and not isinstance(value, QByteArray):
+                return default
+        except (TypeError, ValueError):
+            return default
+        return value
+
+    def set(self, key: str, value: Any) -> None:
+        """Store ``value`` under ``key``; a write that changes nothing is skipped."""
+        if key not in DEFAULTS:
+            raise KeyError(key)
+        if self.get(key) == value:
+            return
+        self._qs.setValue(key, value)
+        self.changed.emit(key, value)
+
+    def sync(self) -> None:
+        self._qs.sync()
+
+    @property
+    def file_name(self) -> str:
+        return self._qs.fileName()

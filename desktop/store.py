@@ -1,0 +1,245 @@
+"""Conversations on disk: one SQLite file (stdlib sqlite3, WAL), a schema version, migrations.
+
+No Qt, no torch. Used from the GUI thread only (writes are a few rows at a time).
+
+Durability: every write is one transaction; the journal is WAL with
+``synchronous=FULL``, so a crash or ``kill -9`` (or a power cut) loses at most the
+transaction in progress and never earlier messages. A user message is written as
+soon as it is sent; a reply when it finishes or is stopped, with its stats as JSON.
+
+Schema versions live in ``PRAGMA user_version``; :data:`MIGRATIONS` holds one
+script per version, applied in order inside one transaction each. To change the
+schema, append a script; never edit a published one.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+__all__ = ["Conversation", "StoredMessage", "Store", "MIGRATIONS", "DEFAULT_TITLE"]
+
+DEFAULT_TITLE = "New chat"
+
+#: One SQL script per schema version (index 0 upgrades version 0 -> 1, ...).
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE conversations (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        title TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE messages (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+        content TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        finish_reason TEXT,
+        stats TEXT
+    );
+    CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
+    """,
+    """
+    ALTER TABLE conversations ADD COLUMN model TEXT NOT NULL DEFAULT '';
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A conversation's row. Times are seconds since the epoch."""
+
+    id: int
+    title: str
+    created_at: float
+    updated_at: float
+    model: str = ""
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """A message as stored. ``stats`` is the reply's figures (empty for user messages)."""
+
+    id: int
+    role: str
+    content: str
+    created_at: float
+    finish_reason: str | None = None
+    stats: dict = field(default_factory=dict)
+
+
+class SchemaTooNewError(RuntimeError):
+    """The file was written by a newer attnchat (its schema version is past ours)."""
+
+
+class Store:
+    """The conversation database.
+
+    Args:
+        path: the SQLite file (created with its folder if missing), or ``":memory:"``.
+
+    Raises:
+        sqlite3.DatabaseError: the file is not a database.
+        SchemaTooNewError: the file's schema is newer than this program's.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = path
+        if path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: we open transactions ourselves (BEGIN IMMEDIATE).
+        self._db = sqlite3.connect(str(path), isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._migrate()
+
+    # ---- schema --------------------------------------------------------------------------
+    @property
+    def schema_version(self) -> int:
+        return self._db.execute("PRAGMA user_version").fetchone()[0]
+
+    def _migrate(self) -> None:
+        version = self.schema_version
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNewError(
+                f"{self.path} was written by a newer attnchat (schema {version}, this one knows "
+                f"{SCHEMA_VERSION}); update attnchat")
+        for v in range(version, SCHEMA_VERSION):
+            with self._tx():
+                for statement in _statements(MIGRATIONS[v]):
+                    self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version={v + 1}")
+
+    def _tx(self):
+        return _Transaction(self._db)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ---- conversations -------------------------------------------------------------------
+    def create_conversation(self, title: str = DEFAULT_TITLE, model: str = "") -> Conversation:
+        now = time.time()
+        with self._tx():
+            cur = self._db.execute(
+                "INSERT INTO conversations(title, created_at, updated_at, model) VALUES (?, ?, ?, ?)",
+                (title, now, now, model))
+        return Conversation(cur.lastrowid, title, now, now, model)
+
+    def conversations(self) -> list[Conversation]:
+        """All conversations, most recently updated first."""
+        rows = self._db.execute(
+            "SELECT id, title, created_at, updated_at, model FROM conversations "
+            "ORDER BY updated_at DESC, id DESC").fetchall()
+        return [Conversation(*r) for r in rows]
+
+    def conversation(self, conv_id: int) -> Conversation | None:
+        row = self._db.execute(
+            "SELECT id, title, created_at, updated_at, model FROM conversations WHERE id=?",
+            (conv_id,)).fetchone()
+        return Conversation(*row) if row else None
+
+    def rename(self, conv_id: int, title: str) -> None:
+        with self._tx():
+            self._db.execute("UPDATE conversations SET title=? WHERE id=?", (title, conv_id))
+
+    def delete(self, conv_id: int) -> None:
+        with self._tx():
+            self._db.execute("DELETE FROM messages WHERE conversation_id=?", (conv_id,))
+            self._db.execute("DELETE FROM conversations WHERE id=?", (conv_id,))
+
+    # ---- messages ------------------------------------------------------------------------
+    def messages(self, conv_id: int) -> list[StoredMessage]:
+        rows = self._db.execute(
+            "SELECT id, role, content, created_at, finish_reason, stats FROM messages "
+            "WHERE conversation_id=? ORDER BY id", (conv_id,)).fetchall()
+        return [StoredMessage(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]) if r[5] else {}) for r in rows]
+
+    def add_message(self, conv_id: int, role: str, content: str, *, finish_reason: str | None = None,
+                    stats: dict | None = None) -> StoredMessage:
+        """Append a message (one transaction) and touch the conversation."""
+        with self._tx():
+            return self._insert(conv_id, role, content, finish_reason, stats)
+
+    def replace_last_reply(self, conv_id: int, content: str, *, finish_reason: str | None = None,
+                           stats: dict | None = None) -> StoredMessage:
+        """Regenerate's save: drop the trailing assistant messages and append the new reply, atomically."""
+        with self._tx():
+            self._drop_trailing(conv_id, roles=("assistant",))
+            return self._insert(conv_id, "assistant", content, finish_reason, stats)
+
+    def replace_last_user(self, conv_id: int, content: str) -> StoredMessage:
+        """Edit-and-resend's save: drop the last user message and everything after it, append ``content``."""
+        with self._tx():
+            row = self._db.execute(
+                "SELECT MAX(id) FROM messages WHERE conversation_id=? AND role='user'", (conv_id,)).fetchone()
+            if row[0] is not None:
+                self._db.execute("DELETE FROM messages WHERE conversation_id=? AND id>=?", (conv_id, row[0]))
+            return self._insert(conv_id, "user", content, None, None)
+
+    def _drop_trailing(self, conv_id: int, roles: tuple[str, ...]) -> None:
+        while True:
+            row = self._db.execute(
+                "SELECT id, role FROM messages WHERE conversation_id=? ORDER BY id DESC LIMIT 1",
+                (conv_id,)).fetchone()
+            if row is None or row[1] not in roles:
+                return
+            self._db.execute("DELETE FROM messages WHERE id=?", (row[0],))
+
+    def _insert(self, conv_id, role, content, finish_reason, stats) -> StoredMessage:
+        now = time.time()
+        cur = self._db.execute(
+            "INSERT INTO messages(conversation_id, role, content, created_at, finish_reason, stats) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (conv_id, role, content, now, finish_reason, json.dumps(stats) if stats else None))
+        self._db.execute("UPDATE conversations SET updated_at=? WHERE id=?", (now, conv_id))
+        return StoredMessage(cur.lastrowid, role, content, now, finish_reason, dict(stats or {}))
+
+    # ---- export --------------------------------------------------------------------------
+    def export_json(self, conv_id: int) -> dict:
+        """The conversation as a JSON-ready dict: title, times, model and messages with their stats."""
+        conv = self.conversation(conv_id)
+        if conv is None:
+            raise KeyError(f"no conversation {conv_id}")
+        return {
+            "format": "attnchat-conversation", "version": 1,
+            **asdict(conv),
+            "messages": [asdict(m) for m in self.messages(conv_id)],
+        }
+
+    def export_markdown(self, conv_id: int) -> str:
+        """The conversation as Markdown: a title, then one section per message."""
+        conv = self.conversation(conv_id)
+        if conv is None:
+            raise KeyError(f"no conversation {conv_id}")
+        names = {"user": "You", "assistant": "Assistant", "system": "System"}
+        parts = [f"# {conv.title}\n"]
+        for m in self.messages(conv_id):
+            parts.append(f"## {names.get(m.role, m.role)}\n\n{m.content.rstrip()}\n")
+        return "\n".join(parts)
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration script into statements (``executescript`` would commit on its own)."""
+    return [s.strip() for s in script.split(";") if s.strip()]
+
+
+class _Transaction:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on an exception)."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self._db = db
+
+    def __enter__(self):
+        self._db.execute("BEGIN IMMEDIATE")
+        return self._db
+
+    def __exit__(self, exc_type, exc, tb):
+        self._db.execute("ROLLBACK" if exc_type else "COMMIT")
+        return False

@@ -1,0 +1,80 @@
+"""First run: the download dialog (progress, Cancel, failures in words, Retry) and the empty state."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import models
+from desktop import app as desktop_app
+from desktop.download_dialog import DownloadDialog
+
+
+def fetch_ok(entry, progress, cancel):
+    for done in range(0, 101, 25):
+        progress(done, 100)
+    return Path("/models/fake.gguf")
+
+
+def test_download_succeeds_with_progress(qtbot):
+    dialog = DownloadDialog(fetch_fn=fetch_ok)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    with qtbot.waitSignal(dialog.downloaded, timeout=5000) as blocker:
+        dialog.download_button.click()
+    assert blocker.args == ["/models/fake.gguf"]
+    assert not dialog.running and not dialog.isVisible()
+
+
+def test_download_failure_is_shown_in_words_with_retry(qtbot):
+    calls = []
+
+    def fetch(entry, progress, cancel):
+        calls.append(1)
+        if len(calls) == 1:
+            raise models.FetchError("disk full while fetching SmolLM2 (93 MiB needed); free some space and try again")
+        return fetch_ok(entry, progress, cancel)
+
+    dialog = DownloadDialog(fetch_fn=fetch)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    dialog.download_button.click()
+    qtbot.waitUntil(lambda: dialog.retry_button.isVisible(), timeout=5000)
+    assert "disk full" in dialog.status.text() and "Traceback" not in dialog.status.text()
+    with qtbot.waitSignal(dialog.downloaded, timeout=5000):
+        dialog.retry_button.click()
+    assert len(calls) == 2
+
+
+def test_cancel_stops_the_download(qtbot):
+    started = threading.Event()
+
+    def fetch(entry, progress, cancel):
+        started.set()
+        progress(10, 100)
+        while not cancel():
+            threading.Event().wait(0.01)
+        raise models.FetchCancelled("fetching was cancelled")
+
+    dialog = DownloadDialog(fetch_fn=fetch)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    dialog.download_button.click()
+    assert started.wait(5)
+    qtbot.waitUntil(lambda: dialog.bar.maximum() > 0, timeout=5000)
+    dialog.cancel_button.click()
+    qtbot.waitUntil(lambda: not dialog.running, timeout=5000)
+    assert "Cancelled" in dialog.status.text() and dialog.retry_button.isVisible()
+    dialog.cancel_button.click()  # now "Close"
+    assert not dialog.isVisible()
+
+
+def test_first_run_shows_the_empty_state_and_offers_the_download(qtbot, make_window, monkeypatch):
+    monkeypatch.setattr(models, "installed_path", lambda *a: None)
+    w = make_window(load=False)
+    dialog = desktop_app.start_model(w, None, fetch_fn=fetch_ok)
+    assert dialog is not None and dialog.isVisible()
+    assert w.stack.currentWidget() is w.empty and not w.send_button.isEnabled()
+    with qtbot.waitSignal(w.engine.model_loaded, timeout=5000) as blocker:
+        dialog.download_button.click()
+    assert blocker.args[0]["path"] == "/models/fake.gguf"
+    assert w.stack.currentWidget() is not w.empty and w.send_button.isEnabled()

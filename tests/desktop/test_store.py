@@ -1,0 +1,93 @@
+"""The conversation database: WAL, schema versions and migrations, atomic saves, exports, kill -9."""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from desktop.store import MIGRATIONS, SCHEMA_VERSION, SchemaTooNewError, Store
+
+
+def test_wal_and_schema_version(tmp_path):
+    store = Store(tmp_path / "c.sqlite3")
+    assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store.schema_version == SCHEMA_VERSION == len(MIGRATIONS)
+    store.close()
+
+
+def test_migrates_an_old_file(tmp_path):
+    path = tmp_path / "old.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(MIGRATIONS[0])  # a version-1 file, as the first release wrote it
+    db.execute("PRAGMA user_version=1")
+    db.execute("INSERT INTO conversations(title, created_at, updated_at) VALUES ('kept', 1, 1)")
+    db.commit()
+    db.close()
+    store = Store(path)
+    assert store.schema_version == SCHEMA_VERSION
+    [conv] = store.conversations()
+    assert conv.title == "kept" and conv.model == ""
+    store.close()
+
+
+def test_refuses_a_newer_file(tmp_path):
+    path = tmp_path / "new.sqlite3"
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    db.close()
+    with pytest.raises(SchemaTooNewError, match="newer attnchat"):
+        Store(path)
+
+
+def test_messages_regenerate_edit_and_export(tmp_path):
+    store = Store(tmp_path / "c.sqlite3")
+    conv = store.create_conversation("Trip")
+    store.add_message(conv.id, "user", "Where to?")
+    store.add_message(conv.id, "assistant", "Lyon.", finish_reason="stop", stats={"completion_tokens": 2})
+    store.replace_last_reply(conv.id, "Paris.", finish_reason="length", stats={"completion_tokens": 3})
+    msgs = store.messages(conv.id)
+    assert [(m.role, m.content) for m in msgs] == [("user", "Where to?"), ("assistant", "Paris.")]
+    assert msgs[1].finish_reason == "length" and msgs[1].stats == {"completion_tokens": 3}
+    store.replace_last_user(conv.id, "Where in Italy?")
+    assert [(m.role, m.content) for m in store.messages(conv.id)] == [("user", "Where in Italy?")]
+    store.add_message(conv.id, "assistant", "Rome:\n\n- the Forum")
+    md = store.export_markdown(conv.id)
+    assert md.startswith("# Trip\n") and "## You\n\nWhere in Italy?" in md and "- the Forum" in md
+    data = json.loads(json.dumps(store.export_json(conv.id)))
+    assert data["title"] == "Trip" and [m["role"] for m in data["messages"]] == ["user", "assistant"]
+    store.rename(conv.id, "Italy")
+    store.delete(conv.id)
+    assert store.conversations() == [] and store.messages(conv.id) == []
+    store.close()
+
+
+def test_kill_9_mid_reply_keeps_earlier_messages(tmp_path):
+    """A process killed inside a write loses that write only; the file stays sound."""
+    path = tmp_path / "c.sqlite3"
+    child = textwrap.dedent(f"""
+        import os, signal
+        from desktop.store import Store
+        s = Store({str(path)!r})
+        c = s.create_conversation("t")
+        for i in range(3):
+            s.add_message(c.id, "user", f"question {{i}}")
+            s.add_message(c.id, "assistant", f"answer {{i}}", finish_reason="stop", stats={{"i": i}})
+        s._db.execute("BEGIN IMMEDIATE")
+        s._db.execute("INSERT INTO messages(conversation_id, role, content, created_at) VALUES (?, 'assistant', 'half a rep', 0)", (c.id,))
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", child], cwd=str(tmp_path.parent), capture_output=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert proc.returncode == -9, proc.stderr
+    store = Store(path)
+    assert store._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    [conv] = store.conversations()
+    contents = [m.content for m in store.messages(conv.id)]
+    assert contents == [x for i in range(3) for x in (f"question {i}", f"answer {i}")]
+    store.close()
