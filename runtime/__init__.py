@@ -15,7 +15,9 @@ from runtime.errors import (
     UnsupportedModelError,
 )
 from runtime.kv_cache import CACHE_DTYPES, KVCache
-from runtime.loader import Model, load_model
+from runtime.loader import Model, load_model, read_config
+from runtime.memory import MemoryPlan, count_parameters, free_memory_bytes, kv_bytes_per_token, plan, plan_for_config
+from runtime.probe import AttentionCapture, HeadScores, head_scores
 from runtime.sampling import SamplingParams
 from runtime.session import (
     OVERFLOW_POLICIES,
@@ -31,7 +33,8 @@ from runtime.session import (
 
 __all__ = [
     "attention", "Message", "ModelConfig", "KVCache", "CACHE_DTYPES", "Model", "load_model",
-    "SamplingParams", "ChatSession", "GenerationSettings", "OVERFLOW_POLICIES", "Event",
+    "SamplingParams", "MemoryPlan", "plan", "plan_for_config", "kv_bytes_per_token", "count_parameters",
+    "free_memory_bytes", "AttentionCapture", "HeadScores", "head_scores", "read_config", "ChatSession", "GenerationSettings", "OVERFLOW_POLICIES", "Event",
     "PrefillProgress", "TextPiece", "StatsUpdate", "Finish", "TurnStats",
     "AttnchatError", "CacheLimitError", "ContextOverflowError", "DeviceError",
     "ModelLoadError", "UnsupportedModelError",
