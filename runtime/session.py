@@ -4,19 +4,8 @@ Must not import Qt. Each turn: render the conversation with the chat template ->
 token ids -> longest common prefix with what the cache holds -> crop the cache
 there -> prefill the rest in chunks (cancellable, with progress) -> decode.
 
-Context overflow policies (when conversation + reply would pass the context limit):
-
-- ``stop``: the reply ends with finish reason ``"context"``.
-- ``truncate-middle``: keep the system prompt and the newest turns, drop the oldest
-  turns in between, re-prefill what changed (counted in ``dropped_tokens``).
-- ``rolling``: StreamingLLM (Xiao et al. 2023, "Efficient Streaming Language Models
-  with Attention Sinks"): keep the first ``sink_tokens`` tokens and a window of the
-  newest; evict the middle from the cache. Positions: keys are cached after RoPE, and
-  after an eviction the kept keys are re-rotated by minus the evicted count
-  (RoPE rotations compose), so cache slot ``i`` always holds position ``i`` and the
-  model never sees a position past the window. We chose re-rotation over caching
-  keys before RoPE because it costs one rotation per eviction instead of one per
-  cached key on every decode step.
+The context-overflow policies (stop, truncate-middle, rolling) are described and
+computed in :mod:`runtime.context`; this module applies them to the cache.
 """
 from __future__ import annotations
 
@@ -28,12 +17,12 @@ from typing import Iterator, Union
 import torch
 
 from runtime.chat_format import PLAIN_STOP, Message, encode_messages
+from runtime.context import OVERFLOW_POLICIES, drop_oldest_turns, fit_prompt, rolling_eviction, rolling_window
 from runtime.errors import ContextOverflowError
 from runtime.loader import Model
 from runtime.sampling import Sampler, SamplingParams
 from runtime.streaming import IncrementalDetokenizer, StopStringMatcher
 
-OVERFLOW_POLICIES = ("stop", "truncate-middle", "rolling")
 #: llama.cpp's default ``repeat_last_n``: the repetition penalty looks this far back (tokens).
 REPEAT_LAST_N = 64
 
@@ -184,9 +173,14 @@ class ChatSession:
         self.cache.reset()
 
     def send(self, text: str) -> Iterator[Event]:
-        """Add a user message and generate the reply (appended to :attr:`messages` at the end)."""
+        """Add a user message and generate the reply (appended to :attr:`messages` at the end).
+
+        The events come lazily; iterating them raises :class:`ContextOverflowError` when
+        the message cannot fit even alone (the conversation and cache are then unchanged).
+        """
+        before = list(self.messages)
         self.messages.append(Message("user", text))
-        return self._generate()
+        return self._generate(before)
 
     def regenerate(self) -> Iterator[Event]:
         """Drop the last reply and generate it again (the prompt is reused from the cache).
@@ -194,11 +188,13 @@ class ChatSession:
         Raises:
             ValueError: there is no user message to reply to.
         """
+        before = list(self.messages)
         while self.messages and self.messages[-1].role == "assistant":
             self.messages.pop()
         if not self.messages:
+            self.messages[:] = before
             raise ValueError("there is no message to regenerate a reply for")
-        return self._generate()
+        return self._generate(before)
 
     def edit_last_user(self, text: str) -> Iterator[Event]:
         """Replace the last user message (dropping replies after it) and generate.
@@ -209,8 +205,10 @@ class ChatSession:
         idx = max((i for i, m in enumerate(self.messages) if m.role == "user"), default=None)
         if idx is None:
             raise ValueError("there is no user message to edit")
+        before = list(self.messages)
         del self.messages[idx:]
-        return self.send(text)
+        self.messages.append(Message("user", text))
+        return self._generate(before)
 
     # ---- prompt assembly -----------------------------------------------------------------
     def _conversation(self, messages: list[Message]) -> list[Message]:
@@ -221,40 +219,8 @@ class ChatSession:
         extra = () if self.model.has_chat_template else (PLAIN_STOP,)
         return tuple(s for s in self.settings.stop_strings + extra if s)
 
-    def _prompt(self, reserve: int) -> tuple[list[int], int]:
-        """Prompt ids for the conversation and the tokens dropped to fit it.
-
-        ``reserve``: tokens to leave free for the reply under truncate-middle.
-
-        Raises:
-            ContextOverflowError: the last message cannot fit even alone.
-        """
-        tok = self.model.tokenizer
-        full = encode_messages(tok, self._conversation(self.messages))
-        limit = self.context_limit
-        if len(full) < limit and (self.settings.overflow != "truncate-middle" or len(full) + reserve <= limit):
-            return full, 0
-        alone = encode_messages(tok, self._conversation(self.messages[-1:]))
-        if len(alone) >= limit:
-            raise ContextOverflowError(
-                f"the message needs {len(alone)} tokens with the chat template but the context holds "
-                f"{limit}; shorten the message or raise the context length",
-                prompt_tokens=len(alone), context_limit=limit,
-            )
-        if self.settings.overflow != "truncate-middle":
-            return full, 0
-        # Drop the oldest turns (a user message and the replies after it) until it fits.
-        msgs = list(self.messages)
-        ids = full
-        target = max(limit - reserve, len(alone) + 1)
-        while len(ids) > target and len(msgs) > 1:
-            del msgs[0]
-            while len(msgs) > 1 and msgs[0].role != "user":
-                del msgs[0]
-            ids = encode_messages(tok, self._conversation(msgs))
-        if len(ids) >= limit:
-            ids = alone
-        return ids, len(full) - len(ids)
+    def _encode(self, messages: list[Message]) -> list[int]:
+        return encode_messages(self.model.tokenizer, self._conversation(list(messages)))
 
     # ---- the cache -----------------------------------------------------------------------
     def _sync_cache(self, ids: list[int]) -> int:
@@ -274,19 +240,13 @@ class ChatSession:
 
     def _evict_for(self, n_new: int) -> None:
         """Rolling policy: make room for ``n_new`` tokens by evicting after the sinks."""
-        limit = self.context_limit
-        if self.cache.length + n_new <= limit:
+        span = rolling_eviction(self.cache.length, n_new, limit=self.context_limit, sink_tokens=self.settings.sink_tokens)
+        if span is None:
             return
-        sink = min(self.settings.sink_tokens, limit - 1)
-        window = limit - sink
-        if n_new > window:
-            raise _Stop("context")
-        n_evict = max(self.cache.length + n_new - limit, window // 4)
-        n_evict = min(n_evict, self.cache.length - sink)
-        end = sink + n_evict
-        self.cache.evict(sink, end)
-        self.model.decoder.shift_key_positions(self.cache, sink, self.cache.length, -n_evict)
-        del self._slots[sink:end]
+        start, end = span
+        self.cache.evict(start, end)
+        self.model.decoder.shift_key_positions(self.cache, start, self.cache.length, start - end)
+        del self._slots[start:end]
 
     def _feed(self, ids: list[int], *, last_only: bool) -> torch.Tensor:
         """Run ``ids`` through the model, appending them to the cache."""
@@ -297,13 +257,24 @@ class ChatSession:
         return logits
 
     # ---- generation ----------------------------------------------------------------------
-    def _generate(self) -> Iterator[Event]:
+    def _generate(self, before: list[Message]) -> Iterator[Event]:
+        # Clear a stale cancel now, not at the first next(): a cancel() that arrives
+        # between send() and the first event must still stop this reply.
         self._cancel.clear()
+        return self._events(before)
+
+    def _events(self, before: list[Message]) -> Iterator[Event]:
         st = self.settings
         t_start = time.perf_counter()
         stats = TurnStats(context_limit=self.context_limit)
+        self.last_logits = None
         reserve = min(st.max_new_tokens, self.context_limit // 2)
-        prompt, dropped = self._prompt(reserve)
+        try:
+            prompt, dropped = fit_prompt(self._encode, self.messages, limit=self.context_limit,
+                                         reserve=reserve, policy=st.overflow)
+        except ContextOverflowError:
+            self.messages[:] = before  # a message that can never fit leaves no trace
+            raise
         stats.prompt_tokens, stats.dropped_tokens = len(prompt), dropped
         detok = IncrementalDetokenizer(self.model.tokenizer)
         stops = StopStringMatcher(self._stop_strings())
@@ -316,7 +287,7 @@ class ChatSession:
             if st.overflow == "stop" and len(prompt) >= self.context_limit:
                 raise _Stop("context")
             reused = self._sync_cache(prompt)
-            stats.reused_tokens, stats.prefilled_tokens = reused, len(prompt) - reused
+            stats.reused_tokens = reused
             rest = prompt[reused:]
             t_prefill = time.perf_counter()
             done = 0
@@ -326,11 +297,11 @@ class ChatSession:
                     raise _Stop("cancelled")
                 chunk = rest[done : done + st.prefill_chunk]
                 if st.overflow == "rolling":
-                    chunk = chunk[: max(1, self.context_limit - min(st.sink_tokens, self.context_limit - 1))]
+                    chunk = chunk[: rolling_window(self.context_limit, st.sink_tokens)]
                     self._evict_for(len(chunk))
-                last = done + len(chunk) == len(rest)
                 logits = self._feed(chunk, last_only=True)
                 done += len(chunk)
+                stats.prefilled_tokens = done  # what the cache really took, if cancelled below
                 yield PrefillProgress(done, len(rest))
             prefill_s = time.perf_counter() - t_prefill
             stats.prefill_tokens_per_s = len(rest) / prefill_s if prefill_s > 0 else 0.0
@@ -357,16 +328,21 @@ class ChatSession:
                     raise _Stop("length")
                 if self._cancel.is_set():
                     raise _Stop("cancelled")
+                length_before = self.cache.length
                 logits = self._step(generated, stats)
                 n_steps += 1
                 stats.decode_tokens_per_s = n_steps / max(time.perf_counter() - t_decode, 1e-9)
                 stats.completion_tokens = len(generated)
-                if n_steps % 16 == 0:
+                # Every few tokens (a live memory chart redraws several times a second),
+                # and at once when an eviction or truncation shrank the cache.
+                if n_steps % 4 == 0 or self.cache.length <= length_before:
                     yield StatsUpdate(self._snapshot(stats))
         except _Stop as s:
             reason = s.reason
         if reason != "stop" or not stops.stopped:
-            piece, hit = stops.push(detok.flush())
+            # A reply cut inside a character (length, cancel) ends with its bytes undecodable:
+            # show the complete characters only, never U+FFFD.
+            piece, hit = stops.push(detok.flush().rstrip("\ufffd"))
             tail = piece + ("" if hit else stops.flush())
             if tail:
                 shown.append(tail)
@@ -397,21 +373,14 @@ class ChatSession:
         Raises:
             _Stop("context"): even the last message and the reply so far do not fit.
         """
-        tok = self.model.tokenizer
         limit = self.context_limit
         remaining = self.settings.max_new_tokens - len(generated)
         target = limit - max(1, min(remaining, limit // 4))
-        msgs = list(self.messages)
-        before = len(encode_messages(tok, self._conversation(msgs)))
-        ids = encode_messages(tok, self._conversation(msgs)) + generated
-        while len(ids) > target and len(msgs) > 1:
-            del msgs[0]
-            while len(msgs) > 1 and msgs[0].role != "user":
-                del msgs[0]
-            ids = encode_messages(tok, self._conversation(msgs)) + generated
+        ids = drop_oldest_turns(self._encode, self.messages, target, tail=generated)
         if len(ids) > limit:
             raise _Stop("context")
-        stats.dropped_tokens += before - (len(ids) - len(generated))
+        # Dropped from the whole conversation (not added to the prompt's drop: both count from it).
+        stats.dropped_tokens = len(self._encode(self.messages)) - (len(ids) - len(generated))
         reused = self._sync_cache(ids)
         rest = ids[reused:]
         logits = None
