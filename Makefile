@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test model clean lint
+.PHONY: venv run test model clean lint package package-smoke
 
 venv: $(STAMP)
 
@@ -27,6 +27,23 @@ lint: venv
 test: venv
 	$(VENV)/bin/lint-imports
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q
+
+# The packaged app: PyInstaller's one folder (dist/attnchat/, the default model inside),
+# then dist/attnchat_<version>_<arch>.deb and dist/attnchat-<version>-linux-<arch>.tar.gz.
+# Takes minutes, so it is not part of `make test` (which checks the spec and the control data).
+PKG_STAMP := $(VENV)/.packaging-installed
+
+$(PKG_STAMP): packaging/requirements-package.txt $(STAMP)
+	$(PY) -m pip install --quiet -r packaging/requirements-package.txt
+	touch $(PKG_STAMP)
+
+package: model $(PKG_STAMP)
+	$(PY) -m PyInstaller --noconfirm --clean --log-level WARN --distpath dist --workpath build/pyinstaller packaging/attnchat.spec
+	$(PY) packaging/build_deb.py
+
+# Unpack the .deb and run its --self-test offline with an empty HOME.
+package-smoke:
+	packaging/smoke_test.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info

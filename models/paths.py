@@ -7,10 +7,15 @@ platform defaults so that tests, CI and portable installs can redirect them:
 - ``ATTNCHAT_MODELS_DIR``: the model folder (default: the user data folder,
   e.g. ``~/.local/share/attnchat/models`` on Linux).
 - ``ATTNCHAT_CACHE_DIR``: the cache folder (default: ``~/.cache/attnchat``).
+
+A frozen app (the PyInstaller bundle built by ``packaging/``) also carries a
+read-only folder of models, :func:`bundled_models_dir`, so its first run needs
+no network.
 """
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import platformdirs
@@ -18,8 +23,13 @@ import platformdirs
 APP_NAME = "attnchat"
 MODELS_DIR_ENV = "ATTNCHAT_MODELS_DIR"
 CACHE_DIR_ENV = "ATTNCHAT_CACHE_DIR"
+BUNDLED_MODELS_SUBDIR = "bundled_models"
+"""The models folder's name inside a frozen app's bundle (``packaging/attnchat.spec`` puts it there)."""
 
-__all__ = ["APP_NAME", "CACHE_DIR_ENV", "MODELS_DIR_ENV", "cache_dir", "log_dir", "models_dir"]
+__all__ = [
+    "APP_NAME", "BUNDLED_MODELS_SUBDIR", "CACHE_DIR_ENV", "MODELS_DIR_ENV",
+    "bundled_models_dir", "cache_dir", "log_dir", "models_dir",
+]
 
 
 def _from_env(name: str) -> Path | None:
@@ -48,6 +58,20 @@ def models_dir() -> Path:
     if path is None:
         path = Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)) / "models"
     return _ensure(path)
+
+
+def bundled_models_dir() -> Path | None:
+    """The read-only models folder shipped inside a frozen app, or None.
+
+    Only a PyInstaller bundle has one (``sys.frozen`` set, the folder under
+    ``sys._MEIPASS``); it is never created or written. Not named ``models``,
+    which would shadow this package inside the bundle.
+    """
+    base = getattr(sys, "_MEIPASS", None) if getattr(sys, "frozen", False) else None
+    if not base:
+        return None
+    path = Path(base) / BUNDLED_MODELS_SUBDIR
+    return path if path.is_dir() else None
 
 
 def cache_dir() -> Path:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .catalog import CATALOG, DEFAULT_MODEL, CatalogEntry
-from .paths import models_dir
+from .paths import bundled_models_dir, models_dir
 
 __all__ = [
     "CHUNK_BYTES", "GGUF_MAGIC", "PICKLE_SUFFIXES", "ImportModelError", "ModelInfo",
@@ -76,19 +76,28 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _file_of_size(path: Path, size_bytes: int) -> bool:
+    try:
+        return path.is_file() and path.stat().st_size == size_bytes
+    except OSError:
+        return False
+
+
 def installed_path(entry: CatalogEntry = DEFAULT_MODEL) -> Path | None:
     """The installed file of ``entry``, or None when missing or of the wrong size in bytes.
+
+    A frozen app looks first in its bundled, read-only models folder
+    (:func:`models.paths.bundled_models_dir`, checksummed when the app was built),
+    then in the model folder.
 
     Raises:
         OSError: the model folder cannot be created.
     """
+    bundled = bundled_models_dir()
+    if bundled is not None and _file_of_size(bundled / entry.filename, entry.size_bytes):
+        return bundled / entry.filename
     path = models_dir() / entry.filename
-    try:
-        if path.is_file() and path.stat().st_size == entry.size_bytes:
-            return path
-    except OSError:
-        pass
-    return None
+    return path if _file_of_size(path, entry.size_bytes) else None
 
 
 def verify(entry: CatalogEntry = DEFAULT_MODEL) -> bool:

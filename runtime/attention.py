@@ -16,7 +16,35 @@ import math
 import torch
 import torch.nn.functional as F
 
-__all__ = ["attention", "attention_reference", "attention_fast", "causal_mask"]
+__all__ = [
+    "attention", "attention_reference", "attention_fast", "causal_mask",
+    "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend",
+]
+
+#: ``"fast"``: torch SDPA (the default); ``"reference"``: the readable formula, step by step.
+ATTENTION_BACKENDS = ("reference", "fast")
+_backend = "fast"
+
+
+def set_attention_backend(name: str) -> None:
+    """Choose the path :func:`attention` takes, process-wide (takes effect at the next call).
+
+    Both paths compute the same function (the tests check they agree); ``"reference"``
+    is slower and exists to compare against. A plain module global, read once per call:
+    switching between two decode steps is safe.
+
+    Raises:
+        ValueError: a name not in :data:`ATTENTION_BACKENDS`.
+    """
+    global _backend
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; use one of {', '.join(ATTENTION_BACKENDS)}")
+    _backend = name
+
+
+def get_attention_backend() -> str:
+    """The backend :func:`attention` uses now (``"fast"`` unless set)."""
+    return _backend
 
 
 def causal_mask(tq: int, tk: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -127,6 +155,7 @@ def attention(
             of the keys (query ``i`` sees keys ``<= Tk - Tq + i``).
         scale: multiplies the scores; defaults to ``1 / sqrt(D)``.
         return_weights: also return the attention weights (uses the reference path).
+            Otherwise the path is the one :func:`set_attention_backend` chose.
 
     Returns:
         output ``(B, H, Tq, D)`` in q's dtype, and with ``return_weights`` also the
@@ -137,4 +166,6 @@ def attention(
     """
     if return_weights:
         return attention_reference(q, k, v, causal=causal, scale=scale)
+    if _backend == "reference":
+        return attention_reference(q, k, v, causal=causal, scale=scale)[0]
     return attention_fast(q, k, v, causal=causal, scale=scale)

@@ -52,3 +52,23 @@ def default_dtype(device: torch.device) -> torch.dtype:
     if device.type == "mps":
         return torch.float16
     return torch.float32
+
+
+def available_devices() -> list[tuple[str, str]]:
+    """The devices this machine can run on, as ``(name, description)`` pairs.
+
+    ``("auto", ...)`` and ``("cpu", "CPU")`` always; one ``("cuda:N", "CUDA N: <GPU name>")``
+    per CUDA device; ``("mps", "Apple MPS")`` where available. Probes when called (the
+    CUDA names initialise CUDA), never at import time.
+    """
+    out = [("auto", "Automatic (CUDA, then Apple MPS, then CPU)"), ("cpu", "CPU")]
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            try:
+                name = torch.cuda.get_device_name(i)
+            except Exception:  # noqa: BLE001 - a device we cannot query is still listed
+                name = "GPU"
+            out.append((f"cuda:{i}", f"CUDA {i}: {name}"))
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        out.append(("mps", "Apple MPS"))
+    return out

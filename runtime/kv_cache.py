@@ -50,6 +50,20 @@ def parse_cache_dtype(name: str | torch.dtype) -> torch.dtype:
     return CACHE_DTYPES[key]
 
 
+def _free_bytes(device: torch.device) -> int | None:
+    """Bytes a new buffer can take on ``device`` (None if unknown).
+
+    CUDA: the driver's free memory plus what torch's caching allocator holds unused
+    (it hands that out first, so the driver's figure alone would refuse too early).
+    """
+    from runtime import memory  # here, not at the top: runtime.memory imports this module
+
+    free = memory.free_memory_bytes(device)
+    if free is not None and device.type == "cuda":
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return free
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """torch dtype -> ``"float32"`` etc."""
     return str(dtype).removeprefix("torch.")
@@ -140,7 +154,9 @@ class KVCache:
         """Make room for ``n_new`` more tokens after ``length`` (grows in chunks).
 
         Raises:
-            CacheLimitError: ``length + n_new`` passes ``max_tokens`` or the byte limit.
+            CacheLimitError: ``length + n_new`` passes ``max_tokens`` or the byte limit,
+                or the grown buffers would not fit the device's free memory (checked
+                before allocating; an allocation that fails anyway raises it too).
         """
         need = self.length + n_new
         if need > self.token_limit:
@@ -155,6 +171,14 @@ class KVCache:
         if need <= self.capacity:
             return
         new_cap = min(self.token_limit, -(-need // self.chunk_tokens) * self.chunk_tokens)
+        # The new buffers exist next to the old ones while the tokens are copied over.
+        new_bytes = new_cap * self.bytes_per_token
+        free = _free_bytes(self.device)
+        if free is not None and new_bytes > free:
+            raise CacheLimitError(
+                f"a {new_cap}-token KV cache needs {new_bytes / 2**20:,.1f} MiB but {self.device} has "
+                f"{free / 2**20:,.1f} MiB free; lower the context length or use a smaller cache dtype"
+            )
         shape = (self.batch, self.n_kv_heads, new_cap, self.head_dim)
         try:
             new_k = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layers)]

@@ -189,13 +189,16 @@ def sample_next(
     if logits.dim() != 1:
         raise ValueError(f"logits must have shape (V,), got {tuple(logits.shape)}.")
     x = logits.float()
-    # One device sync for both checks: no NaN/+inf anywhere, at least one finite entry.
-    if not bool((x < math.inf).all() & (x > -math.inf).any()):
+    # One reduction checks everything: max is NaN if any entry is NaN, +inf if any is
+    # +inf, and -inf only if all are -inf. (Per token, this runs at every decode step.)
+    top, top_id = torch.max(x, dim=0)
+    if not math.isfinite(float(top)):
         raise ValueError("logits must be finite or -inf (no NaN, no +inf) with at least one finite entry.")
-    if previous_ids is not None and params.repetition_penalty != 1.0:
+    penalize = previous_ids is not None and params.repetition_penalty != 1.0
+    if penalize:
         x = apply_repetition_penalty(x, previous_ids, params.repetition_penalty)
     if params.greedy:
-        return int(torch.argmax(x))
+        return int(torch.argmax(x)) if penalize else int(top_id)
     x = apply_temperature(x, params.temperature)
     x = top_k_filter(x, params.top_k)
     x = top_p_filter(x, params.top_p)
