@@ -32,7 +32,12 @@ def _plain(messages: Sequence[Message], add_generation_prompt: bool) -> str:
 
 
 def render(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
-    """The prompt text for ``messages`` (the model's chat template, else a plain format)."""
+    """The prompt text for ``messages`` (the model's chat template, else a plain format).
+
+    An empty conversation renders as the empty string.
+    """
+    if not messages:
+        return ""
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(
             [{"role": m.role, "content": m.content} for m in messages],

@@ -67,7 +67,7 @@ def make_tokenizer():
     return tok
 
 
-def _config(family: str, vocab_size: int, eos_id: int, bos_id: int):
+def _config(family: str, vocab_size: int, eos_id: int, bos_id: int, max_positions: int = 128):
     from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
     # GQA: 4 query heads share 2 KV heads; head_dim 16; 2 layers.
@@ -79,7 +79,7 @@ def _config(family: str, vocab_size: int, eos_id: int, bos_id: int):
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
-        max_position_embeddings=128,
+        max_position_embeddings=max_positions,
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
         tie_word_embeddings=False,
@@ -99,7 +99,7 @@ def _config(family: str, vocab_size: int, eos_id: int, bos_id: int):
         return Qwen2Config(**{**llama_like, "tie_word_embeddings": True}, use_sliding_window=False)
     if family == "gpt2":
         return GPT2Config(
-            vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=128,
+            vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=max_positions,
             bos_token_id=bos_id, eos_token_id=eos_id,
             # Dropout off (eval mode does this anyway; explicit for clarity).
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
@@ -108,12 +108,13 @@ def _config(family: str, vocab_size: int, eos_id: int, bos_id: int):
     raise ValueError(f"unknown family {family!r}; use one of {FAMILIES}")
 
 
-def make_tiny_model(tmp_dir, family: str) -> Path:
+def make_tiny_model(tmp_dir, family: str, *, max_positions: int = 128) -> Path:
     """Build a tiny seeded random ``family`` model and save it to ``tmp_dir / family``.
 
     Args:
         tmp_dir: a folder (e.g. pytest's ``tmp_path``); the model goes in a subfolder.
         family: ``"llama"``, ``"mistral"``, ``"qwen2"`` or ``"gpt2"``.
+        max_positions: the model's maximum context (tokens).
 
     Returns:
         The folder: config.json, model.safetensors and tokenizer files.
@@ -122,7 +123,7 @@ def make_tiny_model(tmp_dir, family: str) -> Path:
     from transformers import AutoModelForCausalLM
 
     tok = make_tokenizer()
-    cfg = _config(family, len(tok), tok.eos_token_id, tok.bos_token_id)
+    cfg = _config(family, len(tok), tok.eos_token_id, tok.bos_token_id, max_positions)
     assert cfg.vocab_size == len(tok)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg).float().eval()
