@@ -47,7 +47,36 @@ def render(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt
     return _plain(messages, add_generation_prompt)
 
 
+#: Inserted after the first character of a control-token string found in a message, so
+#: the tokenizer reads it as text (U+2060 WORD JOINER: invisible, no meaning of its own).
+_BREAK = "\u2060"
+
+
+def _control_strings(tokenizer: Any) -> tuple[str, ...]:
+    specials = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    for tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(tok, "special", False):
+            specials.add(str(tok))
+    return tuple(s for s in specials if len(s) > 1)
+
+
+def neutralize_control_tokens(tokenizer: Any, text: str) -> str:
+    """``text`` with the tokenizer's control-token strings (``<|im_end|>`` ...) broken up.
+
+    Tokenizers parse special-token strings anywhere in their input, so a message that
+    contains ``<|im_end|>`` would otherwise end its own turn and let a pasted text
+    forge the template (llama.cpp likewise tokenizes user text with special-token
+    parsing off). Only the prompt the model sees changes; the stored message does not.
+    """
+    for s in _control_strings(tokenizer):
+        if s in text:
+            text = text.replace(s, s[0] + _BREAK + s[1:])
+    return text
+
+
 def encode_messages(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of :func:`render` (the template carries its own special tokens)."""
-    text = render(tokenizer, messages, add_generation_prompt=add_generation_prompt)
+    """Token ids of :func:`render` (the template carries its own special tokens; control
+    tokens typed inside messages are read as text, see :func:`neutralize_control_tokens`)."""
+    safe = [Message(m.role, neutralize_control_tokens(tokenizer, m.content)) for m in messages]
+    text = render(tokenizer, safe, add_generation_prompt=add_generation_prompt)
     return list(tokenizer.encode(text, add_special_tokens=False))

@@ -15,9 +15,6 @@ costs. Why not ``torch.cat`` per token: that copies the whole cache every step
 
 Every buffer operation runs under ``torch.inference_mode``: the buffers are inference
 tensors (no autograd version counters), writable from any caller.
-
-Every buffer operation runs under ``torch.inference_mode``: the buffers are inference
-tensors (no autograd version counters), writable from any caller.
 """
 from __future__ import annotations
 
@@ -123,7 +120,7 @@ class KVCache:
     @property
     def element_bytes(self) -> int:
         """Bytes of one element of the buffers' dtype."""
-        return torch.empty((), dtype=self.dtype).element_size()
+        return self.dtype.itemsize
 
     @property
     def bytes_per_token(self) -> int:
