@@ -136,6 +136,9 @@ def _run_chat(args: argparse.Namespace) -> int:
     model = _load(args)
     from runtime.session import ChatSession
 
+    if not model.has_chat_template:
+        print(f"attnchat: note: {model.name} has no chat template; using a plain "
+              f"'User: ... Assistant:' format", file=sys.stderr)
     session = ChatSession(model, system_prompt=args.system, settings=settings)
     if not args.prompt:
         return _interactive(session)
