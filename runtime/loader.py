@@ -366,6 +366,20 @@ def _load_gguf(path: Path, wdtype: torch.dtype):
     return cfg, tokenizer, state
 
 
+def _resolve_source(source: str | os.PathLike | None) -> Path:
+    """The path of a model source (the default model, fetched if missing, for ``None``);
+    pickled checkpoints are refused here, before anything opens them."""
+    if source is None:
+        from models import fetch
+
+        path = fetch.ensure_default()
+    else:
+        path = Path(source).expanduser()
+    if path.suffix.lower() in PICKLE_SUFFIXES:
+        _refuse_pickle(path)
+    return path
+
+
 def load_model(source: str | os.PathLike | None = None, *, device: str = "auto", dtype: str | torch.dtype | None = None) -> Model:
     """Load a model for our decoder.
 
@@ -388,14 +402,7 @@ def load_model(source: str | os.PathLike | None = None, *, device: str = "auto",
         wdtype = parse_cache_dtype(dtype) if dtype is not None else default_dtype(dev)
     except ValueError:
         raise ValueError(f"unknown weight dtype {dtype!r}; use float32, bfloat16 or float16") from None
-    if source is None:
-        from models import fetch
-
-        path = fetch.ensure_default()
-    else:
-        path = Path(source).expanduser()
-    if path.suffix.lower() in PICKLE_SUFFIXES:
-        _refuse_pickle(path)
+    path = _resolve_source(source)
     if path.is_dir():
         cfg, tokenizer, tensors = _read_folder(path, wdtype)
         state = _decoder_state(path, cfg, tensors, wdtype)
@@ -422,14 +429,7 @@ def read_config(source: str | os.PathLike | None = None) -> ModelConfig:
     """
     from transformers import AutoConfig
 
-    if source is None:
-        from models import fetch
-
-        path = fetch.ensure_default()
-    else:
-        path = Path(source).expanduser()
-    if path.suffix.lower() in PICKLE_SUFFIXES:
-        _refuse_pickle(path)
+    path = _resolve_source(source)
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ModelLoadError(f"{path} has no config.json; give a folder in transformers' layout or a .gguf file")
