@@ -21,10 +21,16 @@ from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication, QMessageBox
 
 import models
+from desktop import connect_dialog, serve_toggle
+from desktop.attention_panel import install_attention_panel
 from desktop.download_dialog import DownloadDialog
+from desktop.kv_panel import install_kv_panel
 from desktop.main_window import MainWindow
 from desktop.qt_compat import guard_none_refcount
+from desktop.remote_client import is_remote_source
+from desktop.remote_engine import RemoteEngineWorker
 from desktop.settings import Settings
+from desktop.settings_dialog import install_settings
 from desktop.store import SchemaTooNewError, Store
 from desktop.worker import Engine
 
@@ -106,7 +112,13 @@ def build_window(store: Store, settings: Settings, engine: Engine | None = None,
 
     Panels (KV-cache memory, attention) are added here with ``window.add_panel(...)``.
     """
-    window = MainWindow(store, settings, engine or Engine(), **kwargs)
+    window = MainWindow(store, settings, engine or Engine(RemoteEngineWorker()), **kwargs)
+    # File > Connect to server… (remote engines) and Server > Serve the loaded model.
+    window.connector = connect_dialog.install(window)
+    window.serve_toggle = serve_toggle.install(window)
+    install_settings(window)   # Edit > Settings… (desktop.settings_dialog)
+    install_kv_panel(window)   # the KV-cache memory dock (desktop.kv_panel)
+    install_attention_panel(window)  # the attention dock (desktop.attention_panel)
     return window
 
 
@@ -130,7 +142,7 @@ def start_model(window: MainWindow, source: str | None, *, fetch_fn=None) -> Dow
         window.load_model(source)
         return None
     saved = window.settings.get("model/source")
-    if saved and Path(saved).exists():
+    if saved and (is_remote_source(saved) or Path(saved).exists()):
         window.load_model(saved)
         return None
     if models.installed_path() is not None:

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox
 from desktop.chat_view import MessageListModel
 from desktop.conversation_list import ConversationListModel, ConversationPanel
 from desktop.pages import ASK, ChatPage, EmptyState
+from desktop.remote_client import source_label
 from desktop.settings import Settings
 from desktop.status_bar import ChatStatusBar
 from desktop.store import DEFAULT_TITLE, Store
@@ -105,10 +106,10 @@ class MainWindow(QMainWindow):
 
     def _build_menus(self) -> None:
         bar = self.menuBar()
-        f = bar.addMenu("&File")
+        f = self.file_menu = bar.addMenu("&File")
         self._action(f, "&New chat", self.new_conversation, QKeySequence.StandardKey.New)
         self._action(f, "&Open model…", self.open_model_file, QKeySequence.StandardKey.Open)
-        self._action(f, "Open model &folder…", self.open_model_folder)
+        self.open_folder_action = self._action(f, "Open model &folder…", self.open_model_folder)
         self._action(f, "&Download the default model…", self.download_requested.emit)
         f.addSeparator()
         self.export_md = self._action(f, "Export as &Markdown…", lambda: self.export_dialog(self._conv_id, "markdown"))
@@ -174,12 +175,21 @@ class MainWindow(QMainWindow):
             self.open_conversation(self.conversations.index(0).data(ConversationListModel.IdRole))
 
     # ---- panels (their own issues) ---------------------------------------------------------
-    def add_panel(self, name: str, title: str, widget: QWidget) -> QDockWidget:
-        """Dock ``widget`` on the right with a View menu entry; ``name`` is its object name."""
+    def add_panel(self, name: str, title: str, widget: QWidget, *, visible: bool = True) -> QDockWidget:
+        """Dock ``widget`` on the right with a View menu entry; ``name`` is its object name.
+
+        Where the saved window state knows the panel, it comes back where and as it was;
+        otherwise it is docked on the right, shown or closed as ``visible`` says.
+        """
         dock = QDockWidget(title, self)
         dock.setObjectName(name)
         dock.setWidget(widget)
-        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, dock)
+        # restoreState() ran before the panels existed; restoreDockWidget() applies it now
+        # (it must come before addDockWidget, which would otherwise win).
+        if not self.restoreDockWidget(dock):
+            self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, dock)
+            if not visible:
+                dock.hide()
         old = self.panel_actions.pop(name, None)
         act = dock.toggleViewAction()
         self.view_menu.insertAction(old, act) if old else self.view_menu.addAction(act)
@@ -193,7 +203,7 @@ class MainWindow(QMainWindow):
         """Load a model on the worker (``""``: the default model); the window stays responsive."""
         self._model_source = source
         self.notice.hide()
-        self.status.set_loading(Path(source).name if source else "the default model")
+        self.status.set_loading(source_label(source))
         self.chat.placeholder = "Loading the model…"
         self.stack.setCurrentIndex(0)
         self.engine.load(source, self.settings.get("model/device"))
@@ -220,7 +230,10 @@ class MainWindow(QMainWindow):
         self.chat.placeholder = ASK
         self.stack.setCurrentIndex(0)
         self.settings.set("model/source", self._model_source)
-        self.status.showMessage(f"Loaded {info['name']} in {info.get('load_seconds', 0):.1f} s", 5000)
+        if info.get("remote"):
+            self.status.showMessage(f"Connected to {info['device'].removeprefix('server ')}", 5000)
+        else:
+            self.status.showMessage(f"Loaded {info['name']} in {info.get('load_seconds', 0):.1f} s", 5000)
         self._show_context_of(self._conv_id)
         self.model_changed.emit(info)
         self._sync()
@@ -327,9 +340,7 @@ class MainWindow(QMainWindow):
 
     # ---- chatting ------------------------------------------------------------------------------
     def generation(self) -> dict:
-        s = self.settings
-        out = {"system_prompt": s.get("generation/system_prompt"), "max_new_tokens": s.get("generation/max_new_tokens"),
-               "temperature": s.get("generation/temperature"), "context": s.get("generation/context")}
+        out = self.settings.generation_values()   # every generation/* setting (desktop.settings)
         out.update(self.generation_overrides)
         return out
 

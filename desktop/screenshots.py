@@ -4,7 +4,13 @@ Writes, for each palette (``light``, ``dark``):
 ``first-run-<p>.png`` (no model yet), ``download-<p>.png``, ``download-progress-<p>.png``,
 ``download-error-<p>.png`` (the model download dialog in its states),
 ``main-streaming-<p>.png`` (a reply being written) and ``main-<p>.png`` (a conversation
-with the real model), plus ``panel-<name>-<p>.png`` for each panel the window has.
+with the real model), plus ``panel-<name>-<p>.png`` for each panel the window has (and
+``panel-<name>-streaming-<p>.png`` mid-reply); ``settings-<tab>-<p>.png`` (Edit > Settings…);
+``main-serving-<p>.png`` and ``statusbar-serving-<p>.png`` (Server > Serve the loaded model),
+``connect-<p>.png`` (File > Connect to server…, listing that server's models) and
+``main-remote-<p>.png`` (a reply from that server through the remote engine);
+the attention panel's views (:mod:`desktop.attention_shots`): ``panel-attention-<view>-<p>.png``
+for live, heads, snapshot and formula, and ``main-attention-<p>.png``.
 Headless; settings and the database live in a temporary folder. Must not import torch.
 """
 from __future__ import annotations
@@ -18,6 +24,7 @@ from PySide6.QtCore import QEventLoop, QTimer
 from PySide6.QtWidgets import QApplication, QWidget
 
 import models
+from desktop import attention_shots
 from desktop.app import application, build_window, apply_theme, start_model
 from desktop.download_dialog import DownloadDialog
 from desktop.settings import Settings
@@ -58,6 +65,50 @@ def _wait(signal, timeout_s: float) -> object:
 def _themed(app: QApplication, theme: str) -> None:
     apply_theme(app, theme)
     _settle(app, 100)
+
+
+def _serve_and_connect(app: QApplication, window, out: Path, written: list[Path]) -> None:
+    """Serve the window's model, show the connect dialog listing it, then chat through it."""
+    toggle = window.serve_toggle
+    toggle.action.trigger()
+    deadline = time.monotonic() + TIMEOUT_S
+    while toggle.server.state == "starting" and time.monotonic() < deadline:
+        _settle(app, 100)
+    if toggle.server.state != "serving":
+        raise RuntimeError(f"the server did not start: {toggle.server.error or 'timed out'}")
+    try:
+        for theme in THEMES:
+            _themed(app, theme)
+            _save(window, out / f"main-serving-{theme}.png", written)
+            _save(window.statusBar(), out / f"statusbar-serving-{theme}.png", written)
+        window.settings.set("remote/base_url", toggle.server.url)
+        dialog = window.connector.open()
+        _wait(dialog.models_listed, 60)
+        for theme in THEMES:
+            _themed(app, theme)
+            _save(dialog, out / f"connect-{theme}.png", written)
+        window.new_conversation()
+        dialog.connect_button.click()
+        _wait(window.engine.model_loaded, 60)
+        window.submit(FIRST)
+        _wait(window.reply_finished, TIMEOUT_S)
+        for theme in THEMES:
+            _themed(app, theme)
+            _save(window, out / f"main-remote-{theme}.png", written)
+    finally:
+        toggle.server.shutdown()
+
+
+def _settings_dialog(app: QApplication, window, out: Path, written: list[Path]) -> None:
+    """Edit > Settings…, one picture per tab: ``settings-<tab>-<p>.png``."""
+    dialog = window.settings_controller.open()
+    for theme in THEMES:
+        _themed(app, theme)
+        for i, tab in enumerate(("context", "generation", "model")):
+            dialog.tabs.setCurrentIndex(i)
+            _settle(app)
+            _save(dialog, out / f"settings-{tab}-{theme}.png", written)
+    dialog.close()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,12 +174,20 @@ def run(args: argparse.Namespace) -> int:
             for theme in THEMES:
                 _themed(app, theme)
                 _save(window, out / f"main-streaming-{theme}.png", written)
+                for name, dock in window.panels.items():   # mid-reply (the KV chart as it grows)
+                    if not dock.isHidden():
+                        _save(dock, out / f"panel-{name}-streaming-{theme}.png", written)
             _wait(window.reply_finished, TIMEOUT_S)
         for theme in THEMES:
             _themed(app, theme)
             _save(window, out / f"main-{theme}.png", written)
             for name, dock in window.panels.items():
-                _save(dock, out / f"panel-{name}-{theme}.png", written)
+                if not dock.isHidden():   # closed panels (attention: opened below) are not pictured
+                    _save(dock, out / f"panel-{name}-{theme}.png", written)
+        attention_shots.shoot(app, window, out, written, themes=THEMES, settle=_settle, save=_save,
+                              themed=_themed, wait=_wait, timeout_s=TIMEOUT_S)
+        _settings_dialog(app, window, out, written)
+        _serve_and_connect(app, window, out, written)
         window.close()
         store.close()
     for p in written:

@@ -11,7 +11,7 @@ from typing import Any
 
 from PySide6.QtCore import QByteArray, QObject, QSettings, Signal
 
-__all__ = ["DEFAULTS", "Settings"]
+__all__ = ["DEFAULTS", "GENERATION_KEYS", "Settings"]
 
 #: Every key the app reads, with its default (which also fixes the value's type).
 DEFAULTS: dict[str, Any] = {
@@ -21,11 +21,30 @@ DEFAULTS: dict[str, Any] = {
     "last_conversation": 0,
     "model/source": "",          # "" = the default model
     "model/device": "auto",
+    "remote/base_url": "",       # the last server connected to (its key: desktop.secrets, never here)
     "generation/system_prompt": "",
     "generation/max_new_tokens": 512,
     "generation/temperature": 0.0,
     "generation/context": 0,      # 0 = the model's maximum
+    # The settings dialog (desktop.settings_dialog) edits these and the ones above.
+    "model/weight_dtype": "auto",              # auto = per device (runtime.device.default_dtype)
+    "model/attention_backend": "fast",         # or "reference"
+    "generation/top_k": 0,                     # 0 = off
+    "generation/top_p": 1.0,                   # 1 = off
+    "generation/min_p": 0.0,                   # 0 = off
+    "generation/repetition_penalty": 1.0,      # 1 = off
+    "generation/seed": -1,                     # -1 = a fresh random seed per reply
+    "generation/cache_dtype": "auto",          # auto = the weights' dtype
+    "generation/cache_limit_mib": 0.0,         # 0 = no limit
+    "generation/overflow": "truncate-middle",  # stop | truncate-middle | rolling
+    "generation/sink_tokens": 4,               # tokens the rolling policy always keeps
 }
+
+#: The ``generation/*`` keys a request carries to the worker, by their short names.
+GENERATION_KEYS = (
+    "system_prompt", "max_new_tokens", "temperature", "context", "top_k", "top_p", "min_p",
+    "repetition_penalty", "seed", "cache_dtype", "cache_limit_mib", "overflow", "sink_tokens",
+)
 
 
 class Settings(QObject):
@@ -73,6 +92,10 @@ class Settings(QObject):
             return
         self._qs.setValue(key, value)
         self.changed.emit(key, value)
+
+    def generation_values(self) -> dict[str, Any]:
+        """The ``generation/*`` settings as a request's plain dict (short names, see :data:`GENERATION_KEYS`)."""
+        return {k: self.get(f"generation/{k}") for k in GENERATION_KEYS}
 
     def sync(self) -> None:
         self._qs.sync()

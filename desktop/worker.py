@@ -64,28 +64,48 @@ def live_threads() -> list[QThread]:
     return out
 
 
-def generation_settings(s: dict[str, Any]) -> "runtime.GenerationSettings":
+def generation_settings(s: dict[str, Any], max_context: int | None = None) -> "runtime.GenerationSettings":
     """The runtime's settings from the desktop's plain dict (keys as in ``desktop.settings``).
+
+    ``seed`` < 0 or None: a fresh seed per reply; ``cache_dtype`` ``"auto"``: the weights'
+    dtype; ``cache_limit_mib`` 0: no limit; ``context`` 0: the model's maximum, and a
+    context past ``max_context`` (a model loaded after it was set) is capped there.
 
     Raises:
         ValueError: a value out of range.
     """
-    sampling = runtime.SamplingParams(temperature=float(s.get("temperature", 0.0)), seed=s.get("seed"))
+    seed = s.get("seed")
+    sampling = runtime.SamplingParams(
+        temperature=float(s.get("temperature", 0.0)), top_k=int(s.get("top_k", 0)), top_p=float(s.get("top_p", 1.0)),
+        min_p=float(s.get("min_p", 0.0)), repetition_penalty=float(s.get("repetition_penalty", 1.0)),
+        seed=None if seed is None or int(seed) < 0 else int(seed))
+    context = int(s["context"]) if s.get("context") else None
+    if context and max_context:
+        context = min(context, max_context)
+    cache_dtype = s.get("cache_dtype") or "auto"
+    limit_mib = float(s.get("cache_limit_mib") or 0.0)
     return runtime.GenerationSettings(
         sampling=sampling,
         max_new_tokens=int(s.get("max_new_tokens", 512)),
-        context_limit=int(s["context"]) if s.get("context") else None,
+        context_limit=context,
+        overflow=str(s.get("overflow", "truncate-middle")),
+        sink_tokens=int(s.get("sink_tokens", 4)),
+        cache_dtype=None if cache_dtype == "auto" else str(cache_dtype),
+        cache_limit_bytes=int(limit_mib * 2**20) if limit_mib > 0 else None,
     )
 
 
 def model_info(model: "runtime.Model") -> dict[str, Any]:
     """A plain-data description of a loaded model (for the status bar and the panels)."""
+    if getattr(model, "remote", False):  # a server's model describes itself (desktop.remote_engine)
+        return model.info()
     c = model.config
     dtype = str(model.dtype).removeprefix("torch.")
     return {
         "name": model.name, "path": str(model.path), "device": str(model.device), "dtype": dtype,
         "context_limit": c.max_position_embeddings, "n_layers": c.n_layers, "n_heads": c.n_heads,
         "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim, "load_seconds": model.load_seconds,
+        "weights_bytes": getattr(model, "weights_bytes", None),
     }
 
 
@@ -115,7 +135,9 @@ class EngineWorker(QObject):
     def __init__(self, load_fn: Callable | None = None, session_fn: Callable | None = None,
                  batch_ms: int = 30):
         super().__init__()
-        self._load_fn = load_fn or (lambda source, device: runtime.load_model(source or None, device=device))
+        self._options: dict[str, Any] = {"weight_dtype": "auto"}   # set by configure()
+        self._load_fn = load_fn or (lambda source, device: runtime.load_model(
+            source or None, device=device, dtype=None if self._options["weight_dtype"] == "auto" else self._options["weight_dtype"]))
         self._session_fn = session_fn or (
             lambda model, system, settings: runtime.ChatSession(model, system_prompt=system, settings=settings))
         self._batch_s = batch_ms / 1000.0
@@ -124,6 +146,14 @@ class EngineWorker(QObject):
         self._current = None            # the session generating now (read by stop())
         self._cancel_upto = 0           # requests with ids <= this are cancelled
         self._lock = threading.Lock()
+        # (conv_id, session, events) -> events: the attention view's live capture wraps each
+        # reply's event stream here (desktop.attention_probe); None: nothing is wrapped.
+        self.live_attention: Callable[[int, Any, Iterator], Iterator] | None = None
+
+    @property
+    def model(self):
+        """The loaded ``runtime.Model`` (None before a load); for objects on the engine thread."""
+        return self._model
 
     # ---- called from the GUI thread ------------------------------------------------------
     def stop(self, request: int) -> None:
@@ -169,9 +199,21 @@ class EngineWorker(QObject):
         """Drop a conversation's session (it was deleted)."""
         self._sessions.pop(conv_id, None)
 
+    @Slot(object)
+    def configure(self, options: dict) -> None:
+        """Model options: ``weight_dtype`` (``"auto"`` or a dtype name; used by the next load)
+        and ``attention_backend`` (``"fast"`` or ``"reference"``; from the next decode step)."""
+        self._options.update({k: v for k, v in options.items() if k in ("weight_dtype", "attention_backend")})
+        backend = options.get("attention_backend")
+        if backend:
+            try:
+                runtime.set_attention_backend(backend)
+            except ValueError as e:
+                self.error.emit(str(e))
+
     # ---- generation ----------------------------------------------------------------------
     def _session(self, conv_id: int, settings: dict):
-        gen = generation_settings(settings)
+        gen = generation_settings(settings, self._model.config.max_position_embeddings)
         system = settings.get("system_prompt") or None
         session = self._sessions.get(conv_id)
         if session is not None:
@@ -206,7 +248,10 @@ class EngineWorker(QObject):
             if cancelled:
                 result["reason"] = "cancelled"
                 return
-            self._stream(request, conv_id, session, start(session), result)
+            events = start(session)
+            if self.live_attention is not None:
+                events = self.live_attention(conv_id, session, events)
+            self._stream(request, conv_id, session, events, result)
         except (runtime.AttnchatError, ValueError) as e:
             log.info("generation failed: %s", e)
             self.error.emit(str(e))
@@ -274,6 +319,7 @@ class Engine(QObject):
     _regenerate = Signal(int, int, object, object)
     _edit = Signal(int, int, object, str, object)
     _forget = Signal(int)
+    _configure = Signal(object)
 
     def __init__(self, worker: EngineWorker | None = None, parent: QObject | None = None):
         super().__init__(parent)
@@ -288,6 +334,7 @@ class Engine(QObject):
         self._regenerate.connect(self.worker.regenerate)
         self._edit.connect(self.worker.edit_last)
         self._forget.connect(self.worker.forget)
+        self._configure.connect(self.worker.configure)
         w = self.worker
         w.model_loaded.connect(self._on_loaded)
         w.load_failed.connect(self._on_load_failed)
@@ -322,6 +369,10 @@ class Engine(QObject):
 
     def forget(self, conv_id: int) -> None:
         self._forget.emit(conv_id)
+
+    def configure(self, options: dict) -> None:
+        """Queue :meth:`EngineWorker.configure` (before a load, it applies to that load)."""
+        self._configure.emit(dict(options))
 
     def _queue(self, signal, *args) -> int:
         self._request += 1

@@ -3,9 +3,10 @@
 torch + transformers; never Qt. This module is the public API the desktop and the
 command line use. Nothing runs at import time.
 """
-from runtime.attention import attention
+from runtime.attention import ATTENTION_BACKENDS, attention, get_attention_backend, set_attention_backend
 from runtime.chat_format import Message
 from runtime.config import ModelConfig
+from runtime.device import available_devices
 from runtime.errors import (
     AttnchatError,
     CacheLimitError,
@@ -16,7 +17,8 @@ from runtime.errors import (
 )
 from runtime.kv_cache import CACHE_DTYPES, KVCache
 from runtime.loader import Model, load_model, read_config
-from runtime.memory import MemoryPlan, count_parameters, free_memory_bytes, kv_bytes_per_token, plan, plan_for_config
+from runtime.memory import MemoryPlan, count_parameters, element_bytes, free_memory_bytes, kv_bytes_per_token, plan, plan_for_config
+from runtime.attention_view import FormulaSteps, LayerAttention, context_ids, conversation_ids, token_strings
 from runtime.probe import AttentionCapture, HeadScores, head_scores
 from runtime.sampling import SamplingParams
 from runtime.session import (
@@ -32,9 +34,10 @@ from runtime.session import (
 )
 
 __all__ = [
-    "attention", "Message", "ModelConfig", "KVCache", "CACHE_DTYPES", "Model", "load_model",
-    "SamplingParams", "MemoryPlan", "plan", "plan_for_config", "kv_bytes_per_token", "count_parameters",
-    "free_memory_bytes", "AttentionCapture", "HeadScores", "head_scores", "read_config", "ChatSession", "GenerationSettings", "OVERFLOW_POLICIES", "Event",
+    "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "Message", "ModelConfig", "KVCache", "CACHE_DTYPES", "Model", "load_model",
+    "SamplingParams", "MemoryPlan", "plan", "plan_for_config", "kv_bytes_per_token", "count_parameters", "element_bytes",
+    "free_memory_bytes", "AttentionCapture", "HeadScores", "head_scores",
+    "LayerAttention", "FormulaSteps", "context_ids", "conversation_ids", "token_strings", "read_config", "ChatSession", "GenerationSettings", "OVERFLOW_POLICIES", "Event",
     "PrefillProgress", "TextPiece", "StatsUpdate", "Finish", "TurnStats",
     "AttnchatError", "CacheLimitError", "ContextOverflowError", "DeviceError",
     "ModelLoadError", "UnsupportedModelError",

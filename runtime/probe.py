@@ -24,19 +24,31 @@ from runtime.loader import Model
 class AttentionCapture:
     """Collect attention weights of every layer while active (a context manager).
 
-    Attributes:
-        weights: ``{layer: tensor (B, H, Tq, Tk)}`` float32 on the CPU, the last call's.
+    Args:
+        model: the model whose decoder is observed.
         layers: the layers to keep (None: all).
+        last_row_only: keep only the last query row of each call, ``(B, H, Tk)``: the
+            newest token's attention, all a live view needs (a prefill chunk of 256
+            queries then stores one row, not 256).
+
+    Attributes:
+        weights: ``{layer: tensor}`` float32 on the CPU, the last call's: ``(B, H, Tq, Tk)``,
+            or ``(B, H, Tk)`` with ``last_row_only``.
+        version: bumped at every observed layer (tells a reader that new weights came).
     """
 
-    def __init__(self, model: Model, layers: set[int] | None = None):
+    def __init__(self, model: Model, layers: set[int] | None = None, *, last_row_only: bool = False):
         self.model = model
         self.layers = layers
+        self.last_row_only = last_row_only
         self.weights: dict[int, torch.Tensor] = {}
+        self.version = 0
 
     def _observe(self, layer: int, weights: torch.Tensor) -> None:
         if self.layers is None or layer in self.layers:
-            self.weights[layer] = weights.detach().float().cpu()
+            w = weights[:, :, -1] if self.last_row_only else weights  # (B, H, Tk) or (B, H, Tq, Tk)
+            self.weights[layer] = w.detach().float().cpu()
+            self.version += 1
 
     def __enter__(self) -> "AttentionCapture":
         self.model.decoder.observer = self._observe

@@ -1,0 +1,332 @@
+"""The attention panel: where the model looks, built on the runtime's own attention.
+
+A dock (View > Attention, closed by default) with one layer and head choice shared by
+four tabs:
+
+- Live: as a reply streams, the newest token's attention over the context, for every
+  head of the layer, the chosen head (or the mean or max over heads) as a strip and
+  shaded over the tokens, and the entropy of each head.
+- Snapshot: the chosen layer's and head's full token-by-token matrix for the open
+  conversation, as one image (max-pooled to the pixels); hover for query, key and
+  weight; leave out the first token, re-normalise rows.
+- Heads: every head's previous-token and induction score (Olsson et al. 2022); click
+  one to choose it.
+- Formula: ``softmax(q·k/√d)·v`` for one query token, with its numbers.
+
+Capture costs only while the Live tab is on screen: the panel tells the engine when it
+is (``AttentionClient.set_active``), and otherwise the decoder's ``observer`` stays
+``None``. Snapshot, atlas and formula are computed on request, between replies.
+Export writes the current view as PNG and its data as .npz. Must not import torch or runtime.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import (
+    QComboBox, QFileDialog, QHBoxLayout, QLabel, QSpinBox, QTabWidget, QToolButton, QVBoxLayout, QWidget,
+)
+
+from desktop.attention_probe import AttentionClient
+from desktop.attention_views import AtlasView, LiveView, NumbersView, SnapshotView
+
+__all__ = ["AttentionPanel", "install_attention_panel", "PANEL_NAME"]
+
+log = logging.getLogger(__name__)
+PANEL_NAME = "attentionPanel"
+LIVE, SNAPSHOT, ATLAS, NUMBERS = range(4)
+
+
+class AttentionPanel(QWidget):
+    """The panel's widget (docked by :func:`install_attention_panel`).
+
+    Args:
+        client: the engine side (:class:`desktop.attention_probe.AttentionClient`).
+        window: the ``MainWindow`` (its open conversation, database and settings are read).
+    """
+
+    def __init__(self, client: AttentionClient, window, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("attentionPanelWidget")
+        self.client, self.window = client, window
+        self.n_layers, self.n_heads = 0, 0
+        self._context = 0                  # bumped when the open conversation's tokens may have changed
+        self._pending: dict[int, int] = {}  # view -> request id in flight
+        self._done: dict[int, tuple] = {}  # view -> the key of what it shows
+        self._asked: dict[int, tuple] = {}  # view -> the key last asked for
+        self._atlas_model = ""
+        self.layer = QSpinBox()
+        self.layer.setPrefix("Layer ")
+        self.head = QComboBox()
+        self.export_png_button = QToolButton()
+        self.export_png_button.setText("PNG…")
+        self.export_png_button.setToolTip("Export the current view as a PNG image")
+        self.export_npz_button = QToolButton()
+        self.export_npz_button.setText("Data…")
+        self.export_npz_button.setToolTip("Export the current view's numbers as a NumPy .npz file")
+        self.live, self.snapshot, self.atlas, self.numbers = LiveView(), SnapshotView(), AtlasView(), NumbersView()
+        self.tabs = QTabWidget()
+        self.tabs.setDocumentMode(True)
+        for view, title in ((self.live, "Live"), (self.snapshot, "Snapshot"), (self.atlas, "Heads"),
+                            (self.numbers, "Formula")):
+            self.tabs.addTab(view, title)
+        self.status = QLabel("")
+        self.status.setWordWrap(True)
+        top = QHBoxLayout()
+        top.addWidget(self.layer)
+        top.addWidget(self.head, 1)
+        top.addWidget(self.export_png_button)
+        top.addWidget(self.export_npz_button)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
+        lay.addLayout(top)
+        lay.addWidget(self.tabs, 1)
+        lay.addWidget(self.status)
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(120)
+        self._timer.timeout.connect(self._request_current)
+        self._connect()
+        self.set_model(window.engine.model)
+
+    def _connect(self) -> None:
+        c, w = self.client, self.window
+        c.live.connect(self._on_live)
+        c.snapshot_ready.connect(self._on_snapshot)
+        c.atlas_ready.connect(self._on_atlas)
+        c.numbers_ready.connect(self._on_numbers)
+        c.failed.connect(self._on_failed)
+        self.layer.valueChanged.connect(self._selection_changed)
+        self.head.currentIndexChanged.connect(self._selection_changed)
+        self.tabs.currentChanged.connect(self._tab_changed)
+        self.live.head_clicked.connect(self.select_head)
+        self.atlas.head_clicked.connect(lambda l, h: self.select(l, h))
+        self.atlas.measure_requested.connect(lambda: self.request(ATLAS, force=True))
+        self.snapshot.refresh_requested.connect(lambda: self.request(SNAPSHOT, force=True))
+        self.snapshot.query_clicked.connect(self._explain_query)
+        self.numbers.compute_requested.connect(lambda: self.request(NUMBERS, force=True))
+        self.numbers.query.valueChanged.connect(self._schedule)
+        self.numbers.top.valueChanged.connect(self._schedule)
+        self.export_png_button.clicked.connect(self._export_png_dialog)
+        self.export_npz_button.clicked.connect(self._export_npz_dialog)
+        w.model_changed.connect(self.set_model)
+        w.reply_finished.connect(self.context_changed)
+        w.sidebar.selected.connect(lambda *_: QTimer.singleShot(0, self.context_changed))
+
+    # ---- selection ---------------------------------------------------------------------
+    def set_model(self, info: dict | None) -> None:
+        """A model was loaded: size the layer and head choices."""
+        if not info:
+            return
+        if not info.get("n_layers") or not info.get("n_heads"):  # a model on a server: no attention to show
+            self.status.setText("The attention view needs a model running in this app, not on a server.")
+            return
+        self.n_layers, self.n_heads = int(info["n_layers"]), int(info["n_heads"])
+        self.layer.blockSignals(True)
+        self.head.blockSignals(True)
+        self.layer.setRange(0, max(self.n_layers - 1, 0))
+        self.layer.setSuffix(f" of {self.n_layers}")
+        keep = self.head.currentData()
+        self.head.clear()
+        self.head.addItem("Mean of heads", "mean")
+        self.head.addItem("Max of heads", "max")
+        for h in range(self.n_heads):
+            self.head.addItem(f"Head {h}", h)
+        i = self.head.findData(keep)
+        self.head.setCurrentIndex(max(i, 0))
+        self.layer.blockSignals(False)
+        self.head.blockSignals(False)
+        self._done.clear()
+        self.context_changed()
+
+    @property
+    def selected_layer(self) -> int:
+        return self.layer.value()
+
+    @property
+    def selected_head(self):
+        """A head index, ``"mean"`` or ``"max"``."""
+        return self.head.currentData() if self.head.count() else "mean"
+
+    def select(self, layer: int, head) -> None:
+        """Choose a layer and a head (an index, ``"mean"`` or ``"max"``) in every view."""
+        self.layer.setValue(layer)
+        self.select_head(head)
+
+    def select_head(self, head) -> None:
+        i = self.head.findData(head)
+        if i >= 0:
+            self.head.setCurrentIndex(i)
+
+    def _selection_changed(self, *_) -> None:
+        layer, head = self.selected_layer, self.selected_head
+        self.live.set_selection(layer, head)
+        self.atlas.set_selection(layer, head)
+        self._schedule()
+
+    def context_changed(self, *_) -> None:
+        """The open conversation (or its tokens) changed: the snapshot and formula are stale."""
+        self._context += 1
+        self._schedule()
+
+    def _explain_query(self, position: int) -> None:
+        self.numbers.query.setValue(position)
+        self.status.setText(f"Query token #{position} chosen: see the Formula tab.")
+
+    # ---- visibility: capture only while the Live tab is on screen ----------------------
+    def _update_active(self) -> None:
+        self.client.set_active(self.isVisible() and self.tabs.currentIndex() == LIVE)
+
+    def showEvent(self, event) -> None:  # noqa: N802
+        super().showEvent(event)
+        self._update_active()
+        self._schedule()
+
+    def hideEvent(self, event) -> None:  # noqa: N802
+        super().hideEvent(event)
+        self._update_active()
+
+    def _tab_changed(self, index: int) -> None:
+        self._update_active()
+        self._schedule()
+
+    # ---- requests ----------------------------------------------------------------------
+    def _key(self, view: int) -> tuple | None:
+        conv = self.window.current_conversation
+        layer, head = self.selected_layer, self.selected_head
+        if view == SNAPSHOT:
+            return (conv, self._context, layer, head)
+        if view == NUMBERS:
+            if head in ("mean", "max"):
+                return None
+            return (conv, self._context, layer, head, self.numbers.query.value(), self.numbers.top.value())
+        if view == ATLAS:
+            return (self._model_path(),)
+        return None
+
+    def _model_path(self) -> str:
+        info = self.window.engine.model or {}
+        return str(info.get("path", ""))
+
+    def _schedule(self, *_) -> None:
+        if self.isVisible() and self.tabs.currentIndex() != LIVE:
+            self._timer.start()
+
+    def _request_current(self) -> None:
+        if self.isVisible():
+            self.request(self.tabs.currentIndex())
+
+    def request(self, view: int, *, force: bool = False) -> int | None:
+        """Ask the engine for ``view``'s data unless it already shows (or awaits) it; the request id."""
+        if not self.window.engine.model:
+            self.status.setText("Load a model to see its attention.")
+            return None
+        key = self._key(view)
+        if view == NUMBERS and key is None:
+            self.numbers.explanation.setText("The formula is per head: choose one head (not the mean or max).")
+            return None
+        if key is None or (not force and (self._done.get(view) == key or self._asked.get(view) == key)):
+            return None
+        conv = self.window.current_conversation
+        history = [(m.role, m.content) for m in self.window.store.messages(conv)] if conv else []
+        if view in (SNAPSHOT, NUMBERS) and not history:
+            self.status.setText("Open a conversation (or send a message) to see its attention.")
+            return None
+        system = self.window.generation().get("system_prompt") or ""
+        layer, head = self.selected_layer, self.selected_head
+        if view == SNAPSHOT:
+            rid = self.client.snapshot(conv, history, system, layer, head)
+        elif view == NUMBERS:
+            rid = self.client.explain(conv, history, system, layer, int(head), self.numbers.query.value(),
+                                      self.numbers.top.value())
+        else:
+            rid = self.client.atlas()
+        self._pending[view], self._asked[view] = rid, key
+        busy = " (after the reply in progress)" if self.window.replying else ""
+        what = {SNAPSHOT: "the snapshot", NUMBERS: "the formula's numbers", ATLAS: "every head's scores"}[view]
+        self.status.setText(f"Computing {what}{busy}…")
+        return rid
+
+    def busy(self, view: int) -> bool:
+        """True while ``view``'s data is being computed."""
+        return view in self._pending
+
+    def _finish(self, view: int, d: dict) -> bool:
+        if self._pending.get(view) != d["request"]:
+            return False                     # an older request's answer
+        self._pending.pop(view, None)
+        self._done[view] = self._asked.get(view)
+        self.status.setText("")
+        return True
+
+    def _on_live(self, frame: dict) -> None:
+        self.live.set_frame(frame)
+
+    def _on_snapshot(self, d: dict) -> None:
+        if self._finish(SNAPSHOT, d):
+            self.snapshot.set_snapshot(d)
+
+    def _on_numbers(self, d: dict) -> None:
+        if self._finish(NUMBERS, d):
+            self.numbers.set_steps(d)
+
+    def _on_atlas(self, d: dict) -> None:
+        if self._finish(ATLAS, d):
+            self.atlas.set_scores(d)
+            self.atlas.set_selection(self.selected_layer, self.selected_head)
+
+    def _on_failed(self, request: int, message: str) -> None:
+        for view, rid in list(self._pending.items()):
+            if rid == request:
+                del self._pending[view]
+                self._asked.pop(view, None)
+        self.status.setText(message)
+
+    # ---- export ------------------------------------------------------------------------
+    def view_name(self) -> str:
+        return ("live", "snapshot", "heads", "formula")[self.tabs.currentIndex()]
+
+    def export_png(self, path: str | Path) -> None:
+        """The current view as a PNG image (as drawn, at the screen's pixel ratio)."""
+        if not self.tabs.currentWidget().grab().save(str(path), "PNG"):
+            raise OSError(f"could not write {path}")
+
+    def export_npz(self, path: str | Path) -> None:
+        """The current view's numbers as a compressed .npz (NumPy arrays; see each view's ``data()``).
+
+        Raises:
+            ValueError: the view shows nothing yet.
+        """
+        data = self.tabs.currentWidget().data()
+        if not data:
+            raise ValueError("this view shows nothing yet")
+        np.savez_compressed(str(path), **{k: np.asarray(v) for k, v in data.items() if v is not None})
+
+    def _export_dialog(self, ext: str, kind: str, write) -> None:
+        name = f"attention-{self.view_name()}-L{self.selected_layer}-{self.selected_head}{ext}"
+        path, _ = QFileDialog.getSaveFileName(self, "Export the attention view", name, kind)
+        if not path:
+            return
+        try:
+            write(path)
+        except (OSError, ValueError) as e:
+            self.status.setText(f"Could not export: {e}")
+        else:
+            self.status.setText(f"Exported to {path}")
+
+    def _export_png_dialog(self) -> None:
+        self._export_dialog(".png", "PNG images (*.png)", self.export_png)
+
+    def _export_npz_dialog(self) -> None:
+        self._export_dialog(".npz", "NumPy data (*.npz)", self.export_npz)
+
+
+def install_attention_panel(window) -> AttentionPanel:
+    """Add the attention panel to ``window`` (a ``MainWindow``) as a dock, closed unless the
+    saved window state had it open."""
+    client = AttentionClient(window.engine, window)
+    panel = AttentionPanel(client, window)
+    window.add_panel(PANEL_NAME, "Attention", panel, visible=False)
+    return panel

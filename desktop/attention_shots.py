@@ -1,0 +1,84 @@
+"""``attnchat --screenshot``: the attention panel in its four views, with the real model.
+
+Called by :mod:`desktop.screenshots` once a conversation exists. Opens the panel (as a
+floating window of a fixed size, so the pictures do not depend on the other docks),
+sends one more message and saves, for each palette ``<p>``:
+``panel-attention-live-<p>.png`` (mid-reply), ``panel-attention-heads-<p>.png``,
+``panel-attention-snapshot-<p>.png`` and ``panel-attention-formula-<p>.png`` (the best
+induction head), and ``main-attention-<p>.png`` (the panel docked in the window).
+The panel is closed again afterwards. Must not import torch or runtime.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from PySide6.QtWidgets import QApplication
+
+from desktop.attention_panel import ATLAS, LIVE, NUMBERS, PANEL_NAME, SNAPSHOT
+
+__all__ = ["shoot", "PROMPT"]
+
+PROMPT = "Repeat the function once more, exactly."
+SIZE = (560, 860)
+
+
+def _until(app: QApplication, settle: Callable, done: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the attention panel showed no {what} within {timeout_s:.0f} s")
+        settle(app, 50)
+
+
+def shoot(app: QApplication, window, out: Path, written: list[Path], *, themes, settle: Callable,
+          save: Callable, themed: Callable, wait: Callable, timeout_s: float = 600) -> None:
+    """Save the attention panel's pictures (see the module docstring) into ``out``."""
+    dock = window.panels[PANEL_NAME]
+    panel = dock.widget()
+    dock.setFloating(True)
+    dock.resize(*SIZE)
+    dock.show()
+    panel.tabs.setCurrentIndex(LIVE)
+    settle(app)
+    others = [d for n, d in window.panels.items() if n != PANEL_NAME and d.isVisible()]
+    try:
+        window.submit(PROMPT)
+        _until(app, settle, lambda: panel.live.frame is not None and (
+            not window.replying or len(window._reply["text"]) >= 80), timeout_s, "live attention")
+        for theme in themes:
+            themed(app, theme)
+            save(dock, out / f"panel-attention-live-{theme}.png", written)
+        if window.replying:
+            wait(window.reply_finished, timeout_s)
+        settle(app)
+
+        def show(view: int, ready: Callable[[], bool], name: str) -> None:
+            panel.tabs.setCurrentIndex(view)
+            _until(app, settle, lambda: ready() and not panel.busy(view), timeout_s, name)
+            for theme in themes:
+                themed(app, theme)
+                save(dock, out / f"panel-attention-{name}-{theme}.png", written)
+
+        show(ATLAS, lambda: panel.atlas.scores is not None, "heads")
+        layer, head, _ = panel.atlas.top_heads("induction", 1)[0]
+        panel.select(layer, head)
+        panel.snapshot.hide_first.setChecked(True)
+        show(SNAPSHOT, lambda: panel.snapshot.snap is not None and panel.snapshot.snap["head"] == head, "snapshot")
+        show(NUMBERS, lambda: panel.numbers.steps is not None, "formula")
+        panel.tabs.setCurrentIndex(SNAPSHOT)
+        dock.setFloating(False)
+        for other in others:   # the panel in its place, the other docks out of the way
+            other.hide()
+        window.resize(1280, 800)
+        for theme in themes:
+            themed(app, theme)
+            save(window, out / f"main-attention-{theme}.png", written)
+    finally:
+        dock.setFloating(False)
+        dock.hide()
+        for other in others:
+            other.show()
+        window.resize(1100, 720)
+        settle(app)

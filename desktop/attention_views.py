@@ -1,0 +1,410 @@
+"""The attention panel's four views: live, snapshot, head atlas, and the formula's numbers.
+
+Each view takes the plain data the engine sends (numpy arrays, lists, dicts), draws
+it, and returns what it shows from ``data()`` (for the .npz export). The heavy work
+(masking, re-normalising and pooling a 2,048 x 2,048 matrix) is vectorised numpy.
+Must not import torch or runtime.
+"""
+from __future__ import annotations
+
+import html
+
+import numpy as np
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtWidgets import (
+    QAbstractItemView, QCheckBox, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QListWidget, QListWidgetItem,
+    QPushButton, QScrollArea, QSizePolicy, QSpinBox, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
+)
+
+from desktop.attention_widgets import EntropyBars, TokenHeatText, display_token
+from desktop.heatmap import HeatmapWidget
+
+__all__ = ["AtlasView", "LiveView", "NumbersView", "SnapshotView", "entropy_bits", "prepare_matrix", "reduce_heads"]
+
+
+def reduce_heads(w: np.ndarray, head) -> np.ndarray:
+    """``w (H, ...)`` -> one head's slice, or the ``"mean"`` / ``"max"`` over heads."""
+    if head == "mean":
+        return w.mean(axis=0)
+    if head == "max":
+        return w.max(axis=0)
+    return w[int(head)]
+
+
+def entropy_bits(w: np.ndarray) -> np.ndarray:
+    """Shannon entropy (bits) of each row of ``w (..., T)`` (rows sum to 1): 0 = one token, log2 T = uniform."""
+    w = np.asarray(w, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(w > 0, w * np.log2(np.where(w > 0, w, 1.0)), 0.0)
+    return (-terms.sum(axis=-1)).astype(np.float32)
+
+
+def prepare_matrix(m: np.ndarray, *, hide_first: bool = False, renormalise: bool = False) -> np.ndarray:
+    """The snapshot's values as drawn, from causal ``(T, T)`` weights (zero above the diagonal):
+    ``hide_first`` drops key 0 (the attention sink, Xiao et al. 2023) -> ``(T, T-1)``;
+    ``renormalise`` divides each row by its sum over the keys shown (a row with nothing
+    left, query 0 without key 0, stays 0). The causal mask is drawn by the heatmap
+    (``causal=1`` with ``hide_first``, else 0), not stored here: one pass over 4 million cells."""
+    out = np.asarray(m, dtype=np.float32)
+    if hide_first:
+        out = out[:, 1:]
+    if renormalise:
+        s = out.sum(axis=1, keepdims=True)
+        out = np.divide(out, s, out=np.zeros(out.shape, dtype=np.float32), where=s > 0)
+    return out
+
+
+def _quote(tok: str) -> str:
+    return "“" + html.escape(display_token(tok)) + "”"
+
+
+def _head_name(head) -> str:
+    return {"mean": "mean over heads", "max": "max over heads"}.get(head, f"head {head}")
+
+
+def _label(text: str = "", *, wrap: bool = True, small: bool = False) -> QLabel:
+    lab = QLabel(text)
+    lab.setWordWrap(wrap)
+    lab.setTextFormat(Qt.TextFormat.RichText)
+    lab.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    if small:
+        f = lab.font()
+        f.setPointSizeF(f.pointSizeF() * 0.9)
+        lab.setFont(f)
+    return lab
+
+
+class LiveView(QWidget):
+    """The newest token's attention over the context, as a reply streams."""
+
+    head_clicked = Signal(int)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.frame: dict | None = None
+        self.layer, self.head = 0, "mean"
+        self.caption = _label("The newest token's attention appears here while a reply is written.")
+        self.heads = HeatmapWidget(min_size=QSize(120, 60))
+        self.heads.setToolTip("Every head of the layer (rows) over the context (columns); each row scaled to its maximum")
+        self.strip = HeatmapWidget(min_size=QSize(120, 16))
+        self.strip.setFixedHeight(18)
+        self.text = TokenHeatText()
+        self.text.setProperty("placeholder", "The conversation's tokens, shaded by attention")
+        self.scroll = QScrollArea()
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setWidget(self.text)
+        self.scroll.setMinimumHeight(120)
+        self.entropy = EntropyBars()
+        self.readout = _label("", small=True)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(6, 6, 6, 6)
+        lay.addWidget(self.caption)
+        lay.addWidget(_label("<b>Heads × context</b> (rows: heads; each row scaled to its maximum)", small=True))
+        lay.addWidget(self.heads, 2)
+        lay.addWidget(_label("<b>Chosen head over the context</b>", small=True))
+        lay.addWidget(self.strip)
+        lay.addWidget(self.readout)
+        lay.addWidget(self.scroll, 5)
+        lay.addWidget(_label("<b>Entropy per head</b> (bits; low = focused; dashed: uniform)", small=True))
+        lay.addWidget(self.entropy)
+        self.heads.hovered.connect(lambda h, k: self._hover(k, h))
+        self.strip.hovered.connect(lambda _r, k: self._hover(k))
+        self.text.hovered.connect(self._hover)
+        self.heads.clicked.connect(lambda h, _k: self.head_clicked.emit(h))
+        self.entropy.clicked.connect(self.head_clicked)
+
+    def set_frame(self, frame: dict | None) -> None:
+        self.frame = frame
+        self.refresh()
+
+    def set_selection(self, layer: int, head) -> None:
+        self.layer, self.head = layer, head
+        self.refresh()
+
+    def row(self) -> np.ndarray | None:
+        """The chosen head's (or reduction's) weights over the context, ``(Tk,)``."""
+        if self.frame is None or self.layer >= self.frame["weights"].shape[0]:
+            return None
+        return reduce_heads(self.frame["weights"][self.layer], self.head)
+
+    def refresh(self) -> None:
+        row = self.row()
+        if row is None:
+            return
+        w = self.frame["weights"][self.layer]  # (H, Tk)
+        tokens = self.frame["tokens"]
+        T = len(tokens)
+        peak = np.maximum(w.max(axis=1, keepdims=True), 1e-12)
+        self.heads.set_values(w / peak, vmax=1.0)
+        head_idx = None if self.head in ("mean", "max") else int(self.head)
+        self.heads.set_selection(row=head_idx)
+        self.strip.set_values(row[None, :], vmax=float(row.max()) or 1.0)
+        self.text.set_tokens(tokens)
+        bar = self.scroll.verticalScrollBar()
+        at_end = bar.value() >= bar.maximum() - 4
+        self.text.set_weights(row, marked=T - 1)
+        if at_end:
+            bar.setValue(bar.maximum())
+        self.entropy.set_values(entropy_bits(w), np.log2(max(T, 2)), head_idx)
+        top = np.argsort(row)[::-1][:4]
+        looks = ", ".join(f"{_quote(tokens[i])} #{i} {row[i]:.2f}" for i in top)
+        state = "" if self.frame.get("final") else " (streaming)"
+        self.caption.setText(f"Newest token {_quote(tokens[-1])} (#{T - 1}) · layer {self.layer} · "
+                             f"{_head_name(self.head)}{state}<br>Looks most at: {looks}")
+
+    def _hover(self, k: int, h: int | None = None) -> None:
+        row = self.row()
+        if row is None or k < 0 or k >= len(row):
+            self.readout.setText("")
+            return
+        tokens = self.frame["tokens"]
+        if h is not None and h >= 0:
+            wt, who = self.frame["weights"][self.layer][h][k], f"head {h}"
+        else:
+            wt, who = row[k], _head_name(self.head)
+        self.readout.setText(f"key #{k} {_quote(tokens[k])}: weight {wt:.4f} ({who})")
+
+    def data(self) -> dict:
+        if self.frame is None:
+            return {}
+        w = self.frame["weights"][self.layer]
+        return {"view": "live", "layer": self.layer, "head": str(self.head), "weights": w, "row": self.row(),
+                "entropy_bits": entropy_bits(w), "tokens": np.array(self.frame["tokens"], dtype=object).astype(str)}
+
+
+class SnapshotView(QWidget):
+    """One layer's and head's full token-by-token matrix for the conversation."""
+
+    refresh_requested = Signal()
+    query_clicked = Signal(int)   # a position in the conversation
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.snap: dict | None = None
+        self.shown: np.ndarray | None = None
+        self.refresh_button = QPushButton("Refresh")
+        self.hide_first = QCheckBox("Hide first token")
+        self.hide_first.setToolTip("Leave out key 0: most heads park attention there (an attention sink)")
+        self.renormalise = QCheckBox("Re-normalise rows")
+        self.renormalise.setToolTip("Divide each row by its sum over the keys shown")
+        self.sqrt = QCheckBox("√ colour")
+        self.sqrt.setToolTip("Colour by the square root of the weight, so small weights show")
+        self.caption = _label("Open a conversation: its full attention matrix appears here.")
+        self.heat = HeatmapWidget(square=True, min_size=QSize(160, 160))
+        self.heat.setProperty("placeholder", "No snapshot yet")
+        self.readout = _label("Hover: query token, key token and weight. Click a row to explain it.", small=True)
+        opts = QGridLayout()
+        opts.addWidget(self.hide_first, 0, 0)
+        opts.addWidget(self.renormalise, 0, 1)
+        opts.addWidget(self.sqrt, 1, 0)
+        opts.addWidget(self.refresh_button, 1, 1, Qt.AlignmentFlag.AlignRight)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(6, 6, 6, 6)
+        lay.addLayout(opts)
+        lay.addWidget(self.caption)
+        lay.addWidget(self.heat, 1)
+        lay.addWidget(self.readout)
+        for box in (self.hide_first, self.renormalise, self.sqrt):
+            box.toggled.connect(self.rebuild)
+        self.refresh_button.clicked.connect(self.refresh_requested)
+        self.heat.hovered.connect(self._hover)
+        self.heat.clicked.connect(lambda i, _j: self.snap and self.query_clicked.emit(self.snap["offset"] + i))
+
+    def set_snapshot(self, snap: dict) -> None:
+        self.snap = snap
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        s = self.snap
+        if s is None:
+            return
+        self.shown = prepare_matrix(s["matrix"], hide_first=self.hide_first.isChecked(),
+                                    renormalise=self.renormalise.isChecked())
+        self.heat.set_values(self.shown, gamma=0.5 if self.sqrt.isChecked() else 1.0,
+                             causal=1 if self.hide_first.isChecked() else 0)
+        T = s["matrix"].shape[0]
+        part = f"the last {T:,} of {s['total']:,} tokens" if s["offset"] else f"{T:,} tokens"
+        self.caption.setText(f"Layer {s['layer']} · {_head_name(s['head'])} · {part} "
+                             f"(rows: query tokens, columns: key tokens; grey: masked)")
+
+    def _hover(self, i: int, j: int) -> None:
+        s = self.snap
+        if s is None or i < 0:
+            self.readout.setText("")
+            return
+        k = j + (1 if self.hide_first.isChecked() else 0)
+        tok, off = s["tokens"], s["offset"]
+        head = f"query #{off + i} {_quote(tok[i])} → key #{off + k} {_quote(tok[k])}: "
+        if k > i:
+            self.readout.setText(head + "masked (a token never sees later tokens)")
+            return
+        extra = f" (re-normalised {self.shown[i, j]:.4f})" if self.renormalise.isChecked() else ""
+        self.readout.setText(head + f"weight {s['matrix'][i, k]:.4f}{extra}")
+
+    def data(self) -> dict:
+        s = self.snap
+        if s is None:
+            return {}
+        return {"view": "snapshot", "layer": s["layer"], "head": str(s["head"]), "matrix": s["matrix"],
+                "shown": self.shown, "offset": s["offset"], "hide_first": self.hide_first.isChecked(),
+                "renormalise": self.renormalise.isChecked(), "tokens": np.array(s["tokens"], dtype=object).astype(str)}
+
+
+class AtlasView(QWidget):
+    """Every head's previous-token and induction score (Olsson et al. 2022), and the top heads."""
+
+    measure_requested = Signal()
+    head_clicked = Signal(int, int)
+    TOP = 5
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.scores: dict | None = None
+        self.measure_button = QPushButton("Measure heads")
+        self.caption = _label("Each head's score on random tokens repeated twice (Olsson et al. 2022). "
+                              "Click a head to choose it.")
+        self.grids = {k: HeatmapWidget(min_size=QSize(60, 120)) for k in ("previous_token", "induction")}
+        self.readout = _label("", small=True)
+        self.top = QListWidget()
+        self.top.setMinimumHeight(90)
+        grid = QGridLayout()
+        for col, (kind, title) in enumerate((("previous_token", "Previous-token"), ("induction", "Induction"))):
+            grid.addWidget(_label(f"<b>{title}</b> (rows: layers, columns: heads)", small=True), 0, col)
+            grid.addWidget(self.grids[kind], 1, col)
+            self.grids[kind].setProperty("placeholder", "not measured yet")
+            self.grids[kind].hovered.connect(lambda l, h, k=kind: self._hover(k, l, h))
+            self.grids[kind].clicked.connect(self.head_clicked)
+        grid.setRowStretch(1, 1)
+        head = QHBoxLayout()
+        head.addWidget(self.caption, 1)
+        head.addWidget(self.measure_button, 0, Qt.AlignmentFlag.AlignTop)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(6, 6, 6, 6)
+        lay.addLayout(head)
+        lay.addLayout(grid, 3)
+        lay.addWidget(self.readout)
+        lay.addWidget(_label("<b>Top heads</b>", small=True))
+        lay.addWidget(self.top, 1)
+        self.measure_button.clicked.connect(self.measure_requested)
+        self.top.itemClicked.connect(lambda it: self.head_clicked.emit(*it.data(Qt.ItemDataRole.UserRole)))
+
+    def set_scores(self, scores: dict) -> None:
+        self.scores = scores
+        for kind, w in self.grids.items():
+            w.set_values(scores[kind], vmax=1.0)
+        self.top.clear()
+        for kind, name in (("induction", "induction"), ("previous_token", "previous-token")):
+            for l, h, v in self.top_heads(kind, self.TOP):
+                it = QListWidgetItem(f"L{l}.H{h}  {name}  {v:.3f}")
+                it.setData(Qt.ItemDataRole.UserRole, (l, h))
+                self.top.addItem(it)
+        self.caption.setText(f"{scores['model']}: mean attention over {scores['batch']} sequences of "
+                             f"{scores['repeat_len']} random tokens repeated twice (Olsson et al. 2022). "
+                             "Click a head to choose it.")
+
+    def top_heads(self, kind: str, n: int) -> list[tuple[int, int, float]]:
+        """The ``n`` best heads for ``kind`` (``"induction"`` or ``"previous_token"``): (layer, head, score)."""
+        if self.scores is None:
+            return []
+        a = self.scores[kind]
+        best = np.argsort(a, axis=None, kind="stable")[::-1][:n]
+        return [(int(l), int(h), float(a[l, h])) for l, h in zip(*np.unravel_index(best, a.shape))]
+
+    def set_selection(self, layer: int, head) -> None:
+        for w in self.grids.values():
+            w.set_selection(row=layer, col=None if head in ("mean", "max") else int(head))
+
+    def _hover(self, kind: str, l: int, h: int) -> None:
+        if self.scores is None or l < 0:
+            self.readout.setText("")
+            return
+        s = self.scores
+        self.readout.setText(f"L{l}.H{h}: previous-token {s['previous_token'][l, h]:.3f}, "
+                             f"induction {s['induction'][l, h]:.3f}")
+
+    def data(self) -> dict:
+        if self.scores is None:
+            return {}
+        s = self.scores
+        return {"view": "atlas", "induction": s["induction"], "previous_token": s["previous_token"],
+                "repeat_len": s["repeat_len"], "batch": s["batch"]}
+
+
+class NumbersView(QWidget):
+    """``softmax(q·k/√d)·v`` for one query token, one layer and one head, with its numbers."""
+
+    compute_requested = Signal()
+    COLUMNS = ("key", "token", "q·k", "÷√d", "exp(z−max)", "weight", "|w·v|")
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.steps: dict | None = None
+        self.query = QSpinBox()
+        self.query.setRange(-1, 1_000_000)
+        self.query.setSpecialValueText("newest")
+        self.query.setValue(-1)
+        self.query.setToolTip("The query token's position in the conversation (newest: the last one)")
+        self.top = QSpinBox()
+        self.top.setRange(1, 50)
+        self.top.setValue(5)
+        self.compute_button = QPushButton("Compute")
+        self.explanation = _label("Choose a layer, a head and a query token (or click a row of the snapshot).")
+        self.table = QTableWidget(0, len(self.COLUMNS))
+        self.table.setHorizontalHeaderLabels(list(self.COLUMNS))
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        self.table.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+        self.footer = _label("", small=True)
+        row = QHBoxLayout()
+        row.addWidget(QLabel("Query"))
+        row.addWidget(self.query)
+        row.addWidget(QLabel("Top keys"))
+        row.addWidget(self.top)
+        row.addStretch(1)
+        row.addWidget(self.compute_button)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(6, 6, 6, 6)
+        lay.addLayout(row)
+        lay.addWidget(self.explanation)
+        lay.addWidget(self.table, 1)
+        lay.addWidget(self.footer)
+        self.compute_button.clicked.connect(self.compute_requested)
+
+    def set_steps(self, d: dict) -> None:
+        self.steps = d
+        off = d["offset"]
+        rt = 1.0 / d["scale"]
+        self.explanation.setText(
+            f"Query #{off + d['query']} {_quote(d['query_token'])} · layer {d['layer']} · head {d['head']} "
+            f"(reads KV head {d['kv_head']}) · d = {d['head_dim']}, √d = {rt:.3g}<br>"
+            f"1. score every visible key: s = q·k &nbsp;(|q| = {d['query_norm']:.3g}, {d['n_keys']:,} keys)<br>"
+            f"2. scale: z = s / √d &nbsp;(max z = {d['max_scaled']:.4g})<br>"
+            f"3. softmax: w = exp(z − max z) / Σ exp(z − max z), Σ = {d['denominator']:.4g}<br>"
+            f"4. mix: o = Σ w·v over all keys → |o| = {d['output_norm']:.4g}")
+        self.table.setRowCount(len(d["keys"]))
+        for r, k in enumerate(d["keys"]):
+            cells = (f"#{off + k}", display_token(d["tokens"][r]), f"{d['raw'][r]:.3f}", f"{d['scaled'][r]:.3f}",
+                     f"{d['exp'][r]:.4f}", f"{d['weights'][r]:.4f}", f"{d['contribution_norms'][r]:.3f}")
+            for c, text in enumerate(cells):
+                it = QTableWidgetItem(text)
+                if c != 1:
+                    it.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                self.table.setItem(r, c, it)
+        share = sum(d["weights"])
+        self.footer.setText(f"These {len(d['keys'])} keys hold {share:.1%} of the weight; their share of o alone has "
+                            f"|Σ w·v| = {d['top_output_norm']:.4g} (all keys: {d['output_norm']:.4g}). "
+                            "|w·v| = w × |v|.")
+
+    def data(self) -> dict:
+        d = self.steps
+        if d is None:
+            return {}
+        out = {k: np.asarray(d[k]) for k in ("keys", "raw", "scaled", "exp", "weights", "value_norms", "contribution_norms")}
+        out["keys"] = out["keys"] + d["offset"]
+        out.update({k: d[k] for k in ("layer", "head", "kv_head", "head_dim", "scale", "n_keys", "max_scaled",
+                                      "denominator", "query_norm", "output_norm", "top_output_norm")})
+        out.update(view="numbers", query=d["query"] + d["offset"], query_token=d["query_token"],
+                   tokens=np.array(d["tokens"], dtype=object).astype(str))
+        return out

@@ -1,0 +1,360 @@
+"""The KV-cache memory panel: a live chart of the cache as the conversation grows, and a readout.
+
+x is the context length in tokens, y is MiB. Lines: the theoretical size of each cache
+dtype (bytes per token = 2 x layers x KV heads x head dim x bytes per element, times
+tokens), the bytes the cache has allocated (it grows in chunks) and the bytes its tokens
+use, the context limit (vertical) and the memory limit (horizontal). A truncation or
+eviction adds a marker where it happened.
+
+Data comes as the worker's stats dicts (``TurnStats.to_dict()`` with ``kv_cache``,
+``conv_id``, ``request``), every 4 decoded tokens and at once after an eviction: each
+is recorded at once (cheap), and the chart is redrawn by a timer at most every
+:data:`REDRAW_MS` while data arrives (8 times a second), on the GUI thread, so decoding
+on the worker thread is never waited on. Must not import torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyqtgraph as pg
+from PySide6.QtCore import QEvent, Qt, QTimer
+from PySide6.QtGui import QColor, QPalette
+from PySide6.QtWidgets import QCheckBox, QLabel, QVBoxLayout, QWidget
+
+import runtime
+from desktop.remote_engine import REMOTE_KV_NOTE, usage_text
+
+__all__ = ["KVPanel", "KVSeries", "REDRAW_MS", "install_kv_panel", "policy_next"]
+
+MIB = 2**20
+REDRAW_MS = 125
+#: The narrowest zoomed span (tokens): four of the cache's 256-token growth chunks.
+ZOOM_MIN_TOKENS = 1024
+#: Most points kept per series (older ones are thinned by half when it is passed).
+MAX_POINTS = 4000
+COLORS = {"float32": "#e8a33d", "16-bit": "#5aa469", "allocated": "#8e7cc3", "used": "#3d7bd9",
+          "limit": "#d9534f", "event": "#c94fb0"}
+
+
+@dataclass
+class KVSeries:
+    """What the chart shows, as plain numbers (the tests read it)."""
+
+    conv_id: int | None = None
+    request: int | None = None
+    dtype: str = ""
+    bytes_per_token: int = 0
+    tokens: list[int] = field(default_factory=list)
+    used: list[int] = field(default_factory=list)        # bytes
+    allocated: list[int] = field(default_factory=list)   # bytes
+    events: list[tuple[int, int, str]] = field(default_factory=list)  # (tokens before, after, kind)
+    context_limit: int = 0
+    limit_bytes: int | None = None
+    dropped_tokens: int = 0
+
+    def add(self, stats: dict, policy: str) -> tuple[int, int, str] | None:
+        """Record one stats dict; returns the truncation or eviction it shows, if any."""
+        kv = stats.get("kv_cache") or {}
+        if "tokens" not in kv:
+            return None
+        tokens = int(kv["tokens"])
+        bpt = int(kv.get("bytes_per_token") or 0)
+        dtype = str(kv.get("dtype") or "")
+        conv, request = stats.get("conv_id"), stats.get("request")
+        if conv != self.conv_id or (bpt, dtype) != (self.bytes_per_token, self.dtype):
+            self.__init__()  # another conversation or another cache: start again
+        self.conv_id, self.dtype, self.bytes_per_token = conv, dtype, bpt
+        self.context_limit = int(stats.get("context_limit") or self.context_limit)
+        self.limit_bytes = kv.get("limit_bytes")
+        dropped = int(stats.get("dropped_tokens") or 0)
+        event = None
+        if self.tokens and tokens < self.tokens[-1]:
+            before = self.tokens[-1]
+            if request == self.request:   # within a reply: only the overflow policy shrinks the cache
+                kind = "evicted" if policy == "rolling" else "truncated"
+            elif dropped:                  # a new turn that did not fit: oldest turns dropped
+                kind = "truncated"
+            else:                          # regenerate/edit: the cache was cropped to the shared prefix
+                kind = ""
+            if kind:
+                event = (before, tokens, kind)
+                self.events.append(event)
+        self.request, self.dropped_tokens = request, dropped
+        if not self.tokens or tokens != self.tokens[-1] or event:
+            self.tokens.append(tokens)
+            self.used.append(int(kv.get("used_bytes", tokens * bpt)))
+            self.allocated.append(int(kv.get("allocated_bytes", tokens * bpt)))
+        else:  # same length (a final stats dict): keep the newest byte counts
+            self.used[-1] = int(kv.get("used_bytes", tokens * bpt))
+            self.allocated[-1] = int(kv.get("allocated_bytes", tokens * bpt))
+        if len(self.tokens) > MAX_POINTS:
+            for name in ("tokens", "used", "allocated"):
+                setattr(self, name, getattr(self, name)[::2])
+        return event
+
+
+def policy_next(policy: str, tokens: int, limit: int, sink_tokens: int) -> str:
+    """What the overflow policy does when the context fills (one sentence)."""
+    left = max(limit - tokens, 0)
+    when = f"In {left:,} tokens" if left else "Now"
+    if policy == "stop":
+        return f"{when} the context is full: the reply stops (finish reason “context”)."
+    if policy == "rolling":
+        sink = min(sink_tokens, max(limit - 1, 0))
+        chunk = max((limit - sink) // 4, 1)
+        return (f"{when} the context is full: rolling evicts the oldest {chunk:,} tokens after the "
+                f"first {sink:,} (attention sinks), then keeps going.")
+    return f"{when} the context is full: truncate-middle drops the oldest turns (the system prompt stays)."
+
+
+class KVPanel(QWidget):
+    """The dock's widget. Feed it :meth:`on_model` (model info dicts) and :meth:`on_stats`.
+
+    Args:
+        settings: the app's settings (the overflow policy, sink tokens and limits
+            before the first reply).
+    """
+
+    def __init__(self, settings=None, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("kvPanel")
+        self.settings = settings
+        self.model: dict | None = None
+        self.remote_stats: dict | None = None
+        self.series = KVSeries()
+        self.redraws = 0
+        self._dirty = False
+        self._timer = QTimer(self)
+        self._timer.setInterval(REDRAW_MS)
+        self._timer.timeout.connect(self._tick)
+
+        self.plot = pg.PlotWidget()
+        self.plot.setObjectName("kvPlot")
+        self.plot.setMenuEnabled(False)
+        self.plot.setMinimumHeight(220)
+        item = self.plot.getPlotItem()
+        item.setLabel("bottom", "context (tokens)")
+        item.setLabel("left", "KV cache (MiB)")
+        item.showGrid(x=True, y=True, alpha=0.15)
+        self.legend = item.addLegend(offset=(8, 8), labelTextSize="8pt")
+        self.theory: dict[str, pg.PlotDataItem] = {
+            "float32": item.plot(name="float32", pen=pg.mkPen(COLORS["float32"], width=1, style=Qt.PenStyle.DashLine)),
+            "16-bit": item.plot(name="bfloat16, float16", pen=pg.mkPen(COLORS["16-bit"], width=1, style=Qt.PenStyle.DashLine)),
+        }
+        # connect="finite": a NaN breaks the line where the cache shrank (no line drawn backwards).
+        self.allocated_curve = item.plot(name="allocated", pen=pg.mkPen(COLORS["allocated"], width=2), connect="finite")
+        self.used_curve = item.plot(name="used", pen=pg.mkPen(COLORS["used"], width=3), connect="finite")
+        self.now_dot = item.plot(pen=None, symbol="o", symbolSize=8, symbolBrush=COLORS["used"], symbolPen=None)
+        self.context_line = pg.InfiniteLine(angle=90, pen=pg.mkPen(COLORS["limit"], width=1.5),
+                                            label="context limit", labelOpts={"position": 0.62, "color": COLORS["limit"],
+                                                                              "rotateAxis": (1, 0), "anchors": [(0.5, 1), (0.5, 1)]})
+        self.memory_line = pg.InfiniteLine(angle=0, pen=pg.mkPen(COLORS["limit"], width=1.5, style=Qt.PenStyle.DotLine),
+                                           label="memory limit", labelOpts={"position": 0.6, "color": COLORS["limit"],
+                                                                            "anchors": [(0.5, 1), (0.5, 1)]})
+        item.addItem(self.context_line, ignoreBounds=True)
+        item.addItem(self.memory_line, ignoreBounds=True)
+        self.event_items: list = []
+
+        self.zoom = QCheckBox("Zoom to the conversation")
+        self.zoom.setToolTip("On: the chart spans twice the tokens used so far (at least 1,024, at most the context); "
+                             "off: the whole context, with both limits")
+        self.zoom.setChecked(True)   # a short chat is a sliver of an 8k context: show it growing
+        self.zoom.toggled.connect(self.redraw)
+        self.readout = QLabel()
+        self.readout.setObjectName("kvReadout")
+        self.readout.setWordWrap(True)
+        self.readout.setTextFormat(Qt.TextFormat.RichText)
+        self.readout.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 6, 6, 6)
+        layout.addWidget(self.plot, 1)
+        layout.addWidget(self.zoom)
+        layout.addWidget(self.readout)
+        self._recolor()
+        self.redraw()
+
+    # ---- inputs ---------------------------------------------------------------------------
+    def on_model(self, info: dict | None) -> None:
+        """A model was loaded: new shape, new lines; the old conversation's data goes."""
+        self.model = info
+        self.series = KVSeries()
+        self.remote_stats = None
+        self.plot.setVisible(not self.remote)
+        self.zoom.setVisible(not self.remote)
+        self.redraw()
+
+    @property
+    def remote(self) -> bool:
+        """A server's model: it keeps its cache, so there is no chart, only what it reports."""
+        return bool(self.model and self.model.get("remote"))
+
+    def on_stats(self, stats: dict) -> None:
+        """Record a stats dict; the chart follows within :data:`REDRAW_MS`."""
+        if self.remote:
+            self.remote_stats = stats
+        else:
+            self.series.add(stats, self._setting("generation/overflow", "truncate-middle"))
+        self._dirty = True
+        if not self._timer.isActive():
+            self._timer.start()
+
+    def _tick(self) -> None:
+        if self._dirty:
+            self.redraw()
+        else:
+            self._timer.stop()
+
+    def _setting(self, key: str, default):
+        return self.settings.get(key) if self.settings is not None else default
+
+    # ---- figures ----------------------------------------------------------------------------
+    def _base(self) -> int:
+        """2 x layers x KV heads x head dim (bytes per token = this x bytes per element); 0 if unknown."""
+        m = self.model
+        if m and all(k in m for k in ("n_layers", "n_kv_heads", "head_dim")):
+            return 2 * int(m["n_layers"]) * int(m["n_kv_heads"]) * int(m["head_dim"])
+        s = self.series
+        if s.bytes_per_token and s.dtype in runtime.CACHE_DTYPES:
+            return s.bytes_per_token // runtime.element_bytes(s.dtype)
+        return 0
+
+    def context_limit(self) -> int:
+        """The context the chart spans: the session's (capped by its cache limit), else the settings'."""
+        if self.series.context_limit:
+            return self.series.context_limit
+        max_ctx = int(self.model["context_limit"]) if self.model else 0
+        ctx = int(self._setting("generation/context", 0) or 0)
+        return min(ctx, max_ctx) if ctx and max_ctx else ctx or max_ctx
+
+    def limit_bytes(self) -> int | None:
+        if self.series.tokens:
+            return self.series.limit_bytes
+        mib = float(self._setting("generation/cache_limit_mib", 0.0) or 0.0)
+        return int(mib * MIB) if mib > 0 else None
+
+    def theoretical(self) -> dict[str, int]:
+        """Bytes per token of each cache dtype for this model (16-bit dtypes share one line)."""
+        base = self._base()
+        return {"float32": base * 4, "16-bit": base * 2} if base else {}
+
+    # ---- drawing ----------------------------------------------------------------------------
+    def redraw(self) -> None:
+        self._dirty = False
+        self.redraws += 1
+        s = self.series
+        limit = self.context_limit()
+        span = limit or 1024
+        if self.zoom.isChecked():
+            span = min(max(2 * max(s.tokens, default=0), ZOOM_MIN_TOKENS), span)
+        for key, per_token in self.theoretical().items():
+            self.theory[key].setData([0, span], [0, per_token * span / MIB])
+        if not self.theoretical():
+            for curve in self.theory.values():
+                curve.setData([], [])
+        xs, used, allocated = self.plotted()
+        self.used_curve.setData(xs, used, connect="finite")
+        self.allocated_curve.setData(xs, allocated, connect="finite")
+        self.now_dot.setData(s.tokens[-1:], [b / MIB for b in s.used[-1:]])
+        self.context_line.setVisible(bool(limit))
+        if limit:
+            self.context_line.setValue(limit)
+            self.context_line.label.setFormat(f"context limit {limit:,}")
+        mem = self.limit_bytes()
+        self.memory_line.setVisible(mem is not None)
+        if mem is not None:
+            self.memory_line.setValue(mem / MIB)
+            self.memory_line.label.setFormat(f"memory limit {mem / MIB:,.1f} MiB")
+        self._draw_events()
+        item = self.plot.getPlotItem()
+        top_bytes = max([max(self.theoretical().values(), default=0) * span, *s.allocated,
+                         (mem or 0) if not self.zoom.isChecked() else 0, 1])
+        item.setXRange(0, span * 1.02, padding=0)
+        item.setYRange(0, top_bytes / MIB * 1.08, padding=0)
+        self.readout.setText(self._readout())
+
+    def plotted(self) -> tuple[list[float], list[float], list[float]]:
+        """The used and allocated lines as drawn: x tokens, y MiB, a NaN gap where the cache shrank."""
+        s = self.series
+        xs: list[float] = []
+        used: list[float] = []
+        allocated: list[float] = []
+        for i, t in enumerate(s.tokens):
+            if i and t < s.tokens[i - 1]:
+                xs.append(float("nan"))
+                used.append(float("nan"))
+                allocated.append(float("nan"))
+            xs.append(float(t))
+            used.append(s.used[i] / MIB)
+            allocated.append(s.allocated[i] / MIB)
+        return xs, used, allocated
+
+    def _draw_events(self) -> None:
+        item = self.plot.getPlotItem()
+        for it in self.event_items:
+            item.removeItem(it)
+        self.event_items = []
+        for before, after, kind in self.series.events[-20:]:
+            line = pg.InfiniteLine(pos=before, angle=90, pen=pg.mkPen(COLORS["event"], width=1, style=Qt.PenStyle.DashLine),
+                                   label=f"{kind} {before - after:,}",
+                                   labelOpts={"position": 0.75, "color": COLORS["event"], "rotateAxis": (1, 0)})
+            item.addItem(line, ignoreBounds=True)
+            self.event_items.append(line)
+
+    def _readout(self) -> str:
+        if self.remote:
+            return f"{REMOTE_KV_NOTE}<br>{usage_text(self.remote_stats)}"
+        s = self.series
+        limit = self.context_limit()
+        mem = self.limit_bytes()
+        if not s.tokens:
+            per = self.theoretical()
+            head = "No reply yet in this session."
+            if per:
+                head += f" This model's cache: {per['float32']:,} bytes per token in float32, {per['16-bit']:,} in 16-bit."
+            return head + (f"<br>Context limit {limit:,} tokens" if limit else "") + (
+                f"; memory limit {mem / MIB:,.1f} MiB." if mem else ".")
+        tokens = s.tokens[-1]
+        pct = f" ({100 * tokens / limit:.0f}%)" if limit else ""
+        lines = [
+            f"<b>{tokens:,}</b> / {limit:,} tokens{pct}" if limit else f"<b>{tokens:,}</b> tokens",
+            f"used {s.used[-1] / MIB:,.2f} MiB ({s.used[-1]:,} bytes), allocated {s.allocated[-1] / MIB:,.2f} MiB"
+            + (f" of a {mem / MIB:,.1f} MiB limit" if mem else ""),
+            f"{s.bytes_per_token:,} bytes per token ({s.dtype})",
+        ]
+        if limit:
+            policy = self._setting("generation/overflow", "truncate-middle")
+            lines.append(policy_next(policy, tokens, limit, int(self._setting("generation/sink_tokens", 4))))
+        if s.events:
+            before, after, kind = s.events[-1]
+            lines.append(f"<span style='color:{COLORS['event']}'>Last {kind}: {before - after:,} tokens "
+                         f"at {before:,} (now {after:,}).</span>")
+        return "<br>".join(lines)
+
+    # ---- palette ------------------------------------------------------------------------------
+    def _recolor(self) -> None:
+        pal = self.palette()
+        self.plot.setBackground(pal.color(QPalette.ColorRole.Base))
+        text = pal.color(QPalette.ColorRole.Text)
+        item = self.plot.getPlotItem()
+        for name in ("left", "bottom"):
+            axis = item.getAxis(name)
+            axis.setTextPen(text)
+            axis.setPen(pg.mkPen(QColor(text.red(), text.green(), text.blue(), 140)))
+            axis.label.setDefaultTextColor(text)  # the axis title
+        for sample, label in self.legend.items:
+            label.setText(label.text, color=text)
+
+    def changeEvent(self, event) -> None:  # noqa: N802
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self._recolor()
+
+
+def install_kv_panel(window) -> KVPanel:
+    """Dock a :class:`KVPanel` on ``window`` (a MainWindow), fed by its model and stats signals."""
+    panel = KVPanel(window.settings)
+    panel.on_model(window.engine.model)
+    window.model_changed.connect(panel.on_model)
+    window.stats_updated.connect(panel.on_stats)
+    window.add_panel("kvCachePanel", "KV-cache memory", panel)
+    return panel

@@ -1,0 +1,42 @@
+"""The frozen app's entry point: what PyInstaller's bootloader runs as ``__main__``.
+
+The installed app (``.venv/bin/attnchat``) starts at ``attnchat.cli:main``; the frozen
+one starts here, which first does what only a frozen app needs:
+
+- forces the model hubs offline (``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE``) before
+  transformers is imported: the app never downloads from a hub, and an attempt
+  would hang on a machine without network;
+- gives ``multiprocessing`` its freeze support (a child process of a frozen app is
+  the app itself, started with multiprocessing's arguments);
+- runs ``attnchat -m attnchat.bench_worker ...``, how ``attnchat bench`` starts its
+  workers (``sys.executable -m ...``), since a frozen app has no interpreter to take ``-m``.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+
+#: Modules a frozen app runs for ``<app> -m MODULE`` (only these: it is no interpreter).
+RUNNABLE_MODULES = ("attnchat.bench_worker",)
+
+
+def main() -> int:
+    multiprocessing.freeze_support()
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    if len(sys.argv) > 2 and sys.argv[1] == "-m" and sys.argv[2] in RUNNABLE_MODULES:
+        import runpy
+
+        module = sys.argv[2]
+        sys.argv = [sys.argv[0]] + sys.argv[3:]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return 0
+    from attnchat.cli import main as cli_main
+
+    return cli_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

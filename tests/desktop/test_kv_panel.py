@@ -1,0 +1,158 @@
+"""The KV-cache panel: the chart follows a streaming reply (its plotted data, not pixels),
+the lines and limits, truncation and eviction markers, and the readout."""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from PySide6.QtCore import Qt
+
+from desktop.kv_panel import REDRAW_MS, KVPanel, policy_next
+from desktop.worker import EngineWorker
+from runtime import Finish, Message, StatsUpdate, TextPiece, TurnStats
+from tests.desktop.fakes import FakeSession
+
+MIB = 2**20
+#: The default model's shape: 30 layers x 3 KV heads x 64 dims (46,080 bytes per token in float32).
+SMOL = {"name": "smol", "device": "cpu", "dtype": "float32", "context_limit": 8192,
+        "n_layers": 30, "n_kv_heads": 3, "head_dim": 64}
+BPT = 46_080
+
+
+def smol_load(source, device):
+    cfg = SimpleNamespace(max_position_embeddings=8192, n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64)
+    return SimpleNamespace(name="smol", path=Path("smol.gguf"), device="cpu", dtype="float32", config=cfg, load_seconds=0.01)
+
+
+class StatsSession(FakeSession):
+    """The scripted fake, plus the runtime's StatsUpdate every 4 tokens with a float32 cache
+    that grows in 256-token chunks (as runtime.ChatSession sends them)."""
+
+    PROMPT = 200
+
+    def _generate(self):
+        self._cancel.clear()
+        shown, tokens = [], self.PROMPT
+        for i, piece in enumerate(self.script):
+            time.sleep(self.delay)
+            tokens += 1
+            shown.append(piece)
+            yield TextPiece(piece)
+            if i % 4 == 3:
+                yield StatsUpdate(self._stats(tokens, len(shown)))
+        text = "".join(shown)
+        self.messages.append(Message("assistant", text))
+        yield Finish("stop", text, self._stats(tokens, len(shown)))
+
+    def _stats(self, tokens, n):
+        kv = {"dtype": "float32", "bytes_per_token": BPT, "tokens": tokens, "used_bytes": tokens * BPT,
+              "allocated_bytes": -(-tokens // 256) * 256 * BPT, "limit_bytes": 64 * MIB}
+        return TurnStats(prompt_tokens=self.PROMPT, completion_tokens=n, context_limit=1456, kv_cache=kv)
+
+
+def stats(tokens, *, request=1, conv=1, dropped=0, limit=4096, limit_bytes=None):
+    return {"conv_id": conv, "request": request, "context_limit": limit, "dropped_tokens": dropped,
+            "kv_cache": {"dtype": "float32", "bytes_per_token": BPT, "tokens": tokens, "used_bytes": tokens * BPT,
+                         "allocated_bytes": -(-tokens // 256) * 256 * BPT, "limit_bytes": limit_bytes}}
+
+
+@pytest.fixture
+def panel(qtbot):
+    p = KVPanel()
+    qtbot.addWidget(p)
+    p.on_model(dict(SMOL))
+    return p
+
+
+def test_the_chart_follows_a_streaming_reply(qtbot, make_window):
+    script = [f" w{i}" for i in range(48)]
+    worker = EngineWorker(load_fn=smol_load, session_fn=lambda m, system, gen: StatsSession(gen, script, 0.02))
+    w = make_window(worker=worker)
+    kv = w.panels["kvCachePanel"].widget()
+    assert REDRAW_MS <= 250   # at least four redraws a second while data comes
+    w.input.setPlainText("grow the cache")
+    redraws = kv.redraws
+    qtbot.keyClick(w.input, Qt.Key.Key_Return)
+    # Mid-reply: the plotted used line already holds several points and moves on.
+    qtbot.waitUntil(lambda: kv.used_curve.getData()[0] is not None and len(kv.used_curve.getData()[0]) >= 3, timeout=3000)
+    assert w.replying
+    seen = list(kv.used_curve.getData()[0])
+    qtbot.waitUntil(lambda: len(kv.used_curve.getData()[0]) > len(seen), timeout=3000)
+    assert w.replying and kv.redraws - redraws >= 2
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        pass
+    qtbot.waitUntil(lambda: kv.used_curve.getData()[0][-1] == 248, timeout=1000)
+    x, y = kv.used_curve.getData()
+    assert list(x) == [204 + 4 * i for i in range(12)] and x[-1] == 200 + 48
+    assert all(math.isclose(yi, xi * BPT / MIB) for xi, yi in zip(x, y))
+    ax, ay = kv.allocated_curve.getData()
+    assert list(ax) == list(x) and ay[-1] == 256 * BPT / MIB
+    assert kv.context_line.value() == 1456 and kv.memory_line.value() == 64
+    assert "248</b> / 1,456 tokens" in kv.readout.text()
+
+
+def test_lines_limits_and_readout(panel):
+    # The theoretical lines: bytes per token of each dtype times tokens, across the context.
+    assert panel.theoretical() == {"float32": BPT, "16-bit": BPT // 2}
+    panel.on_stats(stats(1234, limit=4096, limit_bytes=200 * MIB))
+    panel.zoom.setChecked(False)   # the whole context
+    x, y = panel.theory["float32"].getData()
+    assert list(x) == [0, 4096] and math.isclose(y[-1], 4096 * BPT / MIB)
+    assert math.isclose(panel.theory["16-bit"].getData()[1][-1], 4096 * BPT / 2 / MIB)
+    assert panel.context_line.value() == 4096 and panel.memory_line.value() == 200
+    assert panel.context_line.isVisible() and panel.memory_line.isVisible()
+    text = panel.readout.text()
+    for part in ("1,234</b> / 4,096 tokens (30%)", f"({1234 * BPT:,} bytes)", "46,080 bytes per token (float32)",
+                 "of a 200.0 MiB limit", "In 2,862 tokens the context is full: truncate-middle drops the oldest turns"):
+        assert part in text, (part, text)
+    panel.zoom.setChecked(True)
+    # Zoomed (the default): twice the tokens used, at least 1,024, at most the context.
+    assert panel.zoom.isChecked() and panel.theory["float32"].getData()[0][-1] == 2468
+    panel.on_stats(stats(100, limit=4096, limit_bytes=200 * MIB))
+    panel.redraw()
+    assert panel.theory["float32"].getData()[0][-1] == 2468   # the span follows the longest the chat got
+
+
+def test_an_eviction_shows_on_the_chart(panel):
+    settings = SimpleNamespace(get=lambda key: {"generation/overflow": "rolling", "generation/sink_tokens": 4,
+                                                "generation/context": 0, "generation/cache_limit_mib": 0.0}[key])
+    panel.settings = settings
+    for t in (4000, 4092, 4096):
+        panel.on_stats(stats(t))
+    panel.on_stats(stats(3073))   # rolling: a quarter of the window evicted, at once
+    panel.redraw()
+    assert panel.series.events == [(4096, 3073, "evicted")]
+    assert [line.value() for line in panel.event_items] == [4096]
+    x, _, _ = panel.plotted()
+    assert math.isnan(x[3]) and x[4] == 3073    # the line breaks instead of running backwards
+    assert "Last evicted: 1,023 tokens at 4,096 (now 3,073)" in panel.readout.text()
+    assert "rolling evicts the oldest 1,023 tokens after the first 4" in panel.readout.text()
+
+
+def test_truncation_at_a_new_turn_is_marked_and_a_regenerate_crop_is_not(panel):
+    panel.on_stats(stats(3000, request=1))
+    panel.on_stats(stats(2500, request=2))             # regenerate: cropped to the shared prefix
+    assert panel.series.events == []
+    panel.on_stats(stats(1800, request=3, dropped=900))  # the next turn did not fit: oldest turns dropped
+    assert panel.series.events == [(2500, 1800, "truncated")]
+    panel.on_stats(stats(10, conv=2, request=4))        # another conversation: a fresh chart
+    assert panel.series.tokens == [10] and panel.series.events == []
+
+
+def test_before_the_first_reply_and_for_a_remote_engine(panel):
+    panel.redraw()
+    assert "No reply yet" in panel.readout.text() and "46,080 bytes per token in float32" in panel.readout.text()
+    assert panel.context_line.value() == 8192
+    panel.on_model({"name": "m", "device": "server x", "dtype": "", "context_limit": 4096, "remote": True})
+    panel.on_stats({"conv_id": 1, "request": 1, "remote": True, "kv_cache": {}})
+    panel.redraw()
+    assert panel.plot.isHidden() and "does not expose its KV cache" in panel.readout.text()
+
+
+def test_policy_sentences():
+    assert "the reply stops" in policy_next("stop", 100, 100, 4) and policy_next("stop", 100, 100, 4).startswith("Now")
+    assert "drops the oldest turns" in policy_next("truncate-middle", 10, 100, 4)
+    assert "evicts the oldest 24 tokens after the first 4" in policy_next("rolling", 10, 100, 4)

@@ -1,0 +1,34 @@
+"""The KV cache refuses to grow past the device's free memory, with a clear message."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import runtime.memory
+from runtime.errors import CacheLimitError
+from runtime.kv_cache import KVCache
+
+
+def test_growth_past_free_memory_is_refused_before_allocating(monkeypatch):
+    cache = KVCache(2, 2, 8, 4096, chunk_tokens=256)  # 256 B per token (float32)
+    monkeypatch.setattr(runtime.memory, "free_memory_bytes", lambda device: 100_000)
+    cache.reserve(100)  # 256 tokens x 256 B = 64 KiB: fits
+    cache.advance(100)
+    with pytest.raises(CacheLimitError, match="lower the context length or use a smaller cache dtype") as e:
+        cache.reserve(300)  # 512 tokens = 128 KiB: does not
+    assert "MiB free" in str(e.value)
+    assert (cache.length, cache.capacity) == (100, 256)  # unchanged, still usable
+    cache.reserve(50)
+
+
+def test_unknown_free_memory_does_not_block(monkeypatch):
+    monkeypatch.setattr(runtime.memory, "free_memory_bytes", lambda device: None)
+    cache = KVCache(1, 1, 4, 1024, dtype=torch.float16)
+    cache.reserve(600)
+    assert cache.capacity == 768
+
+
+def test_the_real_free_memory_check_passes_small_caches():
+    cache = KVCache(2, 2, 8, 1024)
+    cache.reserve(10)
+    assert cache.capacity == 256
