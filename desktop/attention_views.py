@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.attention_widgets import EntropyBars, TokenHeatText, display_token
-from desktop.heatmap import HeatmapWidget
+from desktop.heatmap import ColorBar, HeatmapWidget
 
 __all__ = ["AtlasView", "LiveView", "NumbersView", "SnapshotView", "entropy_bits", "prepare_matrix", "reduce_heads"]
 
@@ -85,9 +85,10 @@ class LiveView(QWidget):
         self.layer, self.head = 0, "mean"
         self.caption = _label("The newest token's attention appears here while a reply is written.")
         self.heads = HeatmapWidget(min_size=QSize(120, 60))
+        self.heads.set_axes(rows=True, cols=True)
         self.heads.setToolTip("Every head of the layer (rows) over the context (columns); each row scaled to its maximum")
-        self.strip = HeatmapWidget(min_size=QSize(120, 16))
-        self.strip.setFixedHeight(18)
+        self.strip = HeatmapWidget(min_size=QSize(120, 14))
+        self.strip.setFixedHeight(16)
         self.text = TokenHeatText()
         self.text.setProperty("placeholder", "The conversation's tokens, shaded by attention")
         self.scroll = QScrollArea()
@@ -136,6 +137,7 @@ class LiveView(QWidget):
         T = len(tokens)
         peak = np.maximum(w.max(axis=1, keepdims=True), 1e-12)
         self.heads.set_values(w / peak, vmax=1.0)
+        self.strip.min_left = self.heads._margins()[0]
         head_idx = None if self.head in ("mean", "max") else int(self.head)
         self.heads.set_selection(row=head_idx)
         self.strip.set_values(row[None, :], vmax=float(row.max()) or 1.0)
@@ -192,6 +194,8 @@ class SnapshotView(QWidget):
         self.caption = _label("Open a conversation: its full attention matrix appears here.")
         self.heat = HeatmapWidget(square=True, min_size=QSize(160, 160))
         self.heat.setProperty("placeholder", "No snapshot yet")
+        self.heat.set_axes(rows=True, cols=True)
+        self.scale = ColorBar()
         self.readout = _label("Hover: query token, key token and weight. Click a row to explain it.", small=True)
         opts = QGridLayout()
         opts.addWidget(self.hide_first, 0, 0)
@@ -203,6 +207,7 @@ class SnapshotView(QWidget):
         lay.addLayout(opts)
         lay.addWidget(self.caption)
         lay.addWidget(self.heat, 1)
+        lay.addWidget(self.scale)
         lay.addWidget(self.readout)
         for box in (self.hide_first, self.renormalise, self.sqrt):
             box.toggled.connect(self.rebuild)
@@ -220,8 +225,11 @@ class SnapshotView(QWidget):
             return
         self.shown = prepare_matrix(s["matrix"], hide_first=self.hide_first.isChecked(),
                                     renormalise=self.renormalise.isChecked())
-        self.heat.set_values(self.shown, gamma=0.5 if self.sqrt.isChecked() else 1.0,
-                             causal=1 if self.hide_first.isChecked() else 0)
+        first = 1 if self.hide_first.isChecked() else 0
+        gamma = 0.5 if self.sqrt.isChecked() else 1.0
+        self.heat.set_axes(rows=True, cols=True, row_offset=s["offset"], col_offset=s["offset"] + first)
+        self.heat.set_values(self.shown, gamma=gamma, causal=first)
+        self.scale.set_scale(self.heat.vmax, gamma, "re-normalised weight" if self.renormalise.isChecked() else "weight")
         T = s["matrix"].shape[0]
         part = f"the last {T:,} of {s['total']:,} tokens" if s["offset"] else f"{T:,} tokens"
         self.caption.setText(f"Layer {s['layer']} · {_head_name(s['head'])} · {part} "
@@ -265,13 +273,16 @@ class AtlasView(QWidget):
                               "Click a head to choose it.")
         self.grids = {k: HeatmapWidget(min_size=QSize(60, 120)) for k in ("previous_token", "induction")}
         self.readout = _label("", small=True)
+        self.scale = ColorBar()
+        self.scale.set_scale(1.0, title="score")
         self.top = QListWidget()
-        self.top.setMinimumHeight(90)
+        self.top.setMinimumHeight(60)
         grid = QGridLayout()
         for col, (kind, title) in enumerate((("previous_token", "Previous-token"), ("induction", "Induction"))):
             grid.addWidget(_label(f"<b>{title}</b> (rows: layers, columns: heads)", small=True), 0, col)
             grid.addWidget(self.grids[kind], 1, col)
             self.grids[kind].setProperty("placeholder", "not measured yet")
+            self.grids[kind].set_axes(rows=True, cols=True)
             self.grids[kind].hovered.connect(lambda l, h, k=kind: self._hover(k, l, h))
             self.grids[kind].clicked.connect(self.head_clicked)
         grid.setRowStretch(1, 1)
@@ -282,6 +293,7 @@ class AtlasView(QWidget):
         lay.setContentsMargins(6, 6, 6, 6)
         lay.addLayout(head)
         lay.addLayout(grid, 3)
+        lay.addWidget(self.scale)
         lay.addWidget(self.readout)
         lay.addWidget(_label("<b>Top heads</b>", small=True))
         lay.addWidget(self.top, 1)

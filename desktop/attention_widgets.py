@@ -156,11 +156,11 @@ class TokenHeatText(QWidget):
         for i in range(lo, hi):
             r = self.token_rect(i)
             a = float(s[i]) if s is not None and i < len(s) else 0.0
-            if a > 0.004:
+            if a > 0.02:   # below 2 % of the strongest: no colour, so the focus stands out
                 c = QColor(hl)
-                c.setAlphaF(min(1.0, 0.12 + 0.88 * a))
+                c.setAlphaF(min(1.0, a ** 0.8))
                 p.fillRect(r, c)
-            p.setPen(bright if a > 0.55 else text)
+            p.setPen(bright if a > 0.6 else text)
             p.drawText(r.adjusted(self.PAD_X, 0, 0, 0), Qt.AlignmentFlag.AlignVCenter, self._labels[i])
             if i == self.marked:
                 p.setPen(QPen(hl, 1.5))

@@ -17,10 +17,10 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, QSize, Qt, Signal
-from PySide6.QtGui import QImage, QMouseEvent, QPainter, QPalette, QPen
+from PySide6.QtGui import QColor, QFontMetricsF, QImage, QLinearGradient, QMouseEvent, QPainter, QPalette, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-__all__ = ["HeatmapWidget", "LUT", "causal_mask", "colorize", "edges", "max_pool", "to_qimage"]
+__all__ = ["ColorBar", "HeatmapWidget", "LUT", "causal_mask", "colorize", "edges", "max_pool", "to_qimage"]
 
 #: viridis (perceptually uniform, readable by most colour-blind viewers), 256 x RGB uint8.
 LUT: np.ndarray = pg.colormap.get("viridis").getLookupTable(nPts=256, alpha=False).astype(np.uint8)
@@ -115,6 +115,9 @@ class HeatmapWidget(QWidget):
         self.vmax = 1.0
         self.gamma = 1.0
         self.selected_row: int | None = None
+        self.axes = (False, False)
+        self.row_offset = self.col_offset = 0
+        self.min_left = 0.0   # at least this much room on the left (to line up with another heatmap)
         self.selected_col: int | None = None
         self._image: QImage | None = None
         self._image_key: tuple | None = None
@@ -144,15 +147,60 @@ class HeatmapWidget(QWidget):
         self.update()
 
     # ---- geometry ----------------------------------------------------------------------
+    def set_axes(self, *, rows: bool = True, cols: bool = True, row_offset: int = 0, col_offset: int = 0) -> None:
+        """Number the rows (left) and columns (below); a tick reads ``index + offset``."""
+        self.axes = (rows, cols)
+        self.row_offset, self.col_offset = row_offset, col_offset
+        self._image = None
+        self.update()
+
+    def _margins(self) -> tuple[float, float]:
+        """Room for the row numbers (left) and the column numbers (below), in pixels."""
+        if self.values is None:
+            return 0.0, 0.0
+        fm = QFontMetricsF(self.font())
+        R, C = self.values.shape
+        left = fm.horizontalAdvance(str(R - 1 + self.row_offset)) + 6 if self.axes[0] else 0.0
+        left = max(left, self.min_left)
+        bottom = fm.height() + 2 if self.axes[1] else 0.0
+        return left, bottom
+
     def plot_rect(self) -> QRectF:
         """Where the matrix is drawn, in widget coordinates (square cells when ``square``)."""
-        r = QRectF(self.rect()).adjusted(1, 1, -1, -1)
+        left, bottom = self._margins()
+        r = QRectF(self.rect()).adjusted(1 + left, 1, -1, -1 - bottom)
         if self.values is None or not self.square:
             return r
         R, C = self.values.shape
         s = min(r.width() / max(C, 1), r.height() / max(R, 1))
         w, h = s * C, s * R
-        return QRectF(r.left() + (r.width() - w) / 2, r.top() + (r.height() - h) / 2, w, h)
+        return QRectF(r.left() + (r.width() - w) / 2, r.top(), w, h)   # centred, at the top
+
+    @staticmethod
+    def _step(n: int, cell_px: float, label_px: float) -> int:
+        """A tick every 1, 2, 5, 10, 20, 50… cells, so labels ``label_px`` wide never touch."""
+        for step in (1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10_000):
+            if step * cell_px >= label_px:
+                return step
+        return max(n, 1)
+
+    def _paint_axes(self, p: QPainter, pr: QRectF) -> None:
+        fm = QFontMetricsF(self.font())
+        R, C = self.values.shape
+        p.setPen(self.palette().color(QPalette.ColorRole.WindowText))
+        if self.axes[0]:
+            step = self._step(R, pr.height() / R, fm.height() * 1.3)
+            for i in range(0, R, step):
+                y = pr.top() + (i + 0.5) * pr.height() / R
+                p.drawText(QRectF(0, y - fm.height() / 2, pr.left() - 4, fm.height()),
+                           Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, str(i + self.row_offset))
+        if self.axes[1]:
+            label_w = fm.horizontalAdvance(str(C - 1 + self.col_offset)) + 8
+            step = self._step(C, pr.width() / C, label_w)
+            for j in range(0, C, step):
+                x = pr.left() + (j + 0.5) * pr.width() / C
+                p.drawText(QRectF(x - label_w / 2, pr.bottom() + 1, label_w, fm.height()),
+                           Qt.AlignmentFlag.AlignCenter, str(j + self.col_offset))
 
     def cell_at(self, pos: QPointF) -> tuple[int, int]:
         """The matrix cell under ``pos`` (``(-1, -1)`` outside): the block's maximum when pooled."""
@@ -213,6 +261,7 @@ class HeatmapWidget(QWidget):
         pr = self.plot_rect()
         p.setRenderHint(QPainter.RenderHint.SmoothPixmapTransform, False)  # nearest: crisp cells
         p.drawImage(pr, img)
+        self._paint_axes(p, pr)
         R, C = self.values.shape
         pen = QPen(self.palette().color(QPalette.ColorRole.Highlight), 1.5)
         p.setPen(pen)
@@ -242,3 +291,41 @@ class HeatmapWidget(QWidget):
                 self.clicked.emit(i, j)
         super().mousePressEvent(event)
 
+
+
+class ColorBar(QWidget):
+    """The colour scale of a heatmap: :data:`LUT` from 0 to ``vmax``, with both ends labelled."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.vmax, self.gamma, self.title = 1.0, 1.0, "weight"
+        fm = QFontMetricsF(self.font())
+        self.setFixedHeight(int(fm.height() + 4))
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+
+    def set_scale(self, vmax: float, gamma: float = 1.0, title: str | None = None) -> None:
+        self.vmax, self.gamma = vmax, gamma
+        if title is not None:
+            self.title = title
+        self.update()
+
+    def sizeHint(self) -> QSize:  # noqa: N802
+        return QSize(240, self.height())
+
+    def paintEvent(self, event) -> None:  # noqa: N802
+        p = QPainter(self)
+        fm = QFontMetricsF(self.font())
+        scale = " (√ scale)" if self.gamma != 1.0 else ""
+        left = f"{self.title}{scale}  0"
+        right = f"{self.vmax:.3g}"
+        lw, rw = fm.horizontalAdvance(left) + 6, fm.horizontalAdvance(right) + 6
+        bar = QRectF(lw, 3, max(self.width() - lw - rw, 10), self.height() - 6)
+        g = QLinearGradient(bar.topLeft(), bar.topRight())
+        for i in range(0, 256, 15):
+            c = LUT[i]
+            g.setColorAt(i / 255, QColor(int(c[0]), int(c[1]), int(c[2])))
+        g.setColorAt(1.0, QColor(*(int(v) for v in LUT[255])))
+        p.fillRect(bar, g)
+        p.setPen(self.palette().color(QPalette.ColorRole.WindowText))
+        p.drawText(QRectF(0, 0, lw - 4, self.height()), Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, left)
+        p.drawText(QRectF(bar.right() + 4, 0, rw, self.height()), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, right)
