@@ -132,6 +132,9 @@ def _turn_json(model, finish) -> dict[str, Any]:
 
 
 def _run_chat(args: argparse.Namespace) -> int:
+    for prompt in args.prompt:
+        if not prompt.strip():
+            raise ValueError("a --prompt is empty or only whitespace, so there is nothing to send; give it some text")
     settings = _settings(args)  # validate before the slow load
     model = _load(args)
     from runtime.session import ChatSession
@@ -226,23 +229,13 @@ def _app(args: argparse.Namespace) -> int:
     return _run_chat(chat_args)
 
 
-def _log_file():
-    try:
-        from models import paths
-
-        return paths.log_dir() / "attnchat.log"
-    except OSError:
-        return None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     _quiet_libraries()
     parser = build_parser()
     args = parser.parse_args(argv)
-    logfile = _log_file()
-    if logfile is not None:
-        logging.basicConfig(filename=str(logfile), level=logging.INFO,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from models import logfile as logfile_mod
+
+    logfile = logfile_mod.to_file()  # None when the log folder cannot be written: run on without
     try:
         if args.command == "models":
             return models_cmd.run(args)
@@ -271,11 +264,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ImportError:
             pass
         log.exception("command failed")
+        first = (str(e).strip().splitlines() or [""])[0]  # one line, whatever the exception holds
         if user_error:
-            print(f"attnchat: error: {e}", file=sys.stderr)
+            print(f"attnchat: error: {first or type(e).__name__}", file=sys.stderr)
             return EXIT_USER_ERROR
         where = f"; details in {logfile}" if logfile else ""
-        print(f"attnchat: internal error: {type(e).__name__}: {e}{where}", file=sys.stderr)
+        print(f"attnchat: internal error: {type(e).__name__}: {first}{where}", file=sys.stderr)
         return 1
 
 

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox
 
 import models
 from desktop import connect_dialog, serve_toggle
+from models import logfile
 from desktop.attention_panel import install_attention_panel
 from desktop.download_dialog import DownloadDialog
 from desktop.kv_panel import install_kv_panel
@@ -34,7 +35,8 @@ from desktop.settings_dialog import install_settings
 from desktop.store import SchemaTooNewError, Store
 from desktop.worker import Engine
 
-__all__ = ["main", "application", "build_window", "dark_palette", "light_palette", "apply_theme", "data_dir", "start_model"]
+__all__ = ["main", "application", "build_window", "dark_palette", "light_palette", "apply_theme", "data_dir", "start_model",
+           "report_unexpected"]
 
 log = logging.getLogger(__name__)
 DATA_DIR_ENV = "ATTNCHAT_DATA_DIR"
@@ -161,8 +163,25 @@ def offer_download(window: MainWindow, *, fetch_fn=None) -> DownloadDialog:
     return dialog
 
 
+def report_unexpected(window: MainWindow, exc_type, exc, tb) -> None:
+    """``sys.excepthook`` while the window is open (an exception escaping a Qt slot lands here):
+    the traceback goes to the log file, one line to the window, and the app runs on."""
+    if issubclass(exc_type, KeyboardInterrupt):
+        sys.__excepthook__(exc_type, exc, tb)
+        return
+    log.error("unexpected error", exc_info=(exc_type, exc, tb))
+    lines = str(exc).strip().splitlines()
+    try:
+        where = f" ({logfile.log_file()})"
+    except OSError:
+        where = ""
+    window.show_error(f"Something went wrong ({exc_type.__name__}: {lines[0] if lines else 'no details'}); "
+                      f"the details are in the log file{where}.")
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the desktop app; returns the exit status."""
+    logfile.to_file()   # tracebacks go to the log file, never to the window or the terminal
     if getattr(args, "self_test", False):
         from desktop.selftest import run as self_test
 
@@ -189,6 +208,8 @@ def main(args: argparse.Namespace) -> int:
         settings.set("model/device", args.device)
     window = build_window(store, settings)
     window.download_requested.connect(lambda: offer_download(window))
+    previous_hook = sys.excepthook
+    sys.excepthook = lambda *exc: report_unexpected(window, *exc)
     window.show()
     start_model(window, getattr(args, "model", None))
     try:
@@ -196,3 +217,4 @@ def main(args: argparse.Namespace) -> int:
     finally:
         window.close()
         store.close()
+        sys.excepthook = previous_hook

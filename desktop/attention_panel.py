@@ -20,7 +20,6 @@ Export writes the current view as PNG and its data as .npz. Must not import torc
 """
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -29,12 +28,12 @@ from PySide6.QtWidgets import (
     QComboBox, QFileDialog, QHBoxLayout, QLabel, QSpinBox, QTabWidget, QToolButton, QVBoxLayout, QWidget,
 )
 
+from desktop.attention_formula import NumbersView
 from desktop.attention_probe import AttentionClient
-from desktop.attention_views import AtlasView, LiveView, NumbersView, SnapshotView
+from desktop.attention_views import AtlasView, LiveView, SnapshotView
 
 __all__ = ["AttentionPanel", "install_attention_panel", "PANEL_NAME"]
 
-log = logging.getLogger(__name__)
 PANEL_NAME = "attentionPanel"
 LIVE, SNAPSHOT, ATLAS, NUMBERS = range(4)
 
@@ -44,19 +43,20 @@ class AttentionPanel(QWidget):
 
     Args:
         client: the engine side (:class:`desktop.attention_probe.AttentionClient`).
-        window: the ``MainWindow`` (its open conversation, database and settings are read).
+        window: the ``MainWindow`` (its open conversation, database and settings are read),
+            kept as :attr:`main` (``window`` is QWidget's own method).
     """
 
     def __init__(self, client: AttentionClient, window, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("attentionPanelWidget")
-        self.client, self.window = client, window
+        self.client, self.main = client, window
         self.n_layers, self.n_heads = 0, 0
         self._context = 0                  # bumped when the open conversation's tokens may have changed
         self._pending: dict[int, int] = {}  # view -> request id in flight
         self._done: dict[int, tuple] = {}  # view -> the key of what it shows
         self._asked: dict[int, tuple] = {}  # view -> the key last asked for
-        self._atlas_model = ""
+        self._on_screen = True             # False while the dock is closed or behind another tab
         self.layer = QSpinBox()
         self.layer.setPrefix("Layer ")
         self.head = QComboBox()
@@ -92,7 +92,7 @@ class AttentionPanel(QWidget):
         self.set_model(window.engine.model)
 
     def _connect(self) -> None:
-        c, w = self.client, self.window
+        c, w = self.client, self.main
         c.live.connect(self._on_live)
         c.snapshot_ready.connect(self._on_snapshot)
         c.atlas_ready.connect(self._on_atlas)
@@ -124,6 +124,7 @@ class AttentionPanel(QWidget):
             self.status.setText("The attention view needs a model running in this app, not on a server.")
             return
         self.n_layers, self.n_heads = int(info["n_layers"]), int(info["n_heads"])
+        self.status.setText("")
         self.layer.blockSignals(True)
         self.head.blockSignals(True)
         self.layer.setRange(0, max(self.n_layers - 1, 0))
@@ -176,8 +177,20 @@ class AttentionPanel(QWidget):
         self.status.setText(f"Query token #{position} chosen: see the Formula tab.")
 
     # ---- visibility: capture only while the Live tab is on screen ----------------------
+    def set_on_screen(self, on: bool) -> None:
+        """The dock's ``visibilityChanged``: a dock tabbed behind another stays "visible" to Qt
+        but is not on screen."""
+        self._on_screen = on
+        self._update_active()
+        if on:
+            self._schedule()
+
+    @property
+    def on_screen(self) -> bool:
+        return self._on_screen and self.isVisible()
+
     def _update_active(self) -> None:
-        self.client.set_active(self.isVisible() and self.tabs.currentIndex() == LIVE)
+        self.client.set_active(self.on_screen and self.tabs.currentIndex() == LIVE)
 
     def showEvent(self, event) -> None:  # noqa: N802
         super().showEvent(event)
@@ -194,7 +207,7 @@ class AttentionPanel(QWidget):
 
     # ---- requests ----------------------------------------------------------------------
     def _key(self, view: int) -> tuple | None:
-        conv = self.window.current_conversation
+        conv = self.main.current_conversation
         layer, head = self.selected_layer, self.selected_head
         if view == SNAPSHOT:
             return (conv, self._context, layer, head)
@@ -207,20 +220,20 @@ class AttentionPanel(QWidget):
         return None
 
     def _model_path(self) -> str:
-        info = self.window.engine.model or {}
+        info = self.main.engine.model or {}
         return str(info.get("path", ""))
 
     def _schedule(self, *_) -> None:
-        if self.isVisible() and self.tabs.currentIndex() != LIVE:
+        if self.on_screen and self.tabs.currentIndex() != LIVE:
             self._timer.start()
 
     def _request_current(self) -> None:
-        if self.isVisible():
+        if self.on_screen:
             self.request(self.tabs.currentIndex())
 
     def request(self, view: int, *, force: bool = False) -> int | None:
         """Ask the engine for ``view``'s data unless it already shows (or awaits) it; the request id."""
-        if not self.window.engine.model:
+        if not self.main.engine.model:
             self.status.setText("Load a model to see its attention.")
             return None
         key = self._key(view)
@@ -229,12 +242,12 @@ class AttentionPanel(QWidget):
             return None
         if key is None or (not force and (self._done.get(view) == key or self._asked.get(view) == key)):
             return None
-        conv = self.window.current_conversation
-        history = [(m.role, m.content) for m in self.window.store.messages(conv)] if conv else []
+        conv = self.main.current_conversation
+        history = [(m.role, m.content) for m in self.main.store.messages(conv)] if conv else []
         if view in (SNAPSHOT, NUMBERS) and not history:
             self.status.setText("Open a conversation (or send a message) to see its attention.")
             return None
-        system = self.window.generation().get("system_prompt") or ""
+        system = self.main.generation().get("system_prompt") or ""
         layer, head = self.selected_layer, self.selected_head
         if view == SNAPSHOT:
             rid = self.client.snapshot(conv, history, system, layer, head)
@@ -244,7 +257,7 @@ class AttentionPanel(QWidget):
         else:
             rid = self.client.atlas()
         self._pending[view], self._asked[view] = rid, key
-        busy = " (after the reply in progress)" if self.window.replying else ""
+        busy = " (after the reply in progress)" if self.main.replying else ""
         what = {SNAPSHOT: "the snapshot", NUMBERS: "the formula's numbers", ATLAS: "every head's scores"}[view]
         self.status.setText(f"Computing {what}{busy}…")
         return rid
@@ -328,5 +341,16 @@ def install_attention_panel(window) -> AttentionPanel:
     saved window state had it open."""
     client = AttentionClient(window.engine, window)
     panel = AttentionPanel(client, window)
-    window.add_panel(PANEL_NAME, "Attention", panel, visible=False)
+    dock = window.add_panel(PANEL_NAME, "Attention", panel, visible=False)
+    if dock.isHidden() and not dock.isFloating() and not window.tabifiedDockWidgets(dock):
+        # Share the right-hand area with the panel already there (as tabs), so opening this
+        # one does not squeeze both or grow the window past the screen.
+        area = window.dockWidgetArea(dock)
+        for name, other in window.panels.items():
+            if name != PANEL_NAME and not other.isFloating() and window.dockWidgetArea(other) == area:
+                window.tabifyDockWidget(other, dock)
+                break
+    dock.toggleViewAction().triggered.connect(lambda on: on and dock.raise_())
+    dock.visibilityChanged.connect(panel.set_on_screen)
+    panel.set_on_screen(not dock.isHidden())
     return panel

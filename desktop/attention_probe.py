@@ -78,7 +78,7 @@ class AttentionProbe(QObject):
         self._atlas: dict[str, dict] = {}               # model path -> scores
         self._texts: dict[int, str] = {}                 # token id -> text, for one model
         self._texts_model: str | None = None
-        self._contexts: OrderedDict[int, list[int]] = OrderedDict()  # conv_id -> ids in its cache
+        self._contexts: OrderedDict[int, tuple[str, list[int]]] = OrderedDict()  # conv_id -> (model, ids in its cache)
         self._layer: tuple[tuple, Any] | None = None     # (key, runtime.LayerAttention): the last one
         worker.live_attention = self.wrap
 
@@ -93,6 +93,10 @@ class AttentionProbe(QObject):
     @property
     def active(self) -> bool:
         return self._active.is_set()
+
+    def last_context(self, conv_id: int) -> list[int]:
+        """The token ids the conversation's KV cache held after its last reply (empty: none seen)."""
+        return list(self._contexts.get(conv_id, ("", []))[1])
 
     # ---- live capture (the engine thread, inside a reply) --------------------------------
     def wrap(self, conv_id: int, session, events: Iterator) -> Iterator:
@@ -142,7 +146,7 @@ class AttentionProbe(QObject):
         except AttributeError:
             return
         if ids:
-            self._contexts[conv_id] = ids
+            self._contexts[conv_id] = (str(session.model.path), ids)
             self._contexts.move_to_end(conv_id)
             while len(self._contexts) > MAX_CONTEXTS:
                 self._contexts.popitem(last=False)
@@ -164,8 +168,8 @@ class AttentionProbe(QObject):
     def _ids(self, model, conv_id: int, history: list, system: str) -> list[int]:
         """What the model attended over: the ids its cache held after the last reply, else the
         stored conversation through the chat template."""
-        ids = self._contexts.get(conv_id)
-        if not ids:
+        model_path, ids = self._contexts.get(conv_id, ("", None))
+        if not ids or model_path != str(model.path):
             msgs = [runtime.Message(role, content) for role, content in history]
             ids = runtime.conversation_ids(model, msgs, system or None)
         if not ids:
@@ -210,6 +214,8 @@ class AttentionProbe(QObject):
             ids = self._ids(model, conv_id, history, system)
             offset = max(0, len(ids) - MAX_SNAPSHOT_TOKENS)
             window = ids[offset:]
+            if 0 <= query < offset:
+                raise ValueError(f"token #{query} is before the last {MAX_SNAPSHOT_TOKENS:,} tokens the view covers")
             q = query - offset if query >= 0 else query
             steps = self._layer_attention(model, window, layer).explain(head, q, top=top).to_dict()
             texts = self._tokens(model, window)

@@ -2,10 +2,11 @@
 
 Called by :mod:`desktop.screenshots` once a conversation exists. Opens the panel (as a
 floating window of a fixed size, so the pictures do not depend on the other docks),
-sends one more message and saves, for each palette ``<p>``:
-``panel-attention-live-<p>.png`` (mid-reply), ``panel-attention-heads-<p>.png``,
-``panel-attention-snapshot-<p>.png`` and ``panel-attention-formula-<p>.png`` (the best
-induction head), and ``main-attention-<p>.png`` (the panel docked in the window).
+measures every head and chooses the best induction head, sends one more message and
+saves, for each palette ``<p>``: ``panel-attention-heads-<p>.png``,
+``panel-attention-live-<p>.png`` (mid-reply), ``panel-attention-snapshot-<p>.png`` and
+``panel-attention-formula-<p>.png``, and ``main-attention-<p>.png`` (the panel docked in
+the window).
 The panel is closed again afterwards. Must not import torch or runtime.
 """
 from __future__ import annotations
@@ -40,32 +41,37 @@ def shoot(app: QApplication, window, out: Path, written: list[Path], *, themes, 
     dock.setFloating(True)
     dock.resize(*SIZE)
     dock.show()
-    panel.tabs.setCurrentIndex(LIVE)
     settle(app)
     others = [d for n, d in window.panels.items() if n != PANEL_NAME and d.isVisible()]
+
+    def show(view: int, ready: Callable[[], bool], name: str) -> None:
+        panel.tabs.setCurrentIndex(view)
+        _until(app, settle, lambda: ready() and not panel.busy(view), timeout_s, name)
+        for theme in themes:
+            themed(app, theme)
+            save(dock, out / f"panel-attention-{name}-{theme}.png", written)
+
     try:
+        # The atlas first: its best induction head is the one the other views show.
+        panel.tabs.setCurrentIndex(ATLAS)
+        _until(app, settle, lambda: panel.atlas.scores is not None and not panel.busy(ATLAS), timeout_s, "head scores")
+        layer, head, _ = panel.atlas.top_heads("induction", 1)[0]
+        panel.select(layer, head)
+        show(ATLAS, lambda: True, "heads")
+        panel.tabs.setCurrentIndex(LIVE)
+        settle(app)
         window.submit(PROMPT)
         _until(app, settle, lambda: panel.live.frame is not None and (
-            not window.replying or len(window._reply["text"]) >= 80), timeout_s, "live attention")
+            not window.replying or len(window._reply["text"]) >= 60), timeout_s, "live attention")
         for theme in themes:
             themed(app, theme)
             save(dock, out / f"panel-attention-live-{theme}.png", written)
         if window.replying:
             wait(window.reply_finished, timeout_s)
         settle(app)
-
-        def show(view: int, ready: Callable[[], bool], name: str) -> None:
-            panel.tabs.setCurrentIndex(view)
-            _until(app, settle, lambda: ready() and not panel.busy(view), timeout_s, name)
-            for theme in themes:
-                themed(app, theme)
-                save(dock, out / f"panel-attention-{name}-{theme}.png", written)
-
-        show(ATLAS, lambda: panel.atlas.scores is not None, "heads")
-        layer, head, _ = panel.atlas.top_heads("induction", 1)[0]
-        panel.select(layer, head)
         panel.snapshot.hide_first.setChecked(True)
-        show(SNAPSHOT, lambda: panel.snapshot.snap is not None and panel.snapshot.snap["head"] == head, "snapshot")
+        show(SNAPSHOT, lambda: panel.snapshot.snap is not None and panel.snapshot.snap["head"] == head
+             and panel.snapshot.heat.ready(), "snapshot")
         show(NUMBERS, lambda: panel.numbers.steps is not None, "formula")
         panel.tabs.setCurrentIndex(SNAPSHOT)
         dock.setFloating(False)

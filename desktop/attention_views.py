@@ -1,4 +1,5 @@
-"""The attention panel's four views: live, snapshot, head atlas, and the formula's numbers.
+"""The attention panel's views: live, snapshot and head atlas (the formula's numbers are
+in :mod:`desktop.attention_formula`).
 
 Each view takes the plain data the engine sends (numpy arrays, lists, dicts), draws
 it, and returns what it shows from ``data()`` (for the .npz export). The heavy work
@@ -12,14 +13,13 @@ import html
 import numpy as np
 from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtWidgets import (
-    QAbstractItemView, QCheckBox, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QListWidget, QListWidgetItem,
-    QPushButton, QScrollArea, QSizePolicy, QSpinBox, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
+    QCheckBox, QGridLayout, QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QPushButton, QScrollArea, QVBoxLayout, QWidget,
 )
 
 from desktop.attention_widgets import EntropyBars, TokenHeatText, display_token
-from desktop.heatmap import ColorBar, HeatmapWidget
+from desktop.heatmap import SYNC_CELLS, ColorBar, HeatmapWidget, in_background
 
-__all__ = ["AtlasView", "LiveView", "NumbersView", "SnapshotView", "entropy_bits", "prepare_matrix", "reduce_heads"]
+__all__ = ["AtlasView", "LiveView", "SnapshotView", "entropy_bits", "prepare_matrix", "quote", "reduce_heads", "rich_label"]
 
 
 def reduce_heads(w: np.ndarray, head) -> np.ndarray:
@@ -54,7 +54,8 @@ def prepare_matrix(m: np.ndarray, *, hide_first: bool = False, renormalise: bool
     return out
 
 
-def _quote(tok: str) -> str:
+def quote(tok: str) -> str:
+    """A token in curly quotes, HTML-escaped, newlines shown (for rich-text labels)."""
     return "“" + html.escape(display_token(tok)) + "”"
 
 
@@ -62,7 +63,8 @@ def _head_name(head) -> str:
     return {"mean": "mean over heads", "max": "max over heads"}.get(head, f"head {head}")
 
 
-def _label(text: str = "", *, wrap: bool = True, small: bool = False) -> QLabel:
+def rich_label(text: str = "", *, wrap: bool = True, small: bool = False) -> QLabel:
+    """A selectable rich-text label (``small``: 90 % of the font size)."""
     lab = QLabel(text)
     lab.setWordWrap(wrap)
     lab.setTextFormat(Qt.TextFormat.RichText)
@@ -83,8 +85,8 @@ class LiveView(QWidget):
         super().__init__(parent)
         self.frame: dict | None = None
         self.layer, self.head = 0, "mean"
-        self.caption = _label("The newest token's attention appears here while a reply is written.")
-        self.heads = HeatmapWidget(min_size=QSize(120, 60))
+        self.caption = rich_label("The newest token's attention appears here while a reply is written.")
+        self.heads = HeatmapWidget(min_size=QSize(120, 48))
         self.heads.set_axes(rows=True, cols=True)
         self.heads.setToolTip("Every head of the layer (rows) over the context (columns); each row scaled to its maximum")
         self.strip = HeatmapWidget(min_size=QSize(120, 14))
@@ -94,19 +96,19 @@ class LiveView(QWidget):
         self.scroll = QScrollArea()
         self.scroll.setWidgetResizable(True)
         self.scroll.setWidget(self.text)
-        self.scroll.setMinimumHeight(120)
+        self.scroll.setMinimumHeight(64)
         self.entropy = EntropyBars()
-        self.readout = _label("", small=True)
+        self.readout = rich_label("", small=True)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
         lay.addWidget(self.caption)
-        lay.addWidget(_label("<b>Heads × context</b> (rows: heads; each row scaled to its maximum)", small=True))
+        lay.addWidget(rich_label("<b>Heads × context</b> (rows: heads; each row scaled to its maximum)", small=True))
         lay.addWidget(self.heads, 2)
-        lay.addWidget(_label("<b>Chosen head over the context</b>", small=True))
+        lay.addWidget(rich_label("<b>Chosen head over the context</b>", small=True))
         lay.addWidget(self.strip)
         lay.addWidget(self.readout)
         lay.addWidget(self.scroll, 5)
-        lay.addWidget(_label("<b>Entropy per head</b> (bits; low = focused; dashed: uniform)", small=True))
+        lay.addWidget(rich_label("<b>Entropy per head</b> (bits; low = focused; dashed: uniform)", small=True))
         lay.addWidget(self.entropy)
         self.heads.hovered.connect(lambda h, k: self._hover(k, h))
         self.strip.hovered.connect(lambda _r, k: self._hover(k))
@@ -137,7 +139,7 @@ class LiveView(QWidget):
         T = len(tokens)
         peak = np.maximum(w.max(axis=1, keepdims=True), 1e-12)
         self.heads.set_values(w / peak, vmax=1.0)
-        self.strip.min_left = self.heads._margins()[0]
+        self.strip.min_left = self.heads.margins()[0]
         head_idx = None if self.head in ("mean", "max") else int(self.head)
         self.heads.set_selection(row=head_idx)
         self.strip.set_values(row[None, :], vmax=float(row.max()) or 1.0)
@@ -149,9 +151,9 @@ class LiveView(QWidget):
             bar.setValue(bar.maximum())
         self.entropy.set_values(entropy_bits(w), np.log2(max(T, 2)), head_idx)
         top = np.argsort(row)[::-1][:4]
-        looks = ", ".join(f"{_quote(tokens[i])} #{i} {row[i]:.2f}" for i in top)
+        looks = ", ".join(f"{quote(tokens[i])} #{i} {row[i]:.2f}" for i in top)
         state = "" if self.frame.get("final") else " (streaming)"
-        self.caption.setText(f"Newest token {_quote(tokens[-1])} (#{T - 1}) · layer {self.layer} · "
+        self.caption.setText(f"Newest token {quote(tokens[-1])} (#{T - 1}) · layer {self.layer} · "
                              f"{_head_name(self.head)}{state}<br>Looks most at: {looks}")
 
     def _hover(self, k: int, h: int | None = None) -> None:
@@ -164,7 +166,7 @@ class LiveView(QWidget):
             wt, who = self.frame["weights"][self.layer][h][k], f"head {h}"
         else:
             wt, who = row[k], _head_name(self.head)
-        self.readout.setText(f"key #{k} {_quote(tokens[k])}: weight {wt:.4f} ({who})")
+        self.readout.setText(f"key #{k} {quote(tokens[k])}: weight {wt:.4f} ({who})")
 
     def data(self) -> dict:
         if self.frame is None:
@@ -182,8 +184,11 @@ class SnapshotView(QWidget):
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
-        self.snap: dict | None = None
-        self.shown: np.ndarray | None = None
+        self.snap: dict | None = None          # what is drawn
+        self.shown: np.ndarray | None = None    # its values as drawn (options applied)
+        self._latest: dict | None = None        # what was last given (drawn once prepared)
+        self._opts = (False, False)             # (hide first, re-normalise) of what is drawn
+        self._job = 0
         self.refresh_button = QPushButton("Refresh")
         self.hide_first = QCheckBox("Hide first token")
         self.hide_first.setToolTip("Leave out key 0: most heads park attention there (an attention sink)")
@@ -191,12 +196,12 @@ class SnapshotView(QWidget):
         self.renormalise.setToolTip("Divide each row by its sum over the keys shown")
         self.sqrt = QCheckBox("√ colour")
         self.sqrt.setToolTip("Colour by the square root of the weight, so small weights show")
-        self.caption = _label("Open a conversation: its full attention matrix appears here.")
+        self.caption = rich_label("Open a conversation: its full attention matrix appears here.")
         self.heat = HeatmapWidget(square=True, min_size=QSize(160, 160))
         self.heat.setProperty("placeholder", "No snapshot yet")
         self.heat.set_axes(rows=True, cols=True)
         self.scale = ColorBar()
-        self.readout = _label("Hover: query token, key token and weight. Click a row to explain it.", small=True)
+        self.readout = rich_label("Hover: query token, key token and weight. Click a row to explain it.", small=True)
         opts = QGridLayout()
         opts.addWidget(self.hide_first, 0, 0)
         opts.addWidget(self.renormalise, 0, 1)
@@ -216,20 +221,37 @@ class SnapshotView(QWidget):
         self.heat.clicked.connect(lambda i, _j: self.snap and self.query_clicked.emit(self.snap["offset"] + i))
 
     def set_snapshot(self, snap: dict) -> None:
-        self.snap = snap
+        """Show ``snap`` (the engine's dict); a large one is prepared off the GUI thread, and the
+        previous one stays (and hovers correctly) until it is ready."""
+        self._latest = snap
         self.rebuild()
 
     def rebuild(self) -> None:
-        s = self.snap
+        s = self._latest
         if s is None:
             return
-        self.shown = prepare_matrix(s["matrix"], hide_first=self.hide_first.isChecked(),
-                                    renormalise=self.renormalise.isChecked())
-        first = 1 if self.hide_first.isChecked() else 0
+        self._job += 1
+        job, opts = self._job, (self.hide_first.isChecked(), self.renormalise.isChecked())
+
+        def prepare():
+            shown = prepare_matrix(s["matrix"], hide_first=opts[0], renormalise=opts[1])
+            return shown, (float(shown.max()) if shown.size else 0.0) or 1.0
+
+        if s["matrix"].size <= SYNC_CELLS:
+            self._show(job, s, opts, prepare())
+        else:
+            in_background(prepare, lambda result: self._show(job, s, opts, result))
+
+    def _show(self, job: int, s: dict, opts: tuple[bool, bool], result: tuple[np.ndarray, float]) -> None:
+        if job != self._job:
+            return   # options or data changed since: a newer job follows
+        self.snap, self._opts = s, opts
+        self.shown, vmax = result
+        first = 1 if opts[0] else 0
         gamma = 0.5 if self.sqrt.isChecked() else 1.0
         self.heat.set_axes(rows=True, cols=True, row_offset=s["offset"], col_offset=s["offset"] + first)
-        self.heat.set_values(self.shown, gamma=gamma, causal=first)
-        self.scale.set_scale(self.heat.vmax, gamma, "re-normalised weight" if self.renormalise.isChecked() else "weight")
+        self.heat.set_values(self.shown, vmax=vmax, gamma=gamma, causal=first)
+        self.scale.set_scale(vmax, gamma, "re-normalised weight" if opts[1] else "weight")
         T = s["matrix"].shape[0]
         part = f"the last {T:,} of {s['total']:,} tokens" if s["offset"] else f"{T:,} tokens"
         self.caption.setText(f"Layer {s['layer']} · {_head_name(s['head'])} · {part} "
@@ -240,13 +262,13 @@ class SnapshotView(QWidget):
         if s is None or i < 0:
             self.readout.setText("")
             return
-        k = j + (1 if self.hide_first.isChecked() else 0)
+        k = j + (1 if self._opts[0] else 0)
         tok, off = s["tokens"], s["offset"]
-        head = f"query #{off + i} {_quote(tok[i])} → key #{off + k} {_quote(tok[k])}: "
+        head = f"query #{off + i} {quote(tok[i])} → key #{off + k} {quote(tok[k])}: "
         if k > i:
             self.readout.setText(head + "masked (a token never sees later tokens)")
             return
-        extra = f" (re-normalised {self.shown[i, j]:.4f})" if self.renormalise.isChecked() else ""
+        extra = f" (re-normalised {self.shown[i, j]:.4f})" if self._opts[1] else ""
         self.readout.setText(head + f"weight {s['matrix'][i, k]:.4f}{extra}")
 
     def data(self) -> dict:
@@ -254,8 +276,8 @@ class SnapshotView(QWidget):
         if s is None:
             return {}
         return {"view": "snapshot", "layer": s["layer"], "head": str(s["head"]), "matrix": s["matrix"],
-                "shown": self.shown, "offset": s["offset"], "hide_first": self.hide_first.isChecked(),
-                "renormalise": self.renormalise.isChecked(), "tokens": np.array(s["tokens"], dtype=object).astype(str)}
+                "shown": self.shown, "offset": s["offset"], "hide_first": self._opts[0],
+                "renormalise": self._opts[1], "tokens": np.array(s["tokens"], dtype=object).astype(str)}
 
 
 class AtlasView(QWidget):
@@ -269,17 +291,17 @@ class AtlasView(QWidget):
         super().__init__(parent)
         self.scores: dict | None = None
         self.measure_button = QPushButton("Measure heads")
-        self.caption = _label("Each head's score on random tokens repeated twice (Olsson et al. 2022). "
+        self.caption = rich_label("Each head's score on random tokens repeated twice (Olsson et al. 2022). "
                               "Click a head to choose it.")
         self.grids = {k: HeatmapWidget(min_size=QSize(60, 120)) for k in ("previous_token", "induction")}
-        self.readout = _label("", small=True)
+        self.readout = rich_label("", small=True)
         self.scale = ColorBar()
         self.scale.set_scale(1.0, title="score")
         self.top = QListWidget()
         self.top.setMinimumHeight(60)
         grid = QGridLayout()
         for col, (kind, title) in enumerate((("previous_token", "Previous-token"), ("induction", "Induction"))):
-            grid.addWidget(_label(f"<b>{title}</b> (rows: layers, columns: heads)", small=True), 0, col)
+            grid.addWidget(rich_label(f"<b>{title}</b> (rows: layers, columns: heads)", small=True), 0, col)
             grid.addWidget(self.grids[kind], 1, col)
             self.grids[kind].setProperty("placeholder", "not measured yet")
             self.grids[kind].set_axes(rows=True, cols=True)
@@ -295,7 +317,7 @@ class AtlasView(QWidget):
         lay.addLayout(grid, 3)
         lay.addWidget(self.scale)
         lay.addWidget(self.readout)
-        lay.addWidget(_label("<b>Top heads</b>", small=True))
+        lay.addWidget(rich_label("<b>Top heads</b>", small=True))
         lay.addWidget(self.top, 1)
         self.measure_button.clicked.connect(self.measure_requested)
         self.top.itemClicked.connect(lambda it: self.head_clicked.emit(*it.data(Qt.ItemDataRole.UserRole)))
@@ -340,83 +362,3 @@ class AtlasView(QWidget):
         s = self.scores
         return {"view": "atlas", "induction": s["induction"], "previous_token": s["previous_token"],
                 "repeat_len": s["repeat_len"], "batch": s["batch"]}
-
-
-class NumbersView(QWidget):
-    """``softmax(q·k/√d)·v`` for one query token, one layer and one head, with its numbers."""
-
-    compute_requested = Signal()
-    COLUMNS = ("key", "token", "q·k", "÷√d", "exp(z−max)", "weight", "|w·v|")
-
-    def __init__(self, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.steps: dict | None = None
-        self.query = QSpinBox()
-        self.query.setRange(-1, 1_000_000)
-        self.query.setSpecialValueText("newest")
-        self.query.setValue(-1)
-        self.query.setToolTip("The query token's position in the conversation (newest: the last one)")
-        self.top = QSpinBox()
-        self.top.setRange(1, 50)
-        self.top.setValue(5)
-        self.compute_button = QPushButton("Compute")
-        self.explanation = _label("Choose a layer, a head and a query token (or click a row of the snapshot).")
-        self.table = QTableWidget(0, len(self.COLUMNS))
-        self.table.setHorizontalHeaderLabels(list(self.COLUMNS))
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.table.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
-        self.table.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
-        self.footer = _label("", small=True)
-        row = QHBoxLayout()
-        row.addWidget(QLabel("Query"))
-        row.addWidget(self.query)
-        row.addWidget(QLabel("Top keys"))
-        row.addWidget(self.top)
-        row.addStretch(1)
-        row.addWidget(self.compute_button)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(6, 6, 6, 6)
-        lay.addLayout(row)
-        lay.addWidget(self.explanation)
-        lay.addWidget(self.table, 1)
-        lay.addWidget(self.footer)
-        self.compute_button.clicked.connect(self.compute_requested)
-
-    def set_steps(self, d: dict) -> None:
-        self.steps = d
-        off = d["offset"]
-        rt = 1.0 / d["scale"]
-        self.explanation.setText(
-            f"Query #{off + d['query']} {_quote(d['query_token'])} · layer {d['layer']} · head {d['head']} "
-            f"(reads KV head {d['kv_head']}) · d = {d['head_dim']}, √d = {rt:.3g}<br>"
-            f"1. score every visible key: s = q·k &nbsp;(|q| = {d['query_norm']:.3g}, {d['n_keys']:,} keys)<br>"
-            f"2. scale: z = s / √d &nbsp;(max z = {d['max_scaled']:.4g})<br>"
-            f"3. softmax: w = exp(z − max z) / Σ exp(z − max z), Σ = {d['denominator']:.4g}<br>"
-            f"4. mix: o = Σ w·v over all keys → |o| = {d['output_norm']:.4g}")
-        self.table.setRowCount(len(d["keys"]))
-        for r, k in enumerate(d["keys"]):
-            cells = (f"#{off + k}", display_token(d["tokens"][r]), f"{d['raw'][r]:.3f}", f"{d['scaled'][r]:.3f}",
-                     f"{d['exp'][r]:.4f}", f"{d['weights'][r]:.4f}", f"{d['contribution_norms'][r]:.3f}")
-            for c, text in enumerate(cells):
-                it = QTableWidgetItem(text)
-                if c != 1:
-                    it.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-                self.table.setItem(r, c, it)
-        share = sum(d["weights"])
-        self.footer.setText(f"These {len(d['keys'])} keys hold {share:.1%} of the weight; their share of o alone has "
-                            f"|Σ w·v| = {d['top_output_norm']:.4g} (all keys: {d['output_norm']:.4g}). "
-                            "|w·v| = w × |v|.")
-
-    def data(self) -> dict:
-        d = self.steps
-        if d is None:
-            return {}
-        out = {k: np.asarray(d[k]) for k in ("keys", "raw", "scaled", "exp", "weights", "value_norms", "contribution_norms")}
-        out["keys"] = out["keys"] + d["offset"]
-        out.update({k: d[k] for k in ("layer", "head", "kv_head", "head_dim", "scale", "n_keys", "max_scaled",
-                                      "denominator", "query_norm", "output_norm", "top_output_norm")})
-        out.update(view="numbers", query=d["query"] + d["offset"], query_token=d["query_token"],
-                   tokens=np.array(d["tokens"], dtype=object).astype(str))
-        return out

@@ -195,7 +195,7 @@ class EntropyBars(QWidget):
         self.values = np.zeros(0, dtype=np.float32)
         self.ceiling = 1.0
         self.selected: int | None = None
-        self.setMinimumHeight(84)
+        self.setMinimumHeight(72)
         self.setMouseTracking(True)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
@@ -206,7 +206,7 @@ class EntropyBars(QWidget):
         self.update()
 
     def sizeHint(self) -> QSize:  # noqa: N802
-        return QSize(320, 84)
+        return QSize(320, 80)
 
     def _bar_rect(self, i: int) -> QRectF:
         fm = QFontMetricsF(self.font())

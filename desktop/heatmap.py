@@ -5,8 +5,10 @@ one widget or one item per cell: :func:`max_pool` shrinks a matrix to at most on
 cell per device pixel, keeping each block's maximum so a one-pixel stripe (every
 query looking at one token) survives, and :func:`colorize` maps the result through a
 256-entry lookup table into an RGBA array that becomes one ``QImage``. Both are
-vectorised numpy (tens of milliseconds for 2,048 x 2,048), so they run on the GUI thread
-without stalling it. The causal mask is not stored in the matrix: :func:`causal_mask`
+vectorised numpy: a few milliseconds for a small matrix, which is drawn at once, and
+tens of milliseconds for 2,048 x 2,048, which :func:`in_background` pools and colours on a
+helper thread (numpy releases the GIL) while the event loop runs on and the previous
+image stays on screen. The causal mask is not stored in the matrix: :func:`causal_mask`
 marks the pooled cells whose whole block lies above the diagonal, and :func:`colorize`
 gives masked (``NaN``) cells their own colour.
 
@@ -14,13 +16,20 @@ Must not import torch or runtime.
 """
 from __future__ import annotations
 
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QPointF, QRectF, QSize, Qt, Signal
+from PySide6.QtCore import QObject, QPointF, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFontMetricsF, QImage, QLinearGradient, QMouseEvent, QPainter, QPalette, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-__all__ = ["ColorBar", "HeatmapWidget", "LUT", "causal_mask", "colorize", "edges", "max_pool", "to_qimage"]
+__all__ = ["ColorBar", "HeatmapWidget", "LUT", "SYNC_CELLS", "causal_mask", "colorize", "edges", "in_background",
+           "max_pool", "render", "to_qimage"]
+
+log = logging.getLogger(__name__)
 
 #: viridis (perceptually uniform, readable by most colour-blind viewers), 256 x RGB uint8.
 LUT: np.ndarray = pg.colormap.get("viridis").getLookupTable(nPts=256, alpha=False).astype(np.uint8)
@@ -82,6 +91,64 @@ def colorize(values: np.ndarray, vmax: float, *, gamma: float = 1.0, masked=(128
     return rgba
 
 
+def render(values: np.ndarray, rows: int, cols: int, *, vmax: float | None, gamma: float, causal: int | None,
+           masked=(128, 128, 128)) -> tuple[np.ndarray, float]:
+    """Pool ``values`` to at most ``(rows, cols)``, mask, colour: ``(RGBA (h, w, 4) uint8, vmax)``.
+
+    ``vmax`` None: the largest value (1.0 when there is none). Pure numpy: safe off the GUI thread.
+    """
+    if vmax is None:
+        vmax = float(np.nanmax(values)) if values.size and not np.isnan(values).all() else 1.0
+        vmax = vmax or 1.0
+    pooled = max_pool(values, rows, cols)
+    if causal is not None:
+        pooled[causal_mask(*values.shape, rows, cols, causal)] = np.nan
+    return colorize(pooled, vmax, gamma=gamma, masked=masked), vmax
+
+
+#: Up to this many cells a matrix is drawn at once on the GUI thread (a few milliseconds);
+#: a larger one (a long conversation's snapshot) on the helper thread.
+SYNC_CELLS = 1 << 18
+
+
+class _Relay(QObject):
+    """Carries a finished background job back to the GUI thread (a queued signal)."""
+
+    done = Signal(object, object)   # callback, Future
+
+
+_relay: _Relay | None = None
+_pool: ThreadPoolExecutor | None = None
+
+
+def _deliver(callback: Callable[[Any], None], future: Future) -> None:
+    try:
+        result = future.result()
+    except Exception:  # noqa: BLE001 - a drawing that failed is logged, the old one stays
+        log.exception("a background drawing job failed")
+        return
+    try:
+        callback(result)
+    except RuntimeError as e:  # the widget it was for is gone
+        if "already deleted" not in str(e):
+            raise
+
+
+def in_background(fn: Callable[[], Any], callback: Callable[[Any], None]) -> None:
+    """Run ``fn()`` on the drawing helper thread, then ``callback(result)`` on the GUI thread.
+
+    Call from the GUI thread. One helper thread: jobs run in order; a caller that has
+    moved on ignores a stale result (the widgets compare a job key).
+    """
+    global _relay, _pool
+    if _relay is None:
+        _relay = _Relay()
+        _relay.done.connect(_deliver)
+        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnchat-draw")
+    relay = _relay
+    _pool.submit(fn).add_done_callback(lambda f: relay.done.emit(callback, f))
+
+
 def to_qimage(rgba: np.ndarray) -> QImage:
     """An owned ``QImage`` copy of an ``(h, w, 4)`` RGBA uint8 array."""
     rgba = np.ascontiguousarray(rgba)
@@ -103,6 +170,7 @@ class HeatmapWidget(QWidget):
 
     hovered = Signal(int, int)
     clicked = Signal(int, int)
+    drawn = Signal()
 
     def __init__(self, parent: QWidget | None = None, *, square: bool = False, min_size: QSize = QSize(120, 24)):
         super().__init__(parent)
@@ -121,6 +189,9 @@ class HeatmapWidget(QWidget):
         self.selected_col: int | None = None
         self._image: QImage | None = None
         self._image_key: tuple | None = None
+        self._pending_key: tuple | None = None
+        self._auto_vmax = True
+        self._version = 0   # bumped by set_values: part of the image key
 
     # ---- data --------------------------------------------------------------------------
     def set_values(self, values: np.ndarray | None, *, vmax: float | None = None, gamma: float | None = None,
@@ -132,17 +203,18 @@ class HeatmapWidget(QWidget):
         """
         self.values = None if values is None else np.asarray(values, dtype=np.float32)
         self.causal = causal
+        self._auto_vmax = vmax is None
         if vmax is not None:
             self.vmax = vmax
-        elif self.values is not None and self.values.size:
-            self.vmax = float(np.nanmax(self.values)) or 1.0
+        elif self.values is not None and self.values.size <= SYNC_CELLS and not np.isnan(self.values).all():
+            self.vmax = float(np.nanmax(self.values)) or 1.0   # (a large one's is found off the GUI thread)
         if gamma is not None:
             self.gamma = gamma
-        self._image = None
+        self._version += 1
         self.update()
 
     def set_selection(self, row: int | None = None, col: int | None = None) -> None:
-        """Outline one row and/or one column (None: none)."""
+        """Outline one cell (both given), one row or one column (None: none)."""
         self.selected_row, self.selected_col = row, col
         self.update()
 
@@ -154,7 +226,7 @@ class HeatmapWidget(QWidget):
         self._image = None
         self.update()
 
-    def _margins(self) -> tuple[float, float]:
+    def margins(self) -> tuple[float, float]:
         """Room for the row numbers (left) and the column numbers (below), in pixels."""
         if self.values is None:
             return 0.0, 0.0
@@ -167,8 +239,9 @@ class HeatmapWidget(QWidget):
 
     def plot_rect(self) -> QRectF:
         """Where the matrix is drawn, in widget coordinates (square cells when ``square``)."""
-        left, bottom = self._margins()
-        r = QRectF(self.rect()).adjusted(1 + left, 1, -1, -1 - bottom)
+        left, bottom = self.margins()
+        top = QFontMetricsF(self.font()).height() / 2 if self.axes[0] and self.values is not None else 0.0
+        r = QRectF(self.rect()).adjusted(1 + left, 1 + top, -1, -1 - bottom)
         if self.values is None or not self.square:
             return r
         R, C = self.values.shape
@@ -190,16 +263,17 @@ class HeatmapWidget(QWidget):
         p.setPen(self.palette().color(QPalette.ColorRole.WindowText))
         if self.axes[0]:
             step = self._step(R, pr.height() / R, fm.height() * 1.3)
-            for i in range(0, R, step):
+            for i in range((-self.row_offset) % step, R, step):   # round numbers: 0, 5, 10…
                 y = pr.top() + (i + 0.5) * pr.height() / R
                 p.drawText(QRectF(0, y - fm.height() / 2, pr.left() - 4, fm.height()),
                            Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, str(i + self.row_offset))
         if self.axes[1]:
             label_w = fm.horizontalAdvance(str(C - 1 + self.col_offset)) + 8
             step = self._step(C, pr.width() / C, label_w)
-            for j in range(0, C, step):
+            for j in range((-self.col_offset) % step, C, step):
                 x = pr.left() + (j + 0.5) * pr.width() / C
-                p.drawText(QRectF(x - label_w / 2, pr.bottom() + 1, label_w, fm.height()),
+                x0 = min(max(x - label_w / 2, 0.0), self.width() - label_w)   # never clipped at an edge
+                p.drawText(QRectF(x0, pr.bottom() + 1, label_w, fm.height()),
                            Qt.AlignmentFlag.AlignCenter, str(j + self.col_offset))
 
     def cell_at(self, pos: QPointF) -> tuple[int, int]:
@@ -226,21 +300,50 @@ class HeatmapWidget(QWidget):
         c = c.darker(112) if c.lightness() > 128 else c.lighter(135)
         return c.red(), c.green(), c.blue()
 
-    def image(self) -> QImage | None:
-        """The pooled, coloured image for the current size (cached until size, data or palette change)."""
-        if self.values is None or self.values.size == 0:
-            return None
+    def _key(self) -> tuple:
         pr = self.plot_rect()
         dpr = self.devicePixelRatioF()
-        key = (int(pr.width() * dpr), int(pr.height() * dpr), self._masked_rgb())
-        if self._image is None or self._image_key != key:
-            rows, cols = max(1, key[1]), max(1, key[0])
-            pooled = max_pool(self.values, rows, cols)
-            if self.causal is not None:
-                pooled[causal_mask(*self.values.shape, rows, cols, self.causal)] = np.nan
-            self._image = to_qimage(colorize(pooled, self.vmax, gamma=self.gamma, masked=key[2]))
-            self._image_key = key
+        return (self._version, max(1, int(pr.width() * dpr)), max(1, int(pr.height() * dpr)), self._masked_rgb(),
+                self.vmax if not self._auto_vmax else None, self.gamma, self.causal)
+
+    def ready(self) -> bool:
+        """True when the image on screen is the one for the current data, size and palette."""
+        return self.values is None or self.values.size == 0 or (self._image is not None and self._image_key == self._key())
+
+    def image(self) -> QImage | None:
+        """The pooled, coloured image for the current size (cached until size, data or palette change).
+
+        A large matrix is drawn in the background: until it is done this returns the
+        previous image (None at first) and :attr:`drawn` fires when the new one is in.
+        """
+        if self.values is None or self.values.size == 0:
+            return None
+        key = self._key()
+        if self._image is not None and self._image_key == key:
+            return self._image
+        _, cols, rows, masked, vmax, gamma, causal = key
+        if self.values.size <= SYNC_CELLS:
+            rgba, vmax = render(self.values, rows, cols, vmax=vmax, gamma=gamma, causal=causal, masked=masked)
+            self._drawn(key, (rgba, vmax), pending=False)
+        elif self._pending_key != key:
+            self._pending_key = key
+            values = self.values
+            in_background(lambda: render(values, rows, cols, vmax=vmax, gamma=gamma, causal=causal, masked=masked),
+                          lambda result: self._drawn(key, result))
         return self._image
+
+    def _drawn(self, key: tuple, result: tuple[np.ndarray, float], *, pending: bool = True) -> None:
+        if pending:
+            if key != self._pending_key:   # superseded by newer data or another size
+                return
+            self._pending_key = None
+        rgba, vmax = result
+        if self._auto_vmax:
+            self.vmax = vmax
+        self._image, self._image_key = to_qimage(rgba), key
+        if pending:
+            self.update()
+        self.drawn.emit()
 
     # ---- Qt ----------------------------------------------------------------------------
     def sizeHint(self) -> QSize:  # noqa: N802
@@ -248,7 +351,7 @@ class HeatmapWidget(QWidget):
 
     def changeEvent(self, event) -> None:  # noqa: N802
         if event.type() == event.Type.PaletteChange:
-            self._image = None
+            self.update()   # the masked colour is part of the image key
         super().changeEvent(event)
 
     def paintEvent(self, event) -> None:  # noqa: N802
@@ -256,7 +359,8 @@ class HeatmapWidget(QWidget):
         img = self.image()
         if img is None:
             p.setPen(self.palette().color(QPalette.ColorRole.PlaceholderText))
-            p.drawText(self.rect(), Qt.AlignmentFlag.AlignCenter, self.placeholder())
+            text = "Drawing…" if self._pending_key is not None else self.placeholder()
+            p.drawText(self.rect(), Qt.AlignmentFlag.AlignCenter, text)
             return
         pr = self.plot_rect()
         p.setRenderHint(QPainter.RenderHint.SmoothPixmapTransform, False)  # nearest: crisp cells
@@ -266,12 +370,13 @@ class HeatmapWidget(QWidget):
         pen = QPen(self.palette().color(QPalette.ColorRole.Highlight), 1.5)
         p.setPen(pen)
         p.setBrush(Qt.BrushStyle.NoBrush)
-        if self.selected_row is not None and 0 <= self.selected_row < R:
-            y0 = pr.top() + pr.height() * self.selected_row / R
-            p.drawRect(QRectF(pr.left(), y0, pr.width(), max(pr.height() / R, 2.0)))
-        if self.selected_col is not None and 0 <= self.selected_col < C:
-            x0 = pr.left() + pr.width() * self.selected_col / C
-            p.drawRect(QRectF(x0, pr.top(), max(pr.width() / C, 2.0), pr.height()))
+        row = self.selected_row if self.selected_row is not None and 0 <= self.selected_row < R else None
+        col = self.selected_col if self.selected_col is not None and 0 <= self.selected_col < C else None
+        ch, cw = max(pr.height() / R, 2.0), max(pr.width() / C, 2.0)
+        y0 = pr.top() + pr.height() * row / R if row is not None else pr.top()
+        x0 = pr.left() + pr.width() * col / C if col is not None else pr.left()
+        if row is not None or col is not None:   # one cell, or a whole row or column
+            p.drawRect(QRectF(x0, y0, cw if col is not None else pr.width(), ch if row is not None else pr.height()))
 
     def placeholder(self) -> str:
         return self.property("placeholder") or ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 from pathlib import Path
 from typing import Callable
 
@@ -62,6 +63,8 @@ class MainWindow(QMainWindow):
         self._editing = False
         self._closed = False
         self._model_source = ""
+        # Replies the database refused (disk full): shown, and saved again before the next write.
+        self._unsaved: list[dict] = []
         self.panels: dict[str, QDockWidget] = {}
 
         self.conversations = ConversationListModel(store, self)
@@ -200,7 +203,12 @@ class MainWindow(QMainWindow):
 
     # ---- models ------------------------------------------------------------------------------
     def load_model(self, source: str = "") -> None:
-        """Load a model on the worker (``""``: the default model); the window stays responsive."""
+        """Load a model on the worker (``""``: the default model); the window stays responsive.
+
+        A reply being written is stopped first (and saved as stopped, like any other).
+        """
+        if self._reply is not None:
+            self.engine.stop()
         self._model_source = source
         self.notice.hide()
         self.status.set_loading(source_label(source))
@@ -234,6 +242,8 @@ class MainWindow(QMainWindow):
             self.status.showMessage(f"Connected to {info['device'].removeprefix('server ')}", 5000)
         else:
             self.status.showMessage(f"Loaded {info['name']} in {info.get('load_seconds', 0):.1f} s", 5000)
+        if info.get("notices"):  # a device fallback, a plain chat format (desktop.worker.EngineWorker.load_model)
+            self.show_error(" ".join(info["notices"]))
         self._show_context_of(self._conv_id)
         self.model_changed.emit(info)
         self._sync()
@@ -277,7 +287,7 @@ class MainWindow(QMainWindow):
         self._conv_id = conv_id
         self.settings.set("last_conversation", conv_id)
         self.sidebar.select(conv_id)
-        self.messages.set_messages([vars(m) for m in self.store.messages(conv_id)] if conv_id else [])
+        self.messages.set_messages(self._rows_of(conv_id))
         r = self._reply
         if r is not None:
             r["row"] = -1
@@ -290,6 +300,43 @@ class MainWindow(QMainWindow):
         self._show_context_of(conv_id)
         self._update_title()
         self._sync()
+
+    def _rows_of(self, conv_id: int) -> list[dict]:
+        """The conversation's rows for the view: what is stored, then replies not saved yet."""
+        rows = [vars(m) for m in self.store.messages(conv_id)] if conv_id else []
+        for u in self._unsaved:
+            if u["conv_id"] == conv_id:
+                while u["kind"] == "regenerate" and rows and rows[-1]["role"] == "assistant":
+                    rows.pop()
+                rows.append({"role": "assistant", "content": u["text"], "finish_reason": u["reason"],
+                             "stats": u["stats"]})
+        return rows
+
+    def _save_reply(self, u: dict):
+        """Write one finished reply; None when its conversation is gone."""
+        conv = u["conv_id"]
+        if self.store.conversation(conv) is None:
+            return None
+        if u["kind"] == "regenerate":
+            return self.store.replace_last_reply(conv, u["text"], finish_reason=u["reason"], stats=u["stats"])
+        return self.store.add_message(conv, "assistant", u["text"], finish_reason=u["reason"], stats=u["stats"])
+
+    def _save_unsaved(self) -> None:
+        """Save the replies the database refused before, oldest first.
+
+        Raises:
+            sqlite3.Error, OSError: still refused (the rest stay queued, in order).
+        """
+        while self._unsaved:
+            self._save_reply(self._unsaved[0])
+            done = self._unsaved.pop(0)
+            self.conversations.refresh(done["conv_id"])
+
+    def _save_failed(self, error: Exception, what: str, kept: str = "it stays here and is saved with your next message") -> None:
+        """One line: what could not be saved, why, where it is kept, and what to do."""
+        log.warning("could not save %s", what, exc_info=True)
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        self.show_error(f"Could not save {what} ({reason}); {kept}. Free some disk space.")
 
     def _update_title(self, *args) -> None:
         title = self.conversations.title(self._conv_id)
@@ -309,8 +356,14 @@ class MainWindow(QMainWindow):
             return
         if self._reply is not None and self._reply["conv_id"] == conv_id:
             self.engine.stop()
+        try:
+            self.store.delete(conv_id)
+        except (sqlite3.Error, OSError) as e:
+            log.warning("could not delete conversation %s", conv_id, exc_info=True)
+            self.show_error(f"Could not delete the conversation ({e}); try again after freeing some disk space.")
+            return
         self.engine.forget(conv_id)
-        self.store.delete(conv_id)
+        self._unsaved = [u for u in self._unsaved if u["conv_id"] != conv_id]
         self.conversations.remove(conv_id)
         if conv_id == self._conv_id:
             nxt = self.conversations.index(0).data(ConversationListModel.IdRole) if self.conversations.rowCount() else 0
@@ -357,26 +410,40 @@ class MainWindow(QMainWindow):
         return True
 
     def submit(self, text: str) -> None:
-        """Send ``text`` (or, while editing, replace the last user message with it)."""
+        """Send ``text`` (or, while editing, replace the last user message with it).
+
+        A message the database refuses (disk full) is not sent: it stays in the input
+        box, the error is shown, and sending again tries again.
+        """
         if not text.strip() or not self._can_start():
             return
-        conv = self._conv_id or self.new_conversation()
-        history = self._history(conv)
+        try:
+            self._save_unsaved()
+            conv = self._conv_id or self.new_conversation()
+            history = self._history(conv)
+            if self._editing:
+                msg = self.store.replace_last_user(conv, text)
+            else:
+                msg = self.store.add_message(conv, "user", text)
+        except (sqlite3.Error, OSError) as e:
+            self._save_failed(e, "your message", "it is still in the message box: send it again")
+            return
         if self._editing:
             self._editing = False
             self.edit_banner.hide()
-            self.store.replace_last_user(conv, text)
-            self.messages.set_messages([vars(m) for m in self.store.messages(conv)])
+            self.messages.set_messages(self._rows_of(conv))
             request = self.engine.edit_last(conv, history, text, self.generation())
             kind = "edit"
         else:
-            msg = self.store.add_message(conv, "user", text)
             self.messages.append("user", text, id=msg.id)
             request = self.engine.send(conv, history, text, self.generation())
             kind = "send"
         if self.conversations.title(conv) == DEFAULT_TITLE:
             first = text.strip().splitlines()[0]
-            self.store.rename(conv, first[:TITLE_CHARS] + ("…" if len(first) > TITLE_CHARS else ""))
+            try:
+                self.store.rename(conv, first[:TITLE_CHARS] + ("…" if len(first) > TITLE_CHARS else ""))
+            except (sqlite3.Error, OSError):  # a title is not worth stopping the message for
+                log.warning("could not save the conversation's title", exc_info=True)
         self.conversations.refresh(conv)
         self.input.clear()
         self._begin(request, conv, kind)
@@ -387,6 +454,11 @@ class MainWindow(QMainWindow):
             return
         last_user = self.messages.last_row("user")
         if last_user < 0:
+            return
+        try:
+            self._save_unsaved()   # the reply to replace must be in the database first
+        except (sqlite3.Error, OSError) as e:
+            self._save_failed(e, "the last reply")
             return
         history = self._history(conv)
         self.messages.remove_from(last_user + 1)
@@ -441,18 +513,24 @@ class MainWindow(QMainWindow):
             return
         self._reply = None
         conv, text, reason, stats = r["conv_id"], result["text"], result["reason"], result["stats"]
-        saved = None
+        saved = unsaved = None
         if text and self.store.conversation(conv) is not None:
-            if r["kind"] == "regenerate":
-                saved = self.store.replace_last_reply(conv, text, finish_reason=reason, stats=stats)
-            else:
-                saved = self.store.add_message(conv, "assistant", text, finish_reason=reason, stats=stats)
-            self.conversations.refresh(conv)
+            entry = {"conv_id": conv, "kind": r["kind"], "text": text, "reason": reason, "stats": stats}
+            try:
+                self._save_unsaved()
+                saved = self._save_reply(entry)
+                self.conversations.refresh(conv)
+            except (sqlite3.Error, OSError) as e:   # disk full: keep it, save it with the next write
+                self._unsaved.append(entry)
+                unsaved = entry
+                self._save_failed(e, "the reply")
         if r["row"] >= 0:
             if saved is not None:
                 self.messages.finish(r["row"], id=saved.id, finish_reason=reason, stats=stats, content=text)
+            elif unsaved is not None:
+                self.messages.finish(r["row"], finish_reason=reason, stats=stats, content=text)
             else:   # nothing to keep (stopped before any text, or failed): show what is stored
-                self.messages.set_messages([vars(m) for m in self.store.messages(conv)])
+                self.messages.set_messages(self._rows_of(conv))
             self.status.end_busy()
             if stats:
                 self.status.set_stats(stats)
@@ -489,4 +567,9 @@ class MainWindow(QMainWindow):
             # stopped reply is saved like any other.
             self.engine.shutdown()
             QCoreApplication.sendPostedEvents(self.engine, QEvent.Type.MetaCall.value)
+            try:
+                self._save_unsaved()
+            except (sqlite3.Error, OSError):   # the last resort: the text is in the log file
+                for u in self._unsaved:
+                    log.error("reply not saved (conversation %s): %r", u["conv_id"], u["text"])
         super().closeEvent(event)

@@ -93,6 +93,29 @@ class Settings(QObject):
         self._qs.setValue(key, value)
         self.changed.emit(key, value)
 
+    def stored(self, key: str) -> Any:
+        """What the settings file holds for ``key``, unconverted (None when unset): for messages about bad values."""
+        return self._qs.value(key)
+
+    def readable(self, key: str) -> bool:
+        """False when ``key`` holds a value its default's type cannot be read from (say ``context=abc``);
+        :meth:`get` then gives the default."""
+        default, value = DEFAULTS[key], self._qs.value(key)
+        if value is None or isinstance(default, bool) or not isinstance(default, (int, float)):
+            return True
+        try:
+            type(default)(value)
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    def reset(self, key: str) -> None:
+        """Forget ``key``'s stored value, so it reads as its default (emits :attr:`changed` if that changes it)."""
+        before = self.get(key)
+        self._qs.remove(key)
+        if before != DEFAULTS[key]:
+            self.changed.emit(key, DEFAULTS[key])
+
     def generation_values(self) -> dict[str, Any]:
         """The ``generation/*`` settings as a request's plain dict (short names, see :data:`GENERATION_KEYS`)."""
         return {k: self.get(f"generation/{k}") for k in GENERATION_KEYS}

@@ -17,9 +17,11 @@ reaches the runtime. Must not import torch.
 from __future__ import annotations
 
 import logging
+import math
+import re
 from typing import Any
 
-from PySide6.QtCore import QEvent, QObject, Signal
+from PySide6.QtCore import QEvent, QObject, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QPalette
 from PySide6.QtWidgets import (
     QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QPlainTextEdit,
@@ -31,7 +33,8 @@ from desktop.memory_planner import MemoryPlanner, resolve_device
 from desktop.settings import DEFAULTS, Settings
 from desktop.worker import generation_settings
 
-__all__ = ["SettingsDialog", "SettingsController", "install_settings", "validate", "MIN_CONTEXT", "WEIGHT_DTYPES"]
+__all__ = ["SettingsDialog", "SettingsController", "install_settings", "validate", "repair", "MIN_CONTEXT",
+           "WEIGHT_DTYPES"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,16 @@ KEYS = (
     "generation/seed", "model/device", "model/weight_dtype", "model/attention_backend",
 )
 MODEL_OPTIONS = ("model/device", "model/weight_dtype")
+#: The numbers the dialog's editors take (a stored value outside would be silently clamped there).
+RANGES = {
+    "generation/context": (0, 100_000_000), "generation/cache_limit_mib": (0, 10_000_000),
+    "generation/sink_tokens": (0, 1_000_000), "generation/temperature": (0, 100), "generation/top_k": (0, 1_000_000),
+    "generation/top_p": (0, 1), "generation/min_p": (0, 1), "generation/repetition_penalty": (0, 10),
+    "generation/max_new_tokens": (1, 1_000_000), "generation/seed": (-1, 2**31 - 1),
+}
+#: A device name a settings file may hold. Whether this machine has it is checked when the
+#: model loads: the worker then falls back to auto and says so (desktop.worker).
+DEVICE_NAME = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
 def has_shape(model: dict | None) -> bool:
@@ -115,6 +128,60 @@ def validate(values: dict[str, Any], model: dict | None, devices: list[str]) -> 
         except (ValueError, TypeError) as e:
             err["generation/max_new_tokens"] = str(e)
     return err
+
+
+def repair(settings: Settings, model: dict | None = None) -> list[str]:
+    """Reset every stored setting the app cannot use to its default; returns one phrase per reset.
+
+    A settings file edited by hand, or written for another machine or model (context -5,
+    device ``quantum``, a cache limit below one token, a context past the loaded model's
+    maximum), must never stop the app: it falls back to the defaults and the caller says
+    which ones. Each value is checked on its own (its range, the runtime's own checks),
+    then all together with :func:`validate` (``model``: the loaded model's info, or None).
+    """
+    values = {k: settings.get(k) for k in KEYS}
+    bad: dict[str, str] = {}
+    gen_defaults = {k.split("/", 1)[1]: DEFAULTS[k] for k in KEYS if k.startswith("generation/")}
+    for key, value in values.items():
+        if not settings.readable(key):
+            bad[key] = "not a number"
+        elif isinstance(value, float) and not math.isfinite(value):
+            bad[key] = "not a finite number"
+            continue
+        if key.startswith("generation/"):
+            try:  # the runtime's own check of this one value
+                generation_settings({**gen_defaults, key.split("/", 1)[1]: value})
+            except (ValueError, TypeError) as e:
+                bad[key] = str(e).strip().splitlines()[0].rstrip(".")
+                continue
+        if key in RANGES and not RANGES[key][0] <= value <= RANGES[key][1]:
+            bad[key] = f"outside {RANGES[key][0]:,}..{RANGES[key][1]:,}"
+        elif key == "model/device" and not DEVICE_NAME.fullmatch(str(value)):
+            bad[key] = "use auto, cpu, cuda, cuda:N or mps"
+    values.update({k: DEFAULTS[k] for k in bad})
+    devices = [values["model/device"]]
+    for _ in range(len(KEYS)):  # a reset can change what the others are checked against
+        try:
+            errors = validate(values, model, devices)
+        except (ValueError, TypeError, KeyError, OverflowError):  # a model dict without the figures
+            log.warning("could not check the settings against %s", model, exc_info=True)
+            errors = validate(values, None, devices)
+        if not errors:
+            break
+        for key, reason in errors.items():
+            # A default that is refused: validate's last, runtime-wide check blames a combination.
+            culprits = [key] if values[key] != DEFAULTS[key] else [k for k in values if k.startswith("generation/")]
+            for k in culprits:
+                if values[k] != DEFAULTS[k]:
+                    bad.setdefault(k, reason)
+                    values[k] = DEFAULTS[k]
+    out = []
+    for key, reason in bad.items():
+        stored = settings.stored(key)
+        log.warning("setting %s=%r reset to %r: %s", key, stored, DEFAULTS[key], reason)
+        out.append(f"{key.split('/', 1)[1].replace('_', ' ')} {stored} ({reason})")
+        settings.reset(key)
+    return out
 
 
 class _Field(QWidget):
@@ -435,6 +502,11 @@ class SettingsController(QObject):
         super().__init__(window)
         self.window = window
         self.dialog: SettingsDialog | None = None
+        # Bad stored values fall back before anything reads them. The notice is shown once the
+        # event loop runs, and again when the first load ends (starting a load clears notices).
+        self._startup_fixes = repair(window.settings)
+        if self._startup_fixes:
+            QTimer.singleShot(0, self, lambda: self._tell(self._startup_fixes))
         self.loaded_with = {k: window.settings.get(k) for k in MODEL_OPTIONS}
         menu = next((a.menu() for a in window.menuBar().actions() if a.menu() and a.text() == "&Edit"), None)
         menu = menu or window.menuBar().addMenu("&Tools")
@@ -445,7 +517,31 @@ class SettingsController(QObject):
         window.settings.changed.connect(self._changed)
         if hasattr(window.engine, "load_started"):
             window.engine.load_started.connect(self._loading)
+        if hasattr(window.engine, "load_failed"):
+            window.engine.load_failed.connect(lambda message: self._after_load([]))
+        window.model_changed.connect(self._model_changed)
         self._configure()
+
+    def _tell(self, fixed: list[str]) -> None:
+        """Add the resets to the window's notice (after what it already says, e.g. the model's notices)."""
+        text = f"Some saved settings could not be used and were reset to their defaults: {'; '.join(fixed)}."
+        notice = self.window.notice
+        current = notice.text() if not notice.isHidden() else ""
+        if text not in current:
+            self.window.show_error(f"{current} {text}".strip())
+
+    def _after_load(self, fixed: list[str]) -> None:
+        fixed, self._startup_fixes = self._startup_fixes + fixed, []
+        if fixed:
+            self._tell(fixed)
+
+    def _model_changed(self, info: dict) -> None:
+        """A new model: settings that do not fit it (context, cache limit) fall back; so does the
+        device setting when the worker had to load elsewhere."""
+        if info.get("device_fallback"):
+            self.window.settings.set("model/device", "auto")
+            self.loaded_with["model/device"] = "auto"
+        self._after_load(repair(self.window.settings, info))
 
     def _options(self) -> dict:
         s = self.window.settings

@@ -95,6 +95,17 @@ def generation_settings(s: dict[str, Any], max_context: int | None = None) -> "r
     )
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none)."""
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Python's MemoryError, or torch's (CUDA/MPS) OutOfMemoryError, told apart without importing torch."""
+    return isinstance(e, MemoryError) or any(t.__name__ == "OutOfMemoryError" for t in type(e).__mro__)
+
+
 def model_info(model: "runtime.Model") -> dict[str, Any]:
     """A plain-data description of a loaded model (for the status bar and the panels)."""
     if getattr(model, "remote", False):  # a server's model describes itself (desktop.remote_engine)
@@ -106,6 +117,7 @@ def model_info(model: "runtime.Model") -> dict[str, Any]:
         "context_limit": c.max_position_embeddings, "n_layers": c.n_layers, "n_heads": c.n_heads,
         "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim, "load_seconds": model.load_seconds,
         "weights_bytes": getattr(model, "weights_bytes", None),
+        "chat_template": bool(getattr(model, "has_chat_template", True)),
     }
 
 
@@ -167,20 +179,51 @@ class EngineWorker(QObject):
     # ---- slots (the engine thread) -------------------------------------------------------
     @Slot(str, str)
     def load_model(self, source: str, device: str) -> None:
+        """Load ``source`` on ``device``; a device that is not here falls back to ``auto``.
+
+        ``model_loaded``'s dict then carries ``device_fallback`` (the device asked for) and
+        ``notices``: one-line sentences for the user (that fallback; a model without a
+        chat template, which gets a plain format).
+        """
         self._sessions.clear()
         self._model = None
+        fallback = None
         try:
-            model = self._load_fn(source, device)
+            try:
+                model = self._load_fn(source, device)
+            except runtime.DeviceError as e:
+                if str(device or "auto").lower() == "auto":
+                    raise
+                # A settings file from another machine, or `--device cuda` without CUDA:
+                # run where we can, and say so (the command line refuses instead: exit 2).
+                log.info("device %s is not available (%s); loading on auto", device, e)
+                fallback = device
+                model = self._load_fn(source, "auto")
         except (runtime.AttnchatError, OSError, ValueError) as e:
             log.info("model load failed: %s", e)
-            self.load_failed.emit(str(e))
+            self.load_failed.emit(first_line(e))
             return
         except Exception as e:  # noqa: BLE001 - shown in one line, traceback to the log
             log.exception("model load failed")
-            self.load_failed.emit(f"the model could not be loaded ({type(e).__name__}: {e}); see the log for details")
+            if is_out_of_memory(e):
+                self.load_failed.emit("there is not enough memory for this model's weights; choose a smaller "
+                                      "model, a 16-bit weight dtype, or another device in Edit > Settings")
+            else:
+                self.load_failed.emit(f"the model could not be loaded ({type(e).__name__}: {first_line(e)}); "
+                                      "see the log for details")
             return
         self._model = model
-        self.model_loaded.emit(model_info(model))
+        info = model_info(model)
+        notices = []
+        if fallback is not None:
+            info["device_fallback"] = fallback
+            notices.append(f"The device {fallback} is not available on this machine, so the model runs on "
+                           f"{info['device']} instead; choose a device in Edit > Settings.")
+        if not info.get("chat_template", True):
+            notices.append(f"{info['name']} has no chat template; using a plain 'User: ... Assistant:' format, "
+                           "which it may follow less well.")
+        info["notices"] = notices
+        self.model_loaded.emit(info)
 
     @Slot(int, int, object, str, object)
     def send(self, request: int, conv_id: int, history: list, text: str, settings: dict) -> None:
@@ -254,10 +297,16 @@ class EngineWorker(QObject):
             self._stream(request, conv_id, session, events, result)
         except (runtime.AttnchatError, ValueError) as e:
             log.info("generation failed: %s", e)
-            self.error.emit(str(e))
-        except Exception as e:  # noqa: BLE001
+            self.error.emit(first_line(e))
+        except Exception as e:  # noqa: BLE001 - one line for the user, the traceback to the log
             log.exception("generation failed")
-            self.error.emit(f"the reply failed ({type(e).__name__}: {e}); see the log for details")
+            # The failure may have come mid-step: rebuild this conversation's cache next time.
+            self._sessions.pop(conv_id, None)
+            if is_out_of_memory(e):
+                self.error.emit("out of memory while writing the reply; lower the context length or the "
+                                "KV-cache limit, or use a smaller cache dtype, in Edit > Settings")
+            else:
+                self.error.emit(f"the reply failed ({type(e).__name__}: {first_line(e)}); see the log for details")
         finally:
             with self._lock:
                 self._current = None

@@ -4,8 +4,8 @@ PyInstaller spec, the .deb/tarball builder and the tests.
 Stdlib only: the spec imports it inside PyInstaller, the tests import it without
 PyInstaller, torch or Qt. ``packaging/`` has no ``__init__.py`` on purpose: a
 regular package there would shadow the ``packaging`` library that transformers
-and PyInstaller import. Load this file by path (:func:`load` in the spec, an
-importlib spec in the tests).
+and PyInstaller import. The spec, ``build_deb.py`` and the tests load this file by
+path (``importlib.util.spec_from_file_location``).
 
 Why the lists look the way they do:
 
@@ -58,7 +58,7 @@ TRANSFORMERS_TOP_LEVEL_EXCLUDES = (
 #: Modules that are not used, or whose libraries are not installed for the app.
 EXCLUDES = (
     "tkinter", "_tkinter", "matplotlib", "IPython", "jedi", "notebook", "pytest", "_pytest",
-    "hypothesis", "openai", "PyQt5", "PyQt6", "PySide2", "scipy", "pandas", "sklearn",
+    "hypothesis", "PyQt5", "PyQt6", "PySide2", "scipy", "pandas", "sklearn",
     "tensorboard", "torch.utils.tensorboard", "caffe2", "triton", "onnx", "onnxscript",
     "torchvision", "torchaudio", "tensorflow", "jax", "flax", "numba", "importlinter", "grimp",
     "pyqtgraph.examples", "hf_xet",

@@ -39,7 +39,7 @@ def panel_of(window):
 
 def open_panel(qtbot, window, tab: int):
     dock = window.panels[PANEL_NAME]
-    dock.show()
+    dock.toggleViewAction().trigger()   # View > Attention: shown, and raised over the KV tab
     panel = dock.widget()
     panel.tabs.setCurrentIndex(tab)
     qtbot.waitUntil(panel.isVisible, timeout=2000)
@@ -87,11 +87,26 @@ def test_snapshot_options_hide_the_sink_and_renormalise_rows():
 
 
 # ---- the GUI on the fake engine ---------------------------------------------------------------
-def test_panel_is_closed_by_default_and_does_not_capture(make_window):
+def test_capture_is_on_only_while_the_live_tab_is_on_screen(qtbot, make_window):
     w = make_window()
     dock = w.panels[PANEL_NAME]
-    assert not dock.isVisible() and not panel_of(w).client.probe.active
+    probe = panel_of(w).client.probe
+    assert not dock.isVisible() and not probe.active            # closed by default
     assert dock.toggleViewAction() in w.view_menu.actions()
+    panel = open_panel(qtbot, w, LIVE)
+    assert probe.active
+    others = w.tabifiedDockWidgets(dock)                         # it shares the right area as a tab
+    if others:
+        others[0].raise_()
+        qtbot.waitUntil(lambda: not probe.active, timeout=2000)   # behind another tab: off
+        dock.raise_()
+        qtbot.waitUntil(lambda: probe.active, timeout=2000)
+    panel.tabs.setCurrentIndex(SNAPSHOT)
+    assert not probe.active
+    panel.tabs.setCurrentIndex(LIVE)
+    assert probe.active
+    dock.toggleViewAction().trigger()
+    qtbot.waitUntil(lambda: not probe.active, timeout=2000)
 
 
 def test_a_2048_token_snapshot_renders_without_stalling_the_event_loop(qtbot, make_window):
@@ -112,20 +127,22 @@ def test_a_2048_token_snapshot_renders_without_stalling_the_event_loop(qtbot, ma
     timer.timeout.connect(tick)
     timer.start(10)
     qtbot.wait(50)
+    view, heat = panel.snapshot, panel.snapshot.heat
     t0 = time.perf_counter()
-    panel.snapshot.set_snapshot(snap)
-    qtbot.wait(30)
-    panel.snapshot.hide_first.setChecked(True)
-    qtbot.wait(30)
-    panel.snapshot.renormalise.setChecked(True)
-    qtbot.wait(30)
+    view.set_snapshot(snap)
+    qtbot.waitUntil(lambda: view.snap is snap and heat.ready(), timeout=10_000)
+    view.hide_first.setChecked(True)
+    qtbot.waitUntil(lambda: view.shown.shape == (T, T - 1) and heat.ready(), timeout=10_000)
+    view.renormalise.setChecked(True)
+    qtbot.waitUntil(lambda: view.data()["renormalise"] and heat.ready(), timeout=10_000)
     w.resize(1000, 700)
-    qtbot.wait(150)
+    qtbot.wait(20)
+    qtbot.waitUntil(heat.ready, timeout=10_000)
     elapsed = time.perf_counter() - t0
     timer.stop()
-    heat = panel.snapshot.heat
     img = heat.image()
-    assert img is not None and img.width() <= heat.width() * heat.devicePixelRatioF()
+    assert img is not None and img.width() <= heat.width() * heat.devicePixelRatioF() < T
+    np.testing.assert_allclose(view.shown[1:].sum(1), 1.0, rtol=1e-4)
     assert max(gaps) < 0.1, f"the event loop stalled for {max(gaps) * 1000:.0f} ms (render took {elapsed:.2f} s)"
 
 
@@ -148,8 +165,7 @@ def test_snapshot_hover_shows_query_key_and_weight_and_the_masked_triangle(qtbot
     assert "#4" in text and "on" in text and "#2" in text and "cat" in text and f"{m[4, 2]:.4f}" in text
     QTest.mouseMove(heat, centre(1, 4).toPoint())
     assert "masked" in panel.snapshot.readout.text()
-    QTest.mouseClick(heat, Qt.MouseButton.LeftButton,
-                     pos=centre(5, 0).toPoint())
+    QTest.mouseClick(heat, Qt.MouseButton.LeftButton, pos=centre(5, 0).toPoint())   # a row: its query
     assert panel.numbers.query.value() == 5
 
 
@@ -179,7 +195,7 @@ def test_live_attention_only_while_the_panel_is_open(qtbot, make_window, tiny, m
     send_and_wait(qtbot, w, "and the dog")
     elapsed = time.perf_counter() - t0
     qtbot.waitUntil(lambda: frames and frames[-1]["final"], timeout=5000)
-    assert all(o is not None for o in seen[1:])           # captured from the first chunk on
+    assert seen and all(o is not None for o in seen)      # captured from the first prefill chunk on
     assert tiny.decoder.observer is None                  # removed when the reply ended
     assert len(frames) <= elapsed / LIVE_INTERVAL_S + 2   # at most ~10 frames a second
     last = frames[-1]
@@ -189,7 +205,7 @@ def test_live_attention_only_while_the_panel_is_open(qtbot, make_window, tiny, m
     # The live rows are the attention of the newest token over what the cache holds.
     from runtime import LayerAttention
 
-    ids = panel.client.probe._contexts[w.current_conversation]
+    ids = panel.client.probe.last_context(w.current_conversation)
     assert len(ids) == len(last["tokens"])
     for layer in range(L):
         la = LayerAttention(tiny, ids, layer)
@@ -225,7 +241,7 @@ def test_hiding_mid_reply_removes_the_observer_at_the_next_step(tiny):
         if i == 3:
             probe.set_active(False)
     assert observers[1] is not None and all(o is None for o in observers[4:])
-    assert tiny.decoder.observer is None and probe._contexts[1]
+    assert tiny.decoder.observer is None and probe.last_context(1)
 
 
 def test_snapshot_atlas_formula_and_export_through_the_worker(qtbot, make_window, tiny, tmp_path):
