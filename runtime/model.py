@@ -21,7 +21,9 @@ from runtime.attention import attention
 from runtime.config import ModelConfig
 from runtime.kv_cache import KVCache
 
-#: Called per layer with attention weights ``(B, H, Tq, Tk)`` when set (probe only).
+#: Called per layer with attention weights ``(B, H, Tq, Tk)`` when set (probe only); an
+#: observer with a true ``last_row_only`` attribute gets the newest query's row only,
+#: ``(B, H, 1, Tk)``, and attention keeps its fast path.
 AttentionObserver = Callable[[int, torch.Tensor], None]
 
 
@@ -80,7 +82,13 @@ class Attention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, Hkv, Tcached + T, D)
-        if observer is not None:
+        if observer is not None and getattr(observer, "last_row_only", False):
+            # Only the newest query's weights are wanted (the live view): the fast path
+            # for the output, the formula for one row (it sees every key: no mask).
+            y = attention(q, k, v, causal=True)
+            _, weights = attention(q[:, :, -1:], k, v, causal=True, return_weights=True)  # (B, H, 1, Tk)
+            observer(layer, weights)
+        elif observer is not None:
             y, weights = attention(q, k, v, causal=True, return_weights=True)
             observer(layer, weights)
         else:

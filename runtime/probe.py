@@ -50,8 +50,13 @@ class AttentionCapture:
             self.weights[layer] = w.detach().float().cpu()
             self.version += 1
 
+    def __call__(self, layer: int, weights: torch.Tensor) -> None:
+        self._observe(layer, weights)
+
     def __enter__(self) -> "AttentionCapture":
-        self.model.decoder.observer = self._observe
+        # The capture itself is the observer, so the decoder can read ``last_row_only``
+        # and skip the full reference path when only the newest row is kept.
+        self.model.decoder.observer = self
         return self
 
     def __exit__(self, *exc) -> None:
