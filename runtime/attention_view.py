@@ -218,7 +218,7 @@ def context_ids(session) -> list[int]:
     """The token ids a :class:`runtime.ChatSession`'s KV cache holds, in cache order (the keys
     the newest token attends to; after a rolling eviction, the kept tokens only)."""
     # The session keeps the logical stream and the logical position of each cache slot.
-    return [session._stream[p] for p in session._slots]
+    return session.cached_token_ids
 
 
 def token_strings(model: Model, ids: Sequence[int], cache: dict[int, str] | None = None) -> list[str]:

@@ -160,6 +160,12 @@ class ChatSession:
         self.last_logits: torch.Tensor | None = None  # logits that chose the first reply token
         self.last_stats: TurnStats | None = None
 
+    @property
+    def cached_token_ids(self) -> list[int]:
+        """The token ids whose keys and values the cache holds, slot by slot
+        (after a rolling eviction: the sinks, then the newest window)."""
+        return [self._stream[p] for p in self._slots]
+
     # ---- conversation edits --------------------------------------------------------------
     def cancel(self) -> None:
         """Ask the running reply to stop (thread-safe; takes effect within one step)."""
