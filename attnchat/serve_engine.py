@@ -33,6 +33,7 @@ from runtime import (
     TextPiece,
     TurnStats,
 )
+from runtime.context import common_prefix_length
 
 log = logging.getLogger("attnchat.serve")
 
@@ -101,15 +102,6 @@ class Job:
 
     def conversation(self) -> list[Message]:
         return [Message("system", self.system or "")] + self.history + [Message("user", self.user)]
-
-
-def _common_prefix(a: list[Message], b: list[Message]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class Engine:
@@ -231,7 +223,7 @@ class Engine:
         best, best_score = None, (0, False)
         for s in reversed(self._pool):  # most recently used first: it wins ties
             have = [Message("system", s.system_prompt or "")] + s.messages
-            n = _common_prefix(have, want)
+            n = common_prefix_length(have, want)
             whole = n == len(have)  # the request extends this conversation: nothing is lost
             # Sharing only the system prompt is not worth another conversation's cache.
             if (n > 1 or whole) and (n, whole) > best_score:

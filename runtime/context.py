@@ -32,6 +32,16 @@ OVERFLOW_POLICIES = ("stop", "truncate-middle", "rolling")
 Encode = Callable[[Sequence[Message]], list[int]]
 
 
+def common_prefix_length(a: Sequence, b: Sequence) -> int:
+    """How many leading items ``a`` and ``b`` share (token ids, messages ...)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def drop_oldest_turns(encode: Encode, messages: Sequence[Message], target: int, tail: Sequence[int] = ()) -> list[int]:
     """``encode(kept) + tail`` after dropping the oldest turns until it fits in ``target`` tokens.
 

@@ -18,7 +18,7 @@ from runtime.kv_cache import dtype_name, parse_cache_dtype
 
 def element_bytes(dtype: str | torch.dtype) -> int:
     """Bytes of one element of a cache or weight dtype (float32: 4, bfloat16/float16: 2)."""
-    return torch.empty((), dtype=parse_cache_dtype(dtype)).element_size()
+    return parse_cache_dtype(dtype).itemsize
 
 
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, elem_bytes: int) -> int:

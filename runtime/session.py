@@ -17,7 +17,14 @@ from typing import Iterator, Union
 import torch
 
 from runtime.chat_format import PLAIN_STOP, Message, encode_messages
-from runtime.context import OVERFLOW_POLICIES, drop_oldest_turns, fit_prompt, rolling_eviction, rolling_window
+from runtime.context import (
+    OVERFLOW_POLICIES,
+    common_prefix_length,
+    drop_oldest_turns,
+    fit_prompt,
+    rolling_eviction,
+    rolling_window,
+)
 from runtime.errors import ContextOverflowError
 from runtime.loader import Model
 from runtime.sampling import Sampler, SamplingParams
@@ -231,12 +238,7 @@ class ChatSession:
     # ---- the cache -----------------------------------------------------------------------
     def _sync_cache(self, ids: list[int]) -> int:
         """Crop the cache to its longest common prefix with ``ids``; returns reused tokens."""
-        n = 0
-        for a, b in zip(self._stream, ids):
-            if a != b:
-                break
-            n += 1
-        n = min(n, len(ids) - 1)  # always prefill at least one token to get logits
+        n = min(common_prefix_length(self._stream, ids), len(ids) - 1)  # always prefill at least one token to get logits
         keep = sum(1 for p in self._slots if p < n)
         # Slots after an eviction gap are valid only if everything before them is.
         self.cache.crop(keep)
