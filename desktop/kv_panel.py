@@ -135,6 +135,7 @@ class KVPanel(QWidget):
         item = self.plot.getPlotItem()
         item.setLabel("bottom", "context (tokens)")
         item.setLabel("left", "KV cache (MiB)")
+        item.getAxis("left").enableAutoSIPrefix(False)  # MiB stays MiB (no "x1e-06" on an empty chart)
         item.showGrid(x=True, y=True, alpha=0.15)
         self.legend = item.addLegend(offset=(8, 8), labelTextSize="8pt")
         self.theory: dict[str, pg.PlotDataItem] = {
@@ -311,8 +312,9 @@ class KVPanel(QWidget):
             head = "No reply yet in this session."
             if per:
                 head += f" This model's cache: {per['float32']:,} bytes per token in float32, {per['16-bit']:,} in 16-bit."
-            return head + (f"<br>Context limit {limit:,} tokens" if limit else "") + (
-                f"; memory limit {mem / MIB:,.1f} MiB." if mem else ".")
+            if limit:
+                head += f"<br>Context limit {limit:,} tokens" + (f"; memory limit {mem / MIB:,.1f} MiB." if mem else ".")
+            return head
         tokens = s.tokens[-1]
         pct = f" ({100 * tokens / limit:.0f}%)" if limit else ""
         lines = [
