@@ -1,0 +1,65 @@
+"""runtime.model.linear: oneDNN's inner product on the CPU, F.linear elsewhere."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from runtime import model as model_mod
+from runtime.model import Linear, linear
+
+needs_onednn = pytest.mark.skipif(model_mod._ONEDNN_LINEAR is None, reason="torch build without oneDNN linear")
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 48), (2, 7, 48), (5, 48)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_f_linear_float32(shape, bias):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(*shape, generator=g)
+    w = torch.randn(80, 48, generator=g)
+    b = torch.randn(80, generator=g) if bias else None
+    with torch.inference_mode():
+        out = linear(x, w, b)
+    assert out.shape == (*shape[:-1], 80)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_non_contiguous_input():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 4, 100, generator=g)[..., 10:58]
+    w = torch.randn(16, 48, generator=g)
+    with torch.inference_mode():
+        torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_close_to_float32():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(1, 3, 64, generator=g)
+    w = torch.randn(32, 64, generator=g) / 8
+    with torch.inference_mode():
+        out = linear(x.bfloat16(), w.bfloat16())
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), F.linear(x, w), rtol=0.05, atol=0.05)
+
+
+def test_gradients_still_flow():
+    """Outside inference mode, with a weight that wants gradients, F.linear does the work."""
+    layer = Linear(8, 4)
+    x = torch.randn(2, 8)
+    layer(x).sum().backward()
+    torch.testing.assert_close(layer.weight.grad, x.sum(0).expand(4, 8))
+
+
+@needs_onednn
+def test_cpu_float32_takes_the_onednn_kernel(monkeypatch):
+    calls = []
+    real = model_mod._ONEDNN_LINEAR
+
+    def spy(*args):
+        calls.append(args[1].shape)
+        return real(*args)
+
+    monkeypatch.setattr(model_mod, "_ONEDNN_LINEAR", spy)
+    with torch.inference_mode():
+        linear(torch.randn(1, 6), torch.randn(3, 6))
+        linear(torch.randn(1, 6).double(), torch.randn(3, 6).double())  # float64: F.linear
+    assert calls == [torch.Size([3, 6])]
