@@ -6,6 +6,7 @@ files), or ``None`` for the default model. Never ``trust_remote_code``; never un
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -167,6 +168,13 @@ def _gguf_cache_dir(path: Path) -> Path | None:
         return None
 
 
+#: Our own config, kept beside the converted tokenizer: reading it needs no transformers
+#: config class (importing one costs about a second: it pulls in torch.distributed).
+CONFIG_FILE = "attnchat-model-config-v1.json"
+#: Tokenizer classes saved by ``save_pretrained`` of a fast tokenizer (transformers 5 and 4).
+_FAST_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
+
+
 def _read_cached(cached: Path | None):
     """(hf_config, tokenizer) from the cache, or (None, None)."""
     from transformers import AutoConfig, AutoTokenizer
@@ -178,6 +186,55 @@ def _read_cached(cached: Path | None):
     except Exception:  # a stale or broken cache is rebuilt
         log.warning("GGUF cache %s unusable, rebuilding", cached, exc_info=True)
         return None, None
+
+
+def _cached_model_config(cached: Path | None) -> ModelConfig | None:
+    """The :data:`CONFIG_FILE` kept in the cache, or None (missing or unreadable)."""
+    if cached is None or not (cached / CONFIG_FILE).exists():
+        return None
+    try:
+        fields = json.loads((cached / CONFIG_FILE).read_text(encoding="utf-8"))
+        fields["eos_token_ids"] = tuple(fields.get("eos_token_ids", ()))
+        return ModelConfig(**fields)
+    except (OSError, ValueError, TypeError):
+        log.warning("GGUF cache %s: %s unreadable", cached, CONFIG_FILE, exc_info=True)
+        return None
+
+
+def _read_cached_fast(cached: Path | None):
+    """(ModelConfig, tokenizer) from :data:`CONFIG_FILE` and the cached fast tokenizer,
+    or (None, None) when either is missing or unreadable (the slow path then runs).
+
+    About 1.2 s less than :func:`_read_cached` on our 2-core machine: no transformers
+    config class, and the tokenizer class is named instead of resolved by AutoTokenizer.
+    """
+    cfg = _cached_model_config(cached)
+    if cfg is None or not (cached / "tokenizer.json").exists():
+        return None, None
+    try:
+        tok_cls = json.loads((cached / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
+        if tok_cls not in _FAST_TOKENIZER_CLASSES:
+            return None, None
+        from transformers import PreTrainedTokenizerFast
+
+        return cfg, PreTrainedTokenizerFast.from_pretrained(str(cached))
+    except Exception:  # a stale or broken file: the slow path rebuilds
+        log.warning("GGUF cache %s: fast read failed, using the slow path", cached, exc_info=True)
+        return None, None
+
+
+def _write_model_config(cached: Path | None, cfg: ModelConfig) -> None:
+    """Keep ``cfg`` as :data:`CONFIG_FILE` in the cache (atomic; a failure only costs speed)."""
+    if cached is None or not cached.exists():
+        return
+    target = cached / CONFIG_FILE
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(dataclasses.asdict(cfg)), encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError:
+        log.warning("could not keep the model config", exc_info=True)
+        tmp.unlink(missing_ok=True)
 
 
 def _write_cache(cached: Path | None, hf_config, tokenizer) -> None:
@@ -345,9 +402,13 @@ def _load_gguf(path: Path, wdtype: torch.dtype):
     cached = _gguf_cache_dir(path)
     converted = _converted_file(cached, wdtype)
     if converted is not None and converted.exists():
-        hf_config, tokenizer = _read_cached(cached)
-        if hf_config is not None:
-            cfg = _model_config(path, hf_config)
+        cfg, tokenizer = _read_cached_fast(cached)
+        if cfg is None:
+            hf_config, tokenizer = _read_cached(cached)
+            cfg = _model_config(path, hf_config) if hf_config is not None else None
+            if cfg is not None:
+                _write_model_config(cached, cfg)
+        if cfg is not None:
             try:
                 return cfg, tokenizer, load_file(str(converted))
             except Exception:
@@ -360,6 +421,7 @@ def _load_gguf(path: Path, wdtype: torch.dtype):
         try:
             save_file(state, str(tmp))
             os.replace(tmp, converted)
+            _write_model_config(cached, cfg)
         except OSError:
             log.warning("could not keep the converted weights", exc_info=True)
             tmp.unlink(missing_ok=True)
@@ -440,7 +502,11 @@ def read_config(source: str | os.PathLike | None = None) -> ModelConfig:
         except Exception as e:
             raise UnsupportedModelError(f"{path.name}: its config could not be read ({_one_line(e)})") from None
     _check_gguf_file(path)
-    hf_config, _ = _read_cached(_gguf_cache_dir(path))
+    cached = _gguf_cache_dir(path)
+    cfg = _cached_model_config(cached)
+    if cfg is not None:
+        return cfg
+    hf_config, _ = _read_cached(cached)
     if hf_config is None:
         try:
             hf_config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)

@@ -26,3 +26,27 @@ def test_second_load_uses_converted_weights(default_model_file, default_model, t
     third = load_model(default_model_file, device="cpu")
     torch.testing.assert_close(third.logits(ids), expected, atol=0, rtol=0)
     assert converted[0].stat().st_size > 500_000_000
+
+
+def test_second_load_reads_our_config_and_the_fast_tokenizer(default_model_file, default_model, tmp_path, monkeypatch):
+    """The second load needs no transformers config class: our own config file and the
+    saved fast tokenizer give the same config, tokens and chat prompt; a damaged config
+    file falls back to transformers' and is written again."""
+    from runtime import loader, read_config
+
+    monkeypatch.setenv("ATTNCHAT_CACHE_DIR", str(tmp_path))
+    load_model(default_model_file, device="cpu")
+    (config_file,) = tmp_path.rglob(loader.CONFIG_FILE)
+    second = load_model(default_model_file, device="cpu")
+    assert second.config == default_model.config
+    assert read_config(default_model_file) == default_model.config
+    text = "Héllo <|im_start|> wörld 123"
+    assert second.encode(text) == default_model.encode(text)
+    msgs = [{"role": "user", "content": "hi"}]
+    assert second.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == \
+        default_model.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert second.stop_token_ids == default_model.stop_token_ids
+    config_file.write_text("{not json")
+    third = load_model(default_model_file, device="cpu")
+    assert third.config == default_model.config
+    assert loader._cached_model_config(config_file.parent) == default_model.config  # rewritten
