@@ -18,6 +18,11 @@ import time
 from typing import Any
 
 FIGURES = ("load_s", "ttft_s", "prefill_tokens_per_s", "followup_ttft_s", "peak_rss_bytes")
+#: Report name -> (bench_worker engine, whether it runs at ``--dtype``). ``ours-default`` is
+#: our engine as the app runs it (runtime.device.default_dtype: on the CPU, float16
+#: weights computing in float32); llama.cpp always runs the GGUF's own quantized weights.
+ENGINES = {"ours": ("ours", True), "ours-default": ("ours", False), "transformers": ("transformers", True),
+           "llamacpp": ("llamacpp", False)}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -26,8 +31,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="SRC", help="a .gguf file or model folder (default: the default model)")
     p.add_argument("--quick", action="store_true", help="depths 128 and 1,024 only (else also 4,096)")
     p.add_argument("--repeats", type=int, default=3, metavar="N", help="repetitions per engine (default 3)")
-    p.add_argument("--engines", default=None, help="comma-separated: ours,transformers,llamacpp (default: all available)")
-    p.add_argument("--dtype", default=None, help="weights' dtype for every engine (default float32)")
+    p.add_argument("--engines", default=None,
+                   help="comma-separated: ours,ours-default,transformers,llamacpp (default: all available)")
+    p.add_argument("--dtype", default="float32",
+                   help="weights' dtype for ours and transformers, compared like for like (default float32)")
     p.add_argument("--depths", default=None, help="comma-separated decode depths (overrides --quick)")
     p.add_argument("--decode-tokens", type=int, default=32, metavar="N")
     p.add_argument("--prefill-tokens", type=int, default=512, metavar="N")
@@ -67,10 +74,10 @@ def run(args: argparse.Namespace) -> int:
         model = str(args.model)
         if not os.path.exists(model):
             raise ValueError(f"{model} does not exist; give a .gguf file or a model folder")
-    engines = args.engines.split(",") if args.engines else ["ours", "transformers", "llamacpp"]
-    unknown = set(engines) - {"ours", "transformers", "llamacpp"}
+    engines = args.engines.split(",") if args.engines else list(ENGINES)
+    unknown = set(engines) - set(ENGINES)
     if unknown:
-        raise ValueError(f"unknown engine(s) {', '.join(sorted(unknown))}; use ours, transformers, llamacpp")
+        raise ValueError(f"unknown engine(s) {', '.join(sorted(unknown))}; use {', '.join(ENGINES)}")
     llamacpp_available = importlib.util.find_spec("llama_cpp") is not None and model.endswith(".gguf")
     if "llamacpp" in engines and not llamacpp_available:
         engines.remove("llamacpp")
@@ -78,13 +85,14 @@ def run(args: argparse.Namespace) -> int:
     depths = args.depths or ("128,1024" if args.quick else "128,1024,4096")
     common = ["--model", model, "--prefill-tokens", str(args.prefill_tokens), "--depths", depths,
               "--decode-tokens", str(args.decode_tokens), "--followup-context", str(args.followup_context),
-              "--followup-tokens", str(args.followup_tokens)] + (["--dtype", args.dtype] if args.dtype else [])
+              "--followup-tokens", str(args.followup_tokens)]
     raw: dict[str, list[dict]] = {e: [] for e in engines}
     for rep in range(args.repeats):
         for engine in engines:  # interleaved: A B A B
             t0 = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-m", "attnchat.bench_worker", "--engine", engine] + common,
-                                  capture_output=True, text=True)
+            worker, like_for_like = ENGINES[engine]
+            cmd = [sys.executable, "-m", "attnchat.bench_worker", "--engine", worker] + common
+            proc = subprocess.run(cmd + (["--dtype", args.dtype] if like_for_like else []), capture_output=True, text=True)
             if proc.returncode != 0:
                 tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
                 raise RuntimeError(f"the {engine} benchmark run failed: {tail}")
@@ -124,11 +132,18 @@ def _ratios(summary: dict, depths: list[str]) -> dict:
     ours_fu, tf_fu = med("ours", "followup_ttft_s"), med("transformers", "followup_ttft_s")
     ours_pf, tf_pf = med("ours", "prefill_tokens_per_s"), med("transformers", "prefill_tokens_per_s")
     div = lambda a, b: (a / b) if a and b else None  # noqa: E731
+    dflt_dec, dflt_fu = med("ours-default", "decode_tokens_per_s", d1k), med("ours-default", "followup_ttft_s")
     return {
+        # ours and transformers at the same dtype (--dtype)
         "decode_1k_vs_transformers": div(ours_dec, tf_dec),
         "followup_ttft_vs_transformers": div(tf_fu, ours_fu),
         "prefill_512_vs_transformers": div(ours_pf, tf_pf),
-        "decode_1k_vs_llamacpp": div(ours_dec, lc_dec),
+        # llama.cpp runs the GGUF's quantized weights: compared with ours as the app runs it
+        # (ours-default) when measured, else with ours at --dtype
+        "decode_1k_vs_llamacpp": div(dflt_dec or ours_dec, lc_dec),
+        # ours as the app runs it against transformers at --dtype
+        "default_decode_1k_vs_transformers": div(dflt_dec, tf_dec),
+        "default_followup_ttft_vs_transformers": div(tf_fu, dflt_fu),
     }
 
 
@@ -161,7 +176,7 @@ def plot(report: dict, path: str) -> None:
     w.addLegend()
     w.setLabel("bottom", "context depth (tokens)")
     w.setLabel("left", "decode tokens / s")
-    colours = {"ours": "#d62728", "transformers": "#1f77b4", "llamacpp": "#2ca02c"}
+    colours = {"ours": "#d62728", "ours-default": "#ff7f0e", "transformers": "#1f77b4", "llamacpp": "#2ca02c"}
     for engine, s in report["summary"].items():
         xs = [int(d) for d in s["decode_tokens_per_s"]]
         ys = [s["decode_tokens_per_s"][d]["median"] for d in s["decode_tokens_per_s"]]

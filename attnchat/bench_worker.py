@@ -52,7 +52,8 @@ class Ours:
         self.model = load_model(path, device="cpu", dtype=dtype)
         self.vocab = self.model.config.vocab_size
         self.special = set(self.model.tokenizer.all_special_ids)
-        self.dtype = str(self.model.dtype).removeprefix("torch.")
+        weights, compute = (str(d).removeprefix("torch.") for d in (self.model.dtype, self.model.compute_dtype))
+        self.dtype = weights if weights == compute else f"{weights} weights, {compute} compute"
         self.kv_bytes_per_token = self.model.new_cache(1).bytes_per_token
         self.cache = None
 

@@ -20,7 +20,7 @@ MIB = 2**20
 GIB = 2**30
 #: The weights' default dtype per device type when none is chosen (runtime.device.default_dtype;
 #: CUDA says bfloat16 here although pre-Ampere GPUs get float16: the same bytes).
-DEFAULT_WEIGHT_DTYPE = {"cpu": "float32", "cuda": "bfloat16", "mps": "float16"}
+DEFAULT_WEIGHT_DTYPE = {"cpu": "float16", "cuda": "bfloat16", "mps": "float16"}
 
 
 def fmt_mib(n: int | float | None) -> str:
@@ -147,14 +147,18 @@ class MemoryPlanner(QGroupBox):
 
     def update_plan(self, *, context: int, cache_dtype: str, budget_bytes: int | None, device: str,
                     weights_dtype: str) -> runtime.MemoryPlan | None:
-        """Recompute the figures. ``context`` 0 = the model's maximum; ``cache_dtype`` /
-        ``weights_dtype`` ``"auto"`` = the weights' dtype / the device's default; ``device``
+        """Recompute the figures. ``context`` 0 = the model's maximum; ``cache_dtype``
+        ``"auto"`` = the compute dtype (:func:`runtime.compute_dtype`), ``weights_dtype``
+        ``"auto"`` = the loaded model's dtype or the device's default; ``device``
         already resolved (no ``"auto"``)."""
         m = self.model if self.source.currentIndex() == self.LOADED else None
         wdtype = weights_dtype
         if wdtype == "auto":
             wdtype = m["dtype"] if m and str(m.get("device")) == device else DEFAULT_WEIGHT_DTYPE.get(device.split(":")[0], "float32")
-        cdtype = wdtype if cache_dtype == "auto" else cache_dtype
+        if cache_dtype == "auto":  # the compute dtype (CPU: float16 weights compute in float32)
+            cdtype = str(runtime.compute_dtype(device, wdtype)).removeprefix("torch.")
+        else:
+            cdtype = cache_dtype
         if m:
             layers, kv_heads, head_dim = int(m["n_layers"]), int(m["n_kv_heads"]), int(m["head_dim"])
             context = min(context or int(m["context_limit"]), int(m["context_limit"]))

@@ -34,7 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "generation/min_p": 0.0,                   # 0 = off
     "generation/repetition_penalty": 1.0,      # 1 = off
     "generation/seed": -1,                     # -1 = a fresh random seed per reply
-    "generation/cache_dtype": "auto",          # auto = the weights' dtype
+    "generation/cache_dtype": "auto",          # auto = the compute dtype (runtime.compute_dtype)
     "generation/cache_limit_mib": 0.0,         # 0 = no limit
     "generation/overflow": "truncate-middle",  # stop | truncate-middle | rolling
     "generation/sink_tokens": 4,               # tokens the rolling policy always keeps

@@ -67,8 +67,8 @@ def live_threads() -> list[QThread]:
 def generation_settings(s: dict[str, Any], max_context: int | None = None) -> "runtime.GenerationSettings":
     """The runtime's settings from the desktop's plain dict (keys as in ``desktop.settings``).
 
-    ``seed`` < 0 or None: a fresh seed per reply; ``cache_dtype`` ``"auto"``: the weights'
-    dtype; ``cache_limit_mib`` 0: no limit; ``context`` 0: the model's maximum, and a
+    ``seed`` < 0 or None: a fresh seed per reply; ``cache_dtype`` ``"auto"``: the compute
+    dtype (:func:`runtime.compute_dtype`); ``cache_limit_mib`` 0: no limit; ``context`` 0: the model's maximum, and a
     context past ``max_context`` (a model loaded after it was set) is capped there.
 
     Raises:
@@ -114,6 +114,7 @@ def model_info(model: "runtime.Model") -> dict[str, Any]:
     dtype = str(model.dtype).removeprefix("torch.")
     return {
         "name": model.name, "path": str(model.path), "device": str(model.device), "dtype": dtype,
+        "compute_dtype": str(getattr(model, "compute_dtype", model.dtype)).removeprefix("torch."),
         "context_limit": c.max_position_embeddings, "n_layers": c.n_layers, "n_heads": c.n_heads,
         "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim, "load_seconds": model.load_seconds,
         "weights_bytes": getattr(model, "weights_bytes", None),

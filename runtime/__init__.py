@@ -6,7 +6,7 @@ command line use. Nothing runs at import time.
 from runtime.attention import ATTENTION_BACKENDS, attention, get_attention_backend, set_attention_backend
 from runtime.chat_format import Message
 from runtime.config import ModelConfig
-from runtime.device import available_devices
+from runtime.device import available_devices, compute_dtype
 from runtime.errors import (
     AttnchatError,
     CacheLimitError,
@@ -34,7 +34,7 @@ from runtime.session import (
 )
 
 __all__ = [
-    "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "Message", "ModelConfig", "KVCache", "CACHE_DTYPES", "Model", "load_model",
+    "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "compute_dtype", "Message", "ModelConfig", "KVCache", "CACHE_DTYPES", "Model", "load_model",
     "SamplingParams", "MemoryPlan", "plan", "plan_for_config", "kv_bytes_per_token", "count_parameters", "element_bytes",
     "free_memory_bytes", "AttentionCapture", "HeadScores", "head_scores",
     "LayerAttention", "FormulaSteps", "context_ids", "conversation_ids", "token_strings", "read_config", "ChatSession", "GenerationSettings", "OVERFLOW_POLICIES", "Event",

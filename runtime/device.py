@@ -39,19 +39,21 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 def default_dtype(device: torch.device) -> torch.dtype:
     """The weights' default dtype on a device.
 
-    - CPU: float32. Most desktop CPUs have no fast bfloat16/float16 matrix units
-      (no AMX), so 16-bit weights decode no faster there, and float32 keeps parity
-      with the reference exact (see the benchmark issue's table: transformers'
-      bf16 decodes slower than fp32 on our 2-core machines).
+    - CPU: float16 weights computing in float32 (:func:`compute_dtype`). Decode
+      reads every weight once per token, so half the bytes is about twice the speed
+      (default model, 1,024 tokens deep, our 2-core machine: 46 tok/s against 22 for
+      float32 weights) and half the memory (269 MB of weights, not 538). Cost against
+      float32 weights over 399 positions of English text: mean |logit difference|
+      0.008 (max 0.11), 99.7 % the same greedy token (prefill: 0.004, 100 %).
+      ``dtype="float32"`` gives the exact reference.
     - CUDA: bfloat16 where supported (Ampere and newer), else float16: half the
       bytes per token read, and tensor cores.
     - MPS: float16 (bfloat16 support on MPS depends on the macOS version).
     """
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if device.type == "mps":
-        return torch.float16
-    return torch.float32
+        supported = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if supported else torch.float16
+    return torch.float16  # CPU (computing in float32) and MPS
 
 
 def available_devices() -> list[tuple[str, str]]:
@@ -72,3 +74,25 @@ def available_devices() -> list[tuple[str, str]]:
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         out.append(("mps", "Apple MPS"))
     return out
+
+
+def compute_dtype(device: torch.device | str, weight_dtype: torch.dtype | str) -> torch.dtype:
+    """The activations' dtype for weights of ``weight_dtype`` on ``device`` (also the
+    default KV-cache dtype). Names (``"cpu"``, ``"cuda:0"``, ``"float16"``) are accepted.
+
+    float16 weights on the CPU compute in float32: CPUs without AVX512-FP16 have no
+    fast float16 arithmetic (a 512-token float16 prefill ran at 158 tok/s on our
+    2-core machine, float32 at 620), but torch's float16 matrix-vector kernel reads
+    the weights at twice the float32 rate, and reading every weight once is what
+    decoding a token costs. Everything else computes in the weights' dtype.
+
+    Raises:
+        ValueError: an unknown dtype name.
+    """
+    from runtime.kv_cache import parse_cache_dtype
+
+    dev_type = torch.device(device).type if isinstance(device, str) else device.type
+    weight_dtype = parse_cache_dtype(weight_dtype)
+    if dev_type == "cpu" and weight_dtype == torch.float16:
+        return torch.float32
+    return weight_dtype

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from runtime.config import ModelConfig
-from runtime.device import default_dtype, resolve_device
+from runtime.device import compute_dtype, default_dtype, resolve_device
 from runtime.errors import ModelLoadError, UnsupportedModelError
 from runtime.kv_cache import KVCache, parse_cache_dtype
 from runtime.model import Decoder
@@ -42,7 +42,9 @@ class Model:
         path: the file or folder it came from.
         config: our :class:`ModelConfig`.
         device: where the weights live.
-        dtype: the weights' dtype (also the default KV-cache dtype).
+        dtype: the weights' dtype.
+        compute_dtype: the activations' dtype (also the default KV-cache dtype);
+            :func:`runtime.device.compute_dtype`.
         decoder: our :class:`runtime.model.Decoder`.
         load_seconds: wall time of :func:`load_model` (seconds).
     """
@@ -53,6 +55,7 @@ class Model:
     device: torch.device
     dtype: torch.dtype
     decoder: Decoder
+    compute_dtype: torch.dtype = torch.float32
     load_seconds: float = 0.0
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)
 
@@ -86,7 +89,7 @@ class Model:
 
         Args:
             max_tokens: capacity in tokens (default and cap: the model's maximum context).
-            dtype: cache dtype (``float32``, ``bfloat16``, ``float16``); default the weights' dtype.
+            dtype: cache dtype (``float32``, ``bfloat16``, ``float16``); default the compute dtype.
             limit_bytes: optional cap on the cache's allocated bytes.
 
         Raises:
@@ -100,7 +103,7 @@ class Model:
         c = self.config
         return KVCache(
             c.n_layers, c.n_kv_heads, c.head_dim, max_tokens,
-            dtype=parse_cache_dtype(dtype) if dtype is not None else self.dtype,
+            dtype=parse_cache_dtype(dtype) if dtype is not None else self.compute_dtype,
             device=self.device, limit_bytes=limit_bytes,
         )
 
@@ -475,10 +478,11 @@ def load_model(source: str | os.PathLike | None = None, *, device: str = "auto",
         raise ModelLoadError(f"{path} does not exist; give a .gguf file or a model folder")
     with torch.device("meta"):
         decoder = Decoder(cfg)
-    decoder.load_weights({k: v.to(dev) for k, v in state.items()})
+    cdtype = compute_dtype(dev, wdtype)
+    decoder.load_weights({k: v.to(dev) for k, v in state.items()}, compute_dtype=cdtype)
     decoder.eval()
     return Model(
-        tokenizer=tokenizer, path=path, config=cfg, device=dev, dtype=wdtype, decoder=decoder,
+        tokenizer=tokenizer, path=path, config=cfg, device=dev, dtype=wdtype, decoder=decoder, compute_dtype=cdtype,
         load_seconds=time.perf_counter() - t0, stop_token_ids=_stop_ids(tokenizer, cfg),
     )
 

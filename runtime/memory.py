@@ -138,7 +138,8 @@ def plan(
         context: context length in tokens (> 0).
         budget_bytes: optional KV budget in bytes: reports the longest context that fits.
         config: a model config: adds weights bytes and parameters.
-        weights_dtype: weights' dtype for that figure (default float32).
+        weights_dtype: weights' dtype for that figure (default: ``device``'s default,
+            :func:`runtime.device.default_dtype`; float16 on the CPU).
         device: whose free memory to report.
 
     Raises:
@@ -154,7 +155,11 @@ def plan(
     params = weights = wdtype = None
     if config is not None:
         params = count_parameters(config)
-        wdtype = dtype_name(parse_cache_dtype(weights_dtype or "float32"))
+        if weights_dtype is None:
+            from runtime.device import default_dtype
+
+            weights_dtype = default_dtype(torch.device(device))
+        wdtype = dtype_name(parse_cache_dtype(weights_dtype))
         weights = params * element_bytes(wdtype)
     free = free_memory_bytes(device)
     total = (weights or 0) + kv

@@ -50,22 +50,28 @@ _ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T + bias``, as ``F.linear``: ``x (..., in)``, ``weight (out, in)`` -> ``(..., out)``.
+    """``x @ weight.T + bias``, as ``F.linear``: ``x (..., in)``, ``weight (out, in)`` -> ``(..., out)``
+    in ``x``'s dtype.
 
-    CPU float32/bfloat16 tensors go through oneDNN's inner product (the kernel
-    PyTorch's own compiler uses for CPU linear layers), which keeps both cores busy
-    on a single token; everything else, and anything that needs gradients, through
-    ``F.linear``. Same result to float32 rounding (different summation order).
+    - CPU, ``x`` and ``weight`` both float32 or both bfloat16: oneDNN's inner product
+      (the kernel PyTorch's own compiler uses for CPU linear layers), which keeps both
+      cores busy on a single token.
+    - CPU, float32 ``x`` with float16 ``weight`` (float16 weights computing in float32,
+      see :func:`runtime.device.compute_dtype`): one token goes through torch's float16
+      matrix-vector kernel (float32 accumulation, weights read at about 25 GB/s here)
+      with ``x`` rounded to float16; more tokens widen the weight to float32 for the
+      product (a transient copy of one matrix), so prefill keeps float32 arithmetic.
+    - Anything else, and anything that needs gradients: ``F.linear``.
     """
-    if (
-        _ONEDNN_LINEAR is not None
-        and x.device.type == "cpu"
-        and x.dtype in _ONEDNN_DTYPES
-        and weight.dtype == x.dtype
-        and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
-    ):
-        return _ONEDNN_LINEAR(x, weight, bias, "none", [None], "")
-    return F.linear(x, weight, bias)
+    if x.device.type == "cpu" and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)):
+        if weight.dtype == torch.float16 and x.dtype == torch.float32:
+            if x.numel() == x.shape[-1]:  # one token
+                out = F.linear(x.to(torch.float16), weight).to(torch.float32)
+                return out if bias is None else out + bias
+            weight = weight.to(torch.float32)
+        if _ONEDNN_LINEAR is not None and x.dtype in _ONEDNN_DTYPES and weight.dtype == x.dtype:
+            return _ONEDNN_LINEAR(x, weight, bias, "none", [None], "")
+    return F.linear(x, weight.to(x.dtype), bias)
 
 
 class Linear(nn.Linear):
@@ -229,15 +235,28 @@ class Decoder(nn.Module):
         self.rope_cos: torch.Tensor | None = None
         self.rope_sin: torch.Tensor | None = None
         self.observer: AttentionObserver | None = None
+        self.compute_dtype: torch.dtype = torch.float32
 
-    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """Assign tensors named as in :func:`runtime.weights.to_decoder_state` (strict)."""
+    def load_weights(self, state: dict[str, torch.Tensor], compute_dtype: torch.dtype | None = None) -> None:
+        """Assign tensors named as in :func:`runtime.weights.to_decoder_state` (strict).
+
+        Args:
+            state: the weights; matrices (embeddings, projections) keep their dtype.
+            compute_dtype: the activations' dtype (default: the embedding's dtype). Norm
+                weights, biases and the RoPE tables are cast to it; :func:`linear` bridges
+                float16 matrices and float32 activations.
+        """
         self.load_state_dict(state, strict=True, assign=True)
+        self.compute_dtype = compute_dtype or self.embed.weight.dtype
+        for module in self.modules():
+            for name in ("weight", "bias") if isinstance(module, Norm) else ("bias",) if isinstance(module, Linear) else ():
+                p = getattr(module, name)
+                if p is not None and p.dtype != self.compute_dtype:
+                    setattr(module, name, nn.Parameter(p.data.to(self.compute_dtype), requires_grad=p.requires_grad))
         if self.cfg.family == "llama":
             device = self.embed.weight.device
             cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_position_embeddings, self.cfg.rope_theta)
-            dtype = self.embed.weight.dtype
-            self.rope_cos, self.rope_sin = cos.to(device, dtype), sin.to(device, dtype)
+            self.rope_cos, self.rope_sin = cos.to(device, self.compute_dtype), sin.to(device, self.compute_dtype)
 
     def forward(
         self,
@@ -266,10 +285,10 @@ class Decoder(nn.Module):
             )
         if cache is not None:
             cache.reserve(T)
-        x = self.embed(input_ids)  # (B, T, C)
+        x = self.embed(input_ids).to(self.compute_dtype)  # (B, T, C)
         rope = None
         if self.pos_embed is not None:
-            x = x + self.pos_embed.weight[start : start + T]
+            x = x + self.pos_embed.weight[start : start + T].to(self.compute_dtype)
         else:
             rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T])  # (T, D) each
         for i, block in enumerate(self.blocks):

@@ -46,7 +46,7 @@ class GenerationSettings:
         overflow: ``"stop"``, ``"truncate-middle"`` or ``"rolling"``.
         sink_tokens: first tokens the rolling policy always keeps.
         prefill_chunk: tokens per prefill step (progress and cancel granularity).
-        cache_dtype: KV-cache dtype name (``None``: the weights' dtype).
+        cache_dtype: KV-cache dtype name (``None``: the model's compute dtype).
         cache_limit_bytes: cap on the KV cache's allocated bytes (``None``: none).
 
     Raises:

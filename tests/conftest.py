@@ -27,7 +27,7 @@ def default_model(default_model_file):
     """The default model loaded by our runtime on the CPU in float32 (loaded once per run)."""
     from runtime import load_model
 
-    return load_model(default_model_file, device="cpu")
+    return load_model(default_model_file, device="cpu", dtype="float32")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -23,7 +23,7 @@ def tiny(tmp_path_factory):
     from runtime import load_model
     from tests.runtime.tiny_models import make_tiny_model
 
-    return load_model(make_tiny_model(tmp_path_factory.mktemp("tiny"), "llama"), device="cpu")
+    return load_model(make_tiny_model(tmp_path_factory.mktemp("tiny"), "llama"), device="cpu", dtype="float32")
 
 
 def causal_rows(T: int, seed: int = 0) -> np.ndarray:

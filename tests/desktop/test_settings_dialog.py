@@ -144,8 +144,8 @@ def test_the_planner_in_the_dialog(big_window, monkeypatch):
     assert rows["total"].text().startswith("12.2 GiB (12,500 MiB): does not fit")
     assert "smaller cache dtype" in rows["total"].text()
     assert rows["weights"].text() == "unknown: give the parameter count"
-    d.planner.params_m.setValue(1000)   # 1 B parameters at the weight dtype (auto on the CPU: float32)
-    assert rows["weights"].text() == "3.7 GiB (3,815 MiB) (float32)"
+    d.planner.params_m.setValue(1000)   # 1 B parameters at the weight dtype (auto on the CPU: float16)
+    assert rows["weights"].text() == "1.9 GiB (1,907 MiB) (float16)"
 
 
 def test_settings_reach_the_worker_and_the_session(qtbot, make_window, backend):

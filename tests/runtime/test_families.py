@@ -38,7 +38,7 @@ def _reference_logits(folder, ids: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_match_transformers(folders, family):
-    m = load_model(folders[family], device="cpu")
+    m = load_model(folders[family], device="cpu", dtype="float32")
     assert m.dtype == torch.float32 and m.device.type == "cpu"
     assert m.config.model_type == family
     if family != "gpt2":
@@ -58,7 +58,7 @@ def test_logits_match_transformers(folders, family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tokenizer_and_stop_tokens(folders, family):
     """Every family's folder gives back the same byte-level tokenizer (Qwen2's included)."""
-    m = load_model(folders[family], device="cpu")
+    m = load_model(folders[family], device="cpu", dtype="float32")
     text = "the cat is very, very happy! Où? 😀"
     ids = m.encode(text)
     assert len(ids) > 10 and max(ids) < VOCAB_SIZE
@@ -71,7 +71,7 @@ def test_tokenizer_and_stop_tokens(folders, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_prefill_then_cached_steps_equal_full_forward(folders, family):
-    m = load_model(folders[family], device="cpu")
+    m = load_model(folders[family], device="cpu", dtype="float32")
     ids = _ids(m.config.vocab_size)
     full = m.logits(ids)
     cache = m.new_cache(64)
@@ -92,7 +92,7 @@ def test_prefill_then_cached_steps_equal_full_forward(folders, family):
 
 def test_qwen2_bias_is_loaded_and_matters(folders):
     """The q/k/v bias is really non-zero and really used: without it the logits move."""
-    m = load_model(folders["qwen2"], device="cpu")
+    m = load_model(folders["qwen2"], device="cpu", dtype="float32")
     assert m.config.qkv_bias and not m.config.o_bias
     bias = m.decoder.blocks[0].attn.qkv_proj.bias
     assert bias is not None and bias.abs().mean() > 0.3  # torch.randn, not the zero init
@@ -115,7 +115,7 @@ def test_bfloat16_weights_close_to_float32(folders):
     still failing on a wrong weight, a swapped head or a missing bias (errors of O(1)).
     """
     for family in ("llama", "qwen2"):
-        m32 = load_model(folders[family], device="cpu")
+        m32 = load_model(folders[family], device="cpu", dtype="float32")
         m16 = load_model(folders[family], device="cpu", dtype="bfloat16")
         assert m16.dtype == torch.bfloat16
         assert m16.decoder.embed.weight.dtype == torch.bfloat16

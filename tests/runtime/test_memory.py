@@ -40,8 +40,10 @@ def test_bad_numbers_raise():
 def test_parameter_count_matches_the_loaded_default_model(default_model):
     loaded = sum(p.numel() for p in default_model.decoder.parameters())
     assert count_parameters(default_model.config) == loaded
-    p = plan_for_config(default_model.config, context=8192)
+    p = plan_for_config(default_model.config, context=8192, weights_dtype="float32")
     assert p.weights_bytes == default_model.weights_bytes
+    # The CPU's default weights are float16 (runtime.device.default_dtype): half the bytes.
+    assert plan_for_config(default_model.config, context=8192).weights_bytes == default_model.weights_bytes // 2
     assert p.kv_bytes == 8192 * 46_080
     assert p.total_bytes == p.weights_bytes + p.kv_bytes
 
@@ -72,7 +74,8 @@ def test_memory_command_on_the_default_model(default_model_file, default_model):
     assert data["kv_bytes_per_token"] == 23_040
     assert data["kv_bytes"] == 23_040_000
     assert data["max_context_in_budget"] == 10 * 2**20 // 23_040
-    assert data["weights_bytes"] == default_model.weights_bytes
+    assert data["weights_bytes"] == default_model.weights_bytes // 2   # float16 by default on the CPU
+    assert data["weights_dtype"] == "float16"
 
 
 def test_memory_command_half_given_numbers_exit_2():

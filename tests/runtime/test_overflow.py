@@ -147,7 +147,7 @@ def tiny_llama(tmp_path_factory):
     from runtime import load_model
     from tests.runtime.tiny_models import make_tiny_model
 
-    return load_model(make_tiny_model(tmp_path_factory.mktemp("tiny"), "llama"), device="cpu")
+    return load_model(make_tiny_model(tmp_path_factory.mktemp("tiny"), "llama"), device="cpu", dtype="float32")
 
 
 def test_truncate_middle_counts_each_dropped_token_once(tiny_llama):

@@ -18,7 +18,7 @@ from runtime.sampling import SamplingParams
 def tiny(tmp_path_factory):
     from tests.runtime.tiny_models import make_tiny_model
 
-    return load_model(make_tiny_model(tmp_path_factory.mktemp("tiny"), "llama"), device="cpu")
+    return load_model(make_tiny_model(tmp_path_factory.mktemp("tiny"), "llama"), device="cpu", dtype="float32")
 
 
 IDS = [1, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]
@@ -99,7 +99,7 @@ def test_head_scores_find_a_planted_previous_token_head(tmp_path_factory):
     the query-key score peaks one position back (score(i, j) = c^2 sum_f cos(f (j - i + 1)))."""
     from tests.runtime.tiny_models import make_tiny_model
 
-    model = load_model(make_tiny_model(tmp_path_factory.mktemp("planted"), "qwen2"), device="cpu")
+    model = load_model(make_tiny_model(tmp_path_factory.mktemp("planted"), "qwen2"), device="cpu", dtype="float32")
     cfg = model.config
     H, D = cfg.n_heads, cfg.head_dim
     attn = model.decoder.blocks[0].attn

@@ -14,7 +14,7 @@ text = st.lists(st.sampled_from(WORDS + ["?", "!", "é", "東", "🙂", "  ", "\
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return load_model(make_tiny_model(tmp_path_factory.mktemp("tiny"), "llama", max_positions=1024), device="cpu")
+    return load_model(make_tiny_model(tmp_path_factory.mktemp("tiny"), "llama", max_positions=1024), device="cpu", dtype="float32")
 
 
 def conversation(draw_texts: list[str]) -> list[Message]:

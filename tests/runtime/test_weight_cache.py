@@ -13,17 +13,17 @@ def test_second_load_uses_converted_weights(default_model_file, default_model, t
     monkeypatch.setenv("ATTNCHAT_CACHE_DIR", str(tmp_path))
     ids = default_model.encode("The capital of France is")
     expected = default_model.logits(ids)
-    first = load_model(default_model_file, device="cpu")
+    first = load_model(default_model_file, device="cpu", dtype="float32")
     converted = list(tmp_path.rglob("decoder-v*-float32.safetensors"))
     assert len(converted) == 1
     assert converted[0].stat().st_size > 500_000_000  # 134.5M float32 parameters
-    second = load_model(default_model_file, device="cpu")
+    second = load_model(default_model_file, device="cpu", dtype="float32")
     torch.testing.assert_close(second.logits(ids), expected, atol=0, rtol=0)
     torch.testing.assert_close(first.logits(ids), expected, atol=0, rtol=0)
     assert second.tokenizer.chat_template == default_model.tokenizer.chat_template
     # A damaged converted file is ignored and rebuilt, never trusted.
     converted[0].write_bytes(b"not safetensors")
-    third = load_model(default_model_file, device="cpu")
+    third = load_model(default_model_file, device="cpu", dtype="float32")
     torch.testing.assert_close(third.logits(ids), expected, atol=0, rtol=0)
     assert converted[0].stat().st_size > 500_000_000
 
