@@ -63,3 +63,33 @@ def test_cpu_float32_takes_the_onednn_kernel(monkeypatch):
         linear(torch.randn(1, 6), torch.randn(3, 6))
         linear(torch.randn(1, 6).double(), torch.randn(3, 6).double())  # float64: F.linear
     assert calls == [torch.Size([3, 6])]
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_float16_weight_with_float32_input(rows):
+    """float16 weights compute in float32 on the CPU: one row through the float16 kernel
+    (input rounded to float16), several rows with the weight widened to float32."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, rows, 64, generator=g)
+    w = (torch.randn(32, 64, generator=g) / 8).half()
+    b = torch.randn(32, generator=g)
+    exact = F.linear(x, w.float(), b)
+    for mode in (torch.inference_mode, torch.no_grad):
+        with mode():
+            out = linear(x, w, b)
+            again = linear(x, w, b)  # the scratch buffer is reused
+        assert out.dtype == torch.float32 and out.shape == (1, rows, 32)
+        tol = 2e-2 if rows == 1 else 1e-5
+        torch.testing.assert_close(out, exact, rtol=tol, atol=tol)
+        torch.testing.assert_close(again, out, rtol=0, atol=0)
+
+
+def test_widened_weights_of_different_shapes_do_not_mix():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 16, generator=g)
+    big, small = torch.randn(40, 16, generator=g).half(), torch.randn(8, 16, generator=g).half()
+    with torch.inference_mode():
+        a, b, a2 = linear(x, big), linear(x, small), linear(x, big)
+    torch.testing.assert_close(a, F.linear(x, big.float()), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(b, F.linear(x, small.float()), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(a2, a, rtol=0, atol=0)
