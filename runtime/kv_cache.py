@@ -168,28 +168,40 @@ class KVCache:
         if need <= self.capacity:
             return
         new_cap = min(self.token_limit, -(-need // self.chunk_tokens) * self.chunk_tokens)
-        # The new buffers exist next to the old ones while the tokens are copied over.
+        # Layer by layer, the new K and V buffers exist next to that layer's old ones while
+        # its tokens are copied over: the growth plus one layer's old buffers at the peak
+        # (all layers at once would briefly double the cache).
         new_bytes = new_cap * self.bytes_per_token
+        need_bytes = (new_cap - self.capacity) * self.bytes_per_token + self.capacity * self.bytes_per_token // self.n_layers
         free = _free_bytes(self.device)
-        if free is not None and new_bytes > free:
+        if free is not None and need_bytes > free:
             raise CacheLimitError(
-                f"a {new_cap}-token KV cache needs {new_bytes / 2**20:,.1f} MiB but {self.device} has "
+                f"a {new_cap}-token KV cache needs {need_bytes / 2**20:,.1f} MiB more but {self.device} has "
                 f"{free / 2**20:,.1f} MiB free; lower the context length or use a smaller cache dtype"
             )
         shape = (self.batch, self.n_kv_heads, new_cap, self.head_dim)
-        try:
-            new_k = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layers)]
-            new_v = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layers)]
-        except (torch.OutOfMemoryError, RuntimeError) as e:  # RuntimeError: CPU allocator
-            raise CacheLimitError(
-                f"out of memory allocating a {new_cap}-token KV cache "
-                f"({new_cap * self.bytes_per_token} bytes); lower the context length or use a smaller cache dtype"
-            ) from e
         n = self.length
-        for i in range(len(self.k)):
-            new_k[i][:, :, :n].copy_(self.k[i][:, :, :n])
-            new_v[i][:, :, :n].copy_(self.v[i][:, :, :n])
-        self.k, self.v, self.capacity = new_k, new_v, new_cap
+        for i in range(self.n_layers):
+            # A layer grown before an out-of-memory error keeps its bigger buffers: only
+            # ``capacity`` tokens of each are used, so the cache stays consistent.
+            if i < len(self.k) and self.k[i].shape[2] >= new_cap:
+                continue
+            try:
+                new_k = torch.empty(shape, dtype=self.dtype, device=self.device)
+                new_v = torch.empty(shape, dtype=self.dtype, device=self.device)
+            except (torch.OutOfMemoryError, RuntimeError) as e:  # RuntimeError: CPU allocator
+                raise CacheLimitError(
+                    f"out of memory allocating a {new_cap}-token KV cache "
+                    f"({new_bytes} bytes); lower the context length or use a smaller cache dtype"
+                ) from e
+            if i < len(self.k):
+                new_k[:, :, :n].copy_(self.k[i][:, :, :n])
+                new_v[:, :, :n].copy_(self.v[i][:, :, :n])
+                self.k[i], self.v[i] = new_k, new_v
+            else:
+                self.k.append(new_k)
+                self.v.append(new_v)
+        self.capacity = new_cap
 
     @torch.inference_mode()
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,10 +14,13 @@ def test_growth_past_free_memory_is_refused_before_allocating(monkeypatch):
     monkeypatch.setattr(runtime.memory, "free_memory_bytes", lambda device: 100_000)
     cache.reserve(100)  # 256 tokens x 256 B = 64 KiB: fits
     cache.advance(100)
+    # Growing to 512 tokens needs 256 more x 256 B + one layer's old buffers (32 KiB) = 96 KiB: fits.
+    cache.reserve(300)
+    assert cache.capacity == 512
     with pytest.raises(CacheLimitError, match="lower the context length or use a smaller cache dtype") as e:
-        cache.reserve(300)  # 512 tokens = 128 KiB: does not
+        cache.reserve(600)  # 768 tokens: 64 KiB more + 64 KiB of one layer's old buffers: does not
     assert "MiB free" in str(e.value)
-    assert (cache.length, cache.capacity) == (100, 256)  # unchanged, still usable
+    assert (cache.length, cache.capacity) == (100, 512)  # unchanged, still usable
     cache.reserve(50)
 
 
