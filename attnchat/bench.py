@@ -50,8 +50,20 @@ def _summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def _cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def _machine() -> dict:
-    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+    info = {"platform": platform.platform(), "processor": _cpu_name(),
             "cpus": os.cpu_count(), "python": platform.python_version()}
     try:
         import torch
@@ -166,7 +178,6 @@ def plot(report: dict, path: str) -> None:
     """A PNG of decode tok/s against depth, one line per engine (pyqtgraph, offscreen)."""
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     import pyqtgraph as pg
-    import pyqtgraph.exporters
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication([])  # noqa: F841 (keeps Qt alive)
@@ -182,7 +193,9 @@ def plot(report: dict, path: str) -> None:
         ys = [s["decode_tokens_per_s"][d]["median"] for d in s["decode_tokens_per_s"]]
         w.plot(xs, ys, pen=pg.mkPen(colours.get(engine, "k"), width=3), symbol="o", symbolBrush=colours.get(engine, "k"),
                name=f"{engine} ({s['dtype']})")
-    w.setYRange(0, max(max(d["median"] for d in s["decode_tokens_per_s"].values()) for s in report["summary"].values()) * 1.15)
-    exporter = pg.exporters.ImageExporter(w.plotItem)
-    exporter.parameters()["width"] = 800
-    exporter.export(path)
+    w.setYRange(0, max(max(d["median"] for d in s["decode_tokens_per_s"].values()) for s in report["summary"].values()) * 1.45)  # the legend sits above the lines
+    w.show()  # laid out like a window (offscreen), so the axis labels get their room
+    app.processEvents()
+    if not w.grab().save(path):
+        raise OSError(f"could not write the plot to {path}")
+    w.close()

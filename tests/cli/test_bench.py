@@ -12,14 +12,17 @@ def test_bench_harness_on_a_tiny_model(tmp_path):
     folder = make_tiny_model(tmp_path / "tiny", "llama")
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     proc = subprocess.run(
-        [sys.executable, "-m", "attnchat", "bench", "--model", str(folder), "--engines", "ours,transformers",
+        [sys.executable, "-m", "attnchat", "bench", "--model", str(folder), "--engines", "ours,ours-default,transformers",
          "--repeats", "2", "--depths", "16,48", "--decode-tokens", "4", "--prefill-tokens", "16",
          "--followup-context", "40", "--followup-tokens", "4", "--json", str(out_json), "--plot", str(out_png)],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out_json.read_text())
-    assert set(report["raw"]) == {"ours", "transformers"}
+    assert set(report["raw"]) == {"ours", "ours-default", "transformers"}
+    # ours and transformers like for like (--dtype, float32 by default); ours-default as the app runs.
+    assert report["summary"]["ours"]["dtype"] == report["summary"]["transformers"]["dtype"] == "float32"
+    assert report["summary"]["ours-default"]["dtype"] == "float16 weights, float32 compute"
     assert all(len(runs) == 2 for runs in report["raw"].values())  # two repetitions each
     for engine, s in report["summary"].items():
         assert set(s["decode_tokens_per_s"]) == {"16", "48"}
@@ -34,5 +37,7 @@ def test_bench_harness_on_a_tiny_model(tmp_path):
     assert r["decode_1k_vs_transformers"] > 0 and r["followup_ttft_vs_transformers"] > 0
     expected = report["summary"]["ours"]["decode_tokens_per_s"]["48"]["median"] / report["summary"]["transformers"]["decode_tokens_per_s"]["48"]["median"]
     assert abs(r["decode_1k_vs_transformers"] - expected) < 1e-9
+    expected = report["summary"]["ours-default"]["decode_tokens_per_s"]["48"]["median"] / report["summary"]["transformers"]["decode_tokens_per_s"]["48"]["median"]
+    assert abs(r["default_decode_1k_vs_transformers"] - expected) < 1e-9
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "decode@48" in proc.stdout and "ratios" in proc.stdout
