@@ -67,7 +67,7 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sink-tokens", type=int, default=4, metavar="N", help="tokens the rolling policy always keeps")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="a stop string (repeatable)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--dtype", default=None, help="weight dtype: float32, bfloat16, float16 (default per device)")
+    p.add_argument("--dtype", default=None, help="weight dtype: float32, bfloat16, float16 (default per device: float16 on the CPU, computing in float32)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -60,7 +60,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--sessions", type=_count, default=4, metavar="N",
                    help="conversations that keep their KV cache between requests (default 4)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--dtype", default=None, help="weight dtype: float32, bfloat16, float16 (default per device)")
+    p.add_argument("--dtype", default=None, help="weight dtype: float32, bfloat16, float16 (default per device: float16 on the CPU, computing in float32)")
     p.set_defaults(func=run)
     return p
 
