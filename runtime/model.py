@@ -33,20 +33,32 @@ from runtime.kv_cache import KVCache
 AttentionObserver = Callable[[int, torch.Tensor], None]
 
 
-def _onednn_linear_op():
-    """``torch.ops.mkldnn._linear_pointwise`` when this torch build has it, else None."""
+def _probe_onednn_linear():
+    """``torch.ops.mkldnn._linear_pointwise`` when this torch build has it and it computes
+    a known product right, else None."""
     try:
         if not torch.backends.mkldnn.is_available():
             return None
         op = torch.ops.mkldnn._linear_pointwise
-        w = torch.ones(3, 2)
-        out = op(torch.ones(1, 2), w, None, "none", [None], "")
+        with torch.inference_mode():
+            out = op(torch.ones(1, 2), torch.ones(3, 2), None, "none", [None], "")
         return op if torch.equal(out, torch.full((1, 3), 2.0)) else None
     except (AttributeError, RuntimeError):
         return None
 
 
-_ONEDNN_LINEAR = _onednn_linear_op()
+#: oneDNN's linear op, None without it; False until first needed (nothing runs at import).
+_ONEDNN_LINEAR = False
+
+
+def _onednn_linear_op():
+    """The op (probed once, on first use) or None."""
+    global _ONEDNN_LINEAR
+    if _ONEDNN_LINEAR is False:
+        _ONEDNN_LINEAR = _probe_onednn_linear()
+    return _ONEDNN_LINEAR
+
+
 _ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -90,8 +102,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                 out = F.linear(x.to(torch.float16), weight).to(torch.float32)
                 return out if bias is None else out + bias
             weight = _widened(weight)
-        if _ONEDNN_LINEAR is not None and x.dtype in _ONEDNN_DTYPES and weight.dtype == x.dtype:
-            return _ONEDNN_LINEAR(x, weight, bias, "none", [None], "")
+        op = _ONEDNN_LINEAR if _ONEDNN_LINEAR is not False else _onednn_linear_op()
+        if op is not None and x.dtype in _ONEDNN_DTYPES and weight.dtype == x.dtype:
+            return op(x, weight, bias, "none", [None], "")
     return F.linear(x, weight.to(x.dtype), bias)
 
 
