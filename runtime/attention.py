@@ -107,9 +107,12 @@ def attention_fast(
     """Same result as :func:`attention_reference` through torch's fused SDPA kernels.
 
     Grouped-query attention never copies K/V per query head:
-    - one query token (decode): the query heads of each group are folded into the
-      query-length axis, ``(B, Hkv, G, D)``, and attend to their shared K/V head;
-    - a block of queries (prefill): SDPA's ``enable_gqa`` broadcasts the KV heads.
+    - one query token (decode) on CUDA/MPS: the query heads of each group are folded
+      into the query-length axis, ``(B, Hkv, G, D)``, and attend to their shared K/V head;
+    - everything else: SDPA's ``enable_gqa`` maps each query head to its KV head. On
+      the CPU this is also faster for decode than folding: the kernel splits its work
+      by head, and 9 query heads share 2 cores better than 3 folded groups (118 against
+      134 us per layer at 1,024 keys for the default model, measured here).
 
     Returns:
         output ``(B, H, Tq, D)`` in q's dtype.
@@ -120,13 +123,13 @@ def attention_fast(
     G = H // Hkv
     if k.dtype != q.dtype:
         k, v = k.to(q.dtype), v.to(q.dtype)
-    if Tq == 1:
+    if Tq == 1 and q.device.type != "cpu":
         # A single query sees every key (it is the newest token), so no mask either way.
         qg = q.view(B, Hkv, G, D)  # (B, Hkv, G, D): heads of one group side by side
         out = F.scaled_dot_product_attention(qg, k, v, scale=scale)  # (B, Hkv, G, D)
         return out.view(B, H, 1, D)
     gqa = G > 1
-    if not causal:
+    if not causal or Tq == 1:  # a single query is the newest token: it sees every key
         return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
     if Tq == Tk:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
