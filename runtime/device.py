@@ -41,7 +41,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
     - CPU: float16 weights computing in float32 (:func:`compute_dtype`). Decode
       reads every weight once per token, so half the bytes is about twice the speed
-      (default model, 1,024 tokens deep, our 2-core machine: 46 tok/s against 22 for
+      (default model, 1,024 tokens deep, our 2-core machine: 43 tok/s against 23 for
       float32 weights) and half the memory (269 MB of weights, not 538). Cost against
       float32 weights over 399 positions of English text: mean |logit difference|
       0.008 (max 0.11), 99.7 % the same greedy token (prefill: 0.004, 100 %).

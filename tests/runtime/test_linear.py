@@ -88,8 +88,10 @@ def test_widened_weights_of_different_shapes_do_not_mix():
     g = torch.Generator().manual_seed(4)
     x = torch.randn(3, 16, generator=g)
     big, small = torch.randn(40, 16, generator=g).half(), torch.randn(8, 16, generator=g).half()
+    other = torch.randn(40, 16, generator=g).half()  # same shape as big: same scratch address
     with torch.inference_mode():
-        a, b, a2 = linear(x, big), linear(x, small), linear(x, big)
+        a, b, c, a2 = linear(x, big), linear(x, small), linear(x, other), linear(x, big)
     torch.testing.assert_close(a, F.linear(x, big.float()), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(b, F.linear(x, small.float()), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(c, F.linear(x, other.float()), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(a2, a, rtol=0, atol=0)
