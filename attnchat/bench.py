@@ -17,6 +17,9 @@ import sys
 import time
 from typing import Any
 
+#: The options the report records (the global ones of the app are left out).
+SETTINGS = ("model", "quick", "repeats", "engines", "dtype", "depths", "decode_tokens", "prefill_tokens",
+            "followup_context", "followup_tokens", "json", "plot")
 FIGURES = ("load_s", "ttft_s", "prefill_tokens_per_s", "followup_ttft_s", "peak_rss_bytes")
 #: Report name -> (bench_worker engine, whether it runs at ``--dtype``). ``ours-default`` is
 #: our engine as the app runs it (runtime.device.default_dtype: on the CPU, float16
@@ -75,9 +78,54 @@ def _machine() -> dict:
     return info
 
 
-def run(args: argparse.Namespace) -> int:
+def _check_args(args: argparse.Namespace) -> str:
+    """Every mistake in the options, before minutes of benchmarking; returns the depths.
+
+    Raises:
+        ValueError: one line saying which option is wrong and what it needs.
+    """
     if args.repeats < 1:
         raise ValueError("--repeats must be at least 1")
+    for name in ("prefill_tokens", "followup_context", "followup_tokens"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1 token")
+    if args.decode_tokens < 2:
+        raise ValueError("--decode-tokens must be at least 2 (a rate needs two timestamps)")
+    depths = args.depths or ("128,1024" if args.quick else "128,1024,4096")
+    try:
+        values = [int(d) for d in depths.split(",")]
+    except ValueError:
+        raise ValueError(f"--depths takes comma-separated token counts such as 128,1024; got {depths!r}") from None
+    if any(d < 1 for d in values):
+        raise ValueError(f"--depths must all be at least 1 token; got {depths}")
+    try:
+        from runtime.kv_cache import parse_cache_dtype
+
+        parse_cache_dtype(args.dtype)
+    except ValueError:
+        raise ValueError(f"unknown --dtype {args.dtype!r}; use float32, bfloat16 or float16") from None
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            folder = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+                raise ValueError(f"{flag} {path}: the folder {folder} does not exist or is not writable; pick another path")
+    return ",".join(str(d) for d in values)
+
+
+def _check_lengths(model: str, args: argparse.Namespace, depths: str) -> None:
+    """The longest run must fit the model's context (read from its config, no weights)."""
+    from runtime import read_config
+
+    limit = read_config(model).max_position_embeddings
+    longest = max([args.prefill_tokens + 1, args.followup_context + args.followup_tokens + 1]
+                  + [int(d) + args.decode_tokens for d in depths.split(",")])
+    if longest > limit:
+        raise ValueError(f"the longest run needs {longest} tokens but the model's context is {limit}; "
+                         f"lower --depths, --decode-tokens or the prompt lengths")
+
+
+def run(args: argparse.Namespace) -> int:
+    depths = _check_args(args)
     if args.model is None:
         from models import fetch
 
@@ -94,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     if "llamacpp" in engines and not llamacpp_available:
         engines.remove("llamacpp")
         print("llama.cpp: llama-cpp-python is not importable (or the model is not a GGUF); skipped", file=sys.stderr)
-    depths = args.depths or ("128,1024" if args.quick else "128,1024,4096")
+    _check_lengths(model, args, depths)
     common = ["--model", model, "--prefill-tokens", str(args.prefill_tokens), "--depths", depths,
               "--decode-tokens", str(args.decode_tokens), "--followup-context", str(args.followup_context),
               "--followup-tokens", str(args.followup_tokens)]
@@ -118,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         s["dtype"] = runs[0]["dtype"]
         summary[engine] = s
     ratios = _ratios(summary, depths.split(","))
-    report = {"model": model, "machine": _machine(), "settings": {k: v for k, v in vars(args).items() if k != "func"},
+    report = {"model": model, "machine": _machine(), "settings": {k: getattr(args, k) for k in SETTINGS},
               "depths": [int(d) for d in depths.split(",")], "raw": raw, "summary": summary, "ratios": ratios}
     _print_table(summary, ratios)
     if args.json:

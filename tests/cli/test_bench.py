@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.runtime.tiny_models import make_tiny_model
 
 
@@ -41,3 +43,29 @@ def test_bench_harness_on_a_tiny_model(tmp_path):
     assert abs(r["default_decode_1k_vs_transformers"] - expected) < 1e-9
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "decode@48" in proc.stdout and "ratios" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("tiny"), "llama")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--dtype", "int3"], "unknown --dtype 'int3'"),
+    (["--depths", "abc"], "--depths takes comma-separated token counts"),
+    (["--depths", "0"], "--depths must all be at least 1 token"),
+    (["--prefill-tokens", "0"], "--prefill-tokens must be at least 1 token"),
+    (["--decode-tokens", "1"], "--decode-tokens must be at least 2"),
+    (["--repeats", "0"], "--repeats must be at least 1"),
+    (["--json", "/nonexistent/dir/x.json"], "does not exist or is not writable"),
+    (["--plot", "/nonexistent/dir/x.png"], "does not exist or is not writable"),
+    (["--depths", "100000"], "the model's context is"),
+])
+def test_bad_options_exit_2_before_benchmarking(tiny_folder, extra, message):
+    folder = tiny_folder
+    proc = subprocess.run([sys.executable, "-m", "attnchat", "bench", "--model", str(folder), "--engines", "ours"] + extra,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert "rep 1/" not in proc.stderr  # nothing ran
