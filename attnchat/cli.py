@@ -127,6 +127,8 @@ def _turn_json(model, finish) -> dict[str, Any]:
     out = {"text": finish.text, "finish_reason": finish.reason}
     out.update(finish.stats.to_dict())
     out["device"] = str(model.device)
+    out["dtype"] = str(model.dtype).removeprefix("torch.")
+    out["compute_dtype"] = str(model.compute_dtype).removeprefix("torch.")
     out["model"] = model.name
     return out
 

@@ -207,6 +207,8 @@ class MemoryPlanner(QGroupBox):
             r["in_free"].setText("unknown")
         else:
             room = free - (0 if resident or not weights else weights)
-            r["in_free"].setText(f"{max(room, 0) // p.kv_bytes_per_token:,} tokens"
-                                 + ("" if resident else " after the weights" if weights else ""))
+            n = max(room, 0) // p.kv_bytes_per_token
+            limit = int(m["context_limit"]) if m else None
+            r["in_free"].setText(f"{n:,} tokens" + ("" if resident else " after the weights" if weights else "")
+                                 + (f" (the model stops at {limit:,})" if limit and n > limit else ""))
         return p

@@ -373,7 +373,7 @@ class SettingsDialog(QDialog):
                   self._combo([("auto", "auto (float16 on CPU and MPS, bfloat16 on CUDA)")]
                               + [(d, d) for d in WEIGHT_DTYPES[1:]]),
                   "On the CPU, float16 weights compute in float32: twice float32's decode speed, "
-                  "99.7 % the same greedy tokens. float32 is the exact reference.")
+                  "99.7\u00a0% the same greedy tokens. float32 is the exact reference.")
         self._add(form, "model/attention_backend", "Attention",
                   self._combo([("fast", "fast (torch SDPA)"), ("reference", "reference (the formula, step by step)")]),
                   "Both compute the same attention; applies at once.")

@@ -159,7 +159,10 @@ def plan(
             from runtime.device import default_dtype
 
             weights_dtype = default_dtype(torch.device(device))
-        wdtype = dtype_name(parse_cache_dtype(weights_dtype))
+        try:
+            wdtype = dtype_name(parse_cache_dtype(weights_dtype))
+        except ValueError:
+            raise ValueError(f"unknown weights dtype {weights_dtype!r}; use float32, bfloat16 or float16") from None
         weights = params * element_bytes(wdtype)
     free = free_memory_bytes(device)
     total = (weights or 0) + kv

@@ -135,7 +135,7 @@ def test_the_planner_in_the_dialog(big_window, monkeypatch):
     assert rows["total"].text() == "17.0 GiB (17,408 MiB): fits"              # only the cache needs room: weights loaded
     set_value(d, "generation/cache_limit_mib", 256.0)
     assert rows["in_limit"].text() == "2,048 tokens in 256.0 MiB"
-    assert rows["in_free"].text() == "16,384 tokens"                            # the weights are already loaded
+    assert rows["in_free"].text() == "16,384 tokens (the model stops at 8,192)"  # the weights are already loaded
     # A bigger model given only as numbers, before fetching it: about 12 GiB at 100,000 tokens.
     d.planner.use_numbers(32, 8, 128, 100_000, params_m=0)
     assert d.planner.last_plan.kv_bytes_per_token == 131_072 and d.planner.last_plan.kv_bytes == 13_107_200_000

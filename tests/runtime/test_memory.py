@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from runtime.config import ModelConfig
 from runtime.memory import count_parameters, kv_bytes_per_token, plan, plan_for_config
 
 
@@ -34,6 +35,10 @@ def test_bad_numbers_raise():
         plan(layers=1, kv_heads=1, head_dim=1, context=0)
     with pytest.raises(ValueError, match="unknown cache dtype"):
         plan(layers=1, kv_heads=1, head_dim=1, context=1, cache_dtype="int3")
+    with pytest.raises(ValueError, match="unknown weights dtype 'int3'"):
+        plan_for_config(ModelConfig(family="llama", model_type="llama", vocab_size=10, hidden_size=8, n_layers=1,
+                                    n_heads=2, n_kv_heads=1, head_dim=4, intermediate_size=16,
+                                    max_position_embeddings=32, norm_eps=1e-5), context=1, weights_dtype="int3")
 
 
 @pytest.mark.slow
