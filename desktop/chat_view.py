@@ -365,7 +365,7 @@ class MessageInput(QPlainTextEdit):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setObjectName("messageInput")
-        self.setPlaceholderText("Message the model (Enter sends, Shift+Enter adds a line)")
+        self.setPlaceholderText("Message the model (Shift+Enter: new line)")
         self.setTabChangesFocus(True)
         self.document().documentLayout().documentSizeChanged.connect(self._fit)
         self._fit()

@@ -149,6 +149,9 @@ class ConversationPanel(QWidget):
         self.list.setObjectName("conversationList")
         self.list.setModel(self.proxy)
         self.list.setUniformItemSizes(True)
+        # Long titles end in "…" (the tooltip has the whole title) instead of a scrollbar.
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.list.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed
                                   | QAbstractItemView.EditTrigger.DoubleClicked)

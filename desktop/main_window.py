@@ -75,7 +75,9 @@ class MainWindow(QMainWindow):
         self.splitter.setObjectName("mainSplitter")
         self.splitter.addWidget(self.sidebar)
         self.splitter.addWidget(self.stack)
+        self.splitter.setStretchFactor(0, 0)
         self.splitter.setStretchFactor(1, 1)
+        self.sidebar.setMinimumWidth(170)  # titles stay readable when the docks take the width
         self.splitter.setSizes([240, 760])
         self.setCentralWidget(self.splitter)
         self.setStatusBar(status := ChatStatusBar())
