@@ -161,12 +161,12 @@ def test_restart_restores_conversations_and_the_last_one(qtbot, make_window):
     w = make_window(script=["remembered"])
     send(qtbot, w, "Keep me")
     conv = w.current_conversation
-    w.resize(700, 500)  # within the offscreen screen (800 x 800): restoring clamps to it
+    w.resize(760, 500)  # within the offscreen screen (800 x 800): restoring clamps to it
     w.close()
     w2 = make_window(load=False)
     assert w2.current_conversation == conv
     assert [w2.messages.message(i)["content"] for i in range(2)] == ["Keep me", "remembered"]
-    assert (w2.size().width(), w2.size().height()) == (700, 500)
+    assert (w2.size().width(), w2.size().height()) == (760, 500)
 
 
 def test_closing_mid_reply_stops_saves_and_ends_the_thread(qtbot, make_window):
