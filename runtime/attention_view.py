@@ -21,7 +21,6 @@ import torch
 from runtime.attention import attention_reference
 from runtime.chat_format import Message, encode_messages
 from runtime.loader import Model
-from runtime.model import apply_rope
 
 __all__ = ["FormulaSteps", "HEAD_REDUCTIONS", "LayerAttention", "context_ids", "conversation_ids", "layer_qkv",
            "token_strings"]
@@ -65,17 +64,7 @@ def layer_qkv(model: Model, ids: Sequence[int], layer: int) -> tuple[torch.Tenso
         pass
     finally:
         handle.remove()
-    x, rope = got["x"], got["rope"]
-    B, T, _ = x.shape
-    H, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
-    q, k, v = attn.qkv_proj(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
-    q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-    k = k.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
-    v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
-    if rope is not None:
-        cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    return q, k, v
+    return attn.project(got["x"], got["rope"])  # the decoder's own projection and RoPE
 
 
 class LayerAttention:

@@ -162,14 +162,11 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(cfg.hidden_size, qkv_out, bias=cfg.qkv_bias)
         self.o_proj = Linear(cfg.n_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None,
-        cache: KVCache | None,
-        layer: int,
-        observer: AttentionObserver | None = None,
-    ) -> torch.Tensor:
+    def project(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries ``(B, H, T, D)``, keys and values ``(B, Hkv, T, D)`` of the normed input
+        ``x (B, T, C)``, RoPE applied when ``rope`` (cos, sin tables ``(T, D)``) is given."""
         B, T, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)  # (B, T, (H + 2 Hkv) D)
@@ -180,6 +177,19 @@ class Attention(nn.Module):
         if rope is not None:
             cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return q, k, v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        cache: KVCache | None,
+        layer: int,
+        observer: AttentionObserver | None = None,
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        H, D = self.n_heads, self.head_dim
+        q, k, v = self.project(x, rope)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, Hkv, Tcached + T, D)
         if observer is not None and getattr(observer, "last_row_only", False):
