@@ -38,6 +38,15 @@ def _count(text: str) -> int:
     return value
 
 
+def _origin(text: str) -> str:
+    from attnchat.server_guard import normalize_origin
+
+    try:
+        return normalize_origin(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
@@ -48,6 +57,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT}; 0 picks a free one)")
     p.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV) or None,
                    help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, else none)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests whose Host header names NAME (repeatable; by default only "
+                        "localhost, 127.0.0.1, ::1 and --host: a guard against DNS rebinding)")
+    p.add_argument("--cors-origin", action="append", default=[], type=_origin, metavar="ORIGIN",
+                   help="let web pages at ORIGIN (e.g. http://localhost:3000) call the API (repeatable; "
+                        "by default requests from any web page are refused)")
     p.add_argument("--model-id", metavar="NAME", help="the model's id in the API (default: its file name)")
     p.add_argument("--max-tokens", type=_count, default=1024, metavar="N",
                    help="reply length for requests without max_tokens (default 1024)")
@@ -140,7 +155,8 @@ def _serve(args: argparse.Namespace, settings, sock: socket.socket) -> int:
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     app = create_app(model, api_key=args.api_key, model_id=args.model_id, settings=settings,
                      sessions=args.sessions, default_temperature=args.temperature,
-                     default_max_tokens=args.max_tokens)
+                     default_max_tokens=args.max_tokens, allowed_hosts=[args.host, *args.allowed_host],
+                     cors_origins=args.cors_origin)
     # log_config=None: uvicorn's records go to attnchat's log file, not the terminal.
     config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=3, lifespan="on")
     server = uvicorn.Server(config)

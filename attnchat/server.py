@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnchat.serve_engine import Delta, Done, Engine, Failed, Item, Job, Started
+from attnchat.server_guard import Guard, normalize_origin
 from models.catalog import CATALOG
 from runtime import ContextOverflowError, GenerationSettings, Message, Model, SamplingParams
 
@@ -245,7 +246,8 @@ async def _read_body(request: Request, limit: int) -> bytes:
 def create_app(model: Model, *, api_key: str | None = None, model_id: str | None = None,
                settings: GenerationSettings | None = None, sessions: int = 4,
                default_temperature: float = 0.0, default_max_tokens: int = 1024,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, allowed_hosts: Sequence[str] = (),
+               cors_origins: Sequence[str] = ()) -> FastAPI:
     """The HTTP app serving ``model``.
 
     Args:
@@ -257,10 +259,15 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
         default_temperature: for requests without ``temperature`` (0 = greedy, as ``attnchat chat``).
         default_max_tokens: for requests without ``max_tokens`` (tokens).
         max_body_bytes: largest request body (bytes).
+        allowed_hosts: ``Host`` names answered besides the loopback names (the bound
+            address, ``--allowed-host``); see :mod:`attnchat.server_guard`.
+        cors_origins: web origins whose pages may call the API (``--cors-origin``).
 
     Raises:
-        ValueError: settings the model cannot take (a context past its maximum, ...).
+        ValueError: settings the model cannot take (a context past its maximum, ...),
+            an entry of ``cors_origins`` that is not an origin.
     """
+    cors_origins = [normalize_origin(o) for o in cors_origins]  # a bad one fails here, not per request
     model_id = model_id or model.name
     # Names a request may use for the model, compared case-insensitively: its id, its file
     # name and, for a catalog model, the catalog's id and name.
@@ -370,6 +377,7 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
         })
 
     app.include_router(v1)
+    app.add_middleware(Guard, hosts=allowed_hosts, cors_origins=cors_origins)
     app.add_exception_handler(APIError, lambda request, e: e.response())
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError,

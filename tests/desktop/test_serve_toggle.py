@@ -39,6 +39,8 @@ def test_the_command_serves_on_a_free_loopback_port():
     assert program == sys.executable and args[:3] == ["-m", "attnchat", "serve"]
     assert args[args.index("--host") + 1] == "127.0.0.1" and args[args.index("--port") + 1] == "0"
     assert args[args.index("--model") + 1] == "/m/x.gguf" and args[args.index("--device") + 1] == "cpu"
+    # Nothing that widens what the server answers (see the guard assertions below).
+    assert not {"--allowed-host", "--cors-origin", "--api-key"} & set(args)
 
 
 @pytest.mark.slow
@@ -60,6 +62,11 @@ def test_the_toggle_serves_the_loaded_model_and_stops_it(qtbot, make_window, def
     assert toggle.copy_action.isEnabled()
     models = httpx.get(server.url + "/models", timeout=30).json()["data"]
     assert [m["id"] for m in models] == [server.model_id] and server.model_id.startswith("SmolLM2-135M-Instruct")
+    # The child inherits every guard of `attnchat serve` (tests/server/test_guard.py).
+    assert httpx.get(server.url + "/models", headers={"Host": "evil.example"}, timeout=30).status_code == 403
+    assert httpx.get(server.url + "/models", headers={"Origin": "http://evil.example"}, timeout=30).status_code == 403
+    assert httpx.post(server.url + "/chat/completions", content=b"{}", headers={"Content-Type": "text/plain"},
+                      timeout=30).status_code == 415
     pid, url = server.pid, server.url
     assert pid in [p.pid for p in _servers()]
 

@@ -54,3 +54,9 @@ def test_the_server_imports_no_qt():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("origin", ["*", "localhost:3000", "http://x/app"])
+def test_a_cors_origin_that_is_not_an_origin_is_one_line(origin):
+    r = _serve("--cors-origin", origin)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a web origin" in r.stderr, r.stderr

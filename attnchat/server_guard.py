@@ -1,0 +1,175 @@
+"""What the HTTP server refuses before a request reaches its routes: foreign hosts, foreign
+web pages and bodies that are not JSON. Must not import Qt, torch or runtime.
+
+A pure ASGI middleware (:class:`Guard`), because every refusal must come back in
+OpenAI's error shape and before the body is read; Starlette's ``TrustedHostMiddleware``
+(plain-text 400) and ``CORSMiddleware`` (it leaves a foreign simple request to run and
+only withholds the CORS headers) do neither.
+
+- **Host** (DNS rebinding, the class of Ollama's CVE-2024-28224): a web page whose DNS
+  name is re-pointed at 127.0.0.1 reaches this server as same-origin, but its requests
+  carry ``Host: <the page's name>``. Only the names the server is bound to are answered
+  (``localhost``, ``127.0.0.1``, ``::1``, the ``--host`` given, any port), plus each
+  ``--allowed-host``. Bound to a wildcard address (``0.0.0.0``, ``::``), any IP literal is
+  answered too: rebinding needs a DNS name, and clients on the network address the
+  machine by its IP.
+- **Origin** (cross-site requests): a browser names the page that sent a request in
+  ``Origin``; one from another origin is refused (403) unless ``--cors-origin`` names
+  it. For an allowed origin the response carries the CORS headers and a preflight
+  (``OPTIONS`` with ``Access-Control-Request-Method``) is answered (204).
+- **Content-Type**: a POST (PUT, PATCH, DELETE) must say ``application/json``; 415
+  otherwise. ``text/plain`` and form bodies are what a web page may send to any site
+  without a preflight, so accepting them would let any page run a generation.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+from typing import Any, Awaitable, Callable, Iterable
+from urllib.parse import urlsplit
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+#: Host names every server answers to: the loopback names.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+#: Methods whose body must be JSON.
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+#: How long a browser may cache a preflight answer (seconds).
+PREFLIGHT_MAX_AGE_S = 600
+
+
+def _strip_port(host: str) -> str:
+    """``host`` as a bare, lower-case name: ``[::1]:8000`` -> ``::1``, ``Example:80`` -> ``example``."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    if host.count(":") == 1:
+        return host.partition(":")[0]
+    return host  # a bare IPv6 address (no brackets, no port) or a name
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def normalize_origin(text: str) -> str:
+    """``scheme://host[:port]`` in lower case, as browsers send ``Origin``.
+
+    Raises:
+        ValueError: ``text`` is not an origin (no scheme or host, or a path, query or ``*``).
+    """
+    try:
+        parts = urlsplit(text.strip())
+        port = parts.port
+    except ValueError:
+        parts, port = None, None
+    if (parts is None or parts.scheme not in ("http", "https") or not parts.hostname
+            or parts.path not in ("", "/") or parts.query or parts.fragment or parts.username):
+        raise ValueError(f"{text!r} is not a web origin; give one like http://localhost:3000 "
+                         "(scheme, host and port, no path)")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
+
+
+class Guard:
+    """ASGI middleware that refuses foreign hosts and origins and non-JSON bodies.
+
+    Args:
+        app: the ASGI app behind it.
+        hosts: names the server answers to besides :data:`LOOPBACK_HOSTS` (the bound
+            ``--host`` and each ``--allowed-host``; a port, if given, is ignored).
+        cors_origins: web origins (``http://localhost:3000``) whose pages may call the API.
+
+    Raises:
+        ValueError: an entry of ``cors_origins`` that is not an origin.
+    """
+
+    def __init__(self, app: Any, *, hosts: Iterable[str] = (), cors_origins: Iterable[str] = ()):
+        self.app = app
+        self.hosts = {_strip_port(h) for h in (*LOOPBACK_HOSTS, *hosts) if h.strip()}
+        self.any_ip = bool(self.hosts & {"0.0.0.0", "::"})
+        self.origins = {normalize_origin(o) for o in cors_origins}
+
+    def host_allowed(self, host: str) -> bool:
+        name = _strip_port(host)
+        return name in self.hosts or (self.any_ip and _is_ip(name))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        method = scope["method"]
+        host = headers.get("host", "")
+        if not self.host_allowed(host):
+            await _refuse(send, 403, f"This server does not answer to the host name {host!r}; connect to it "
+                                     "at 127.0.0.1 or localhost, or start it with --allowed-host NAME.",
+                          "host_not_allowed")
+            return
+        origin = headers.get("origin")
+        cors: list[tuple[bytes, bytes]] = []
+        if origin is not None:
+            if not self._origin_allowed(origin, scope, host):
+                await _refuse(send, 403, f"Requests from web pages at {origin!r} are refused; start the server "
+                                         f"with --cors-origin {origin} to let that page use it.",
+                              "origin_not_allowed")
+                return
+            cors = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")]
+            if method == "OPTIONS" and "access-control-request-method" in headers:
+                asked = headers.get("access-control-request-headers", "")
+                await _respond(send, 204, b"", cors + [
+                    (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
+                    # The origin is trusted: whatever headers its client sends (Authorization,
+                    # the OpenAI SDK's x-stainless-* ...) may come.
+                    (b"access-control-allow-headers", asked.encode("latin-1")),
+                    (b"access-control-max-age", str(PREFLIGHT_MAX_AGE_S).encode()),
+                ])
+                return
+        if method in BODY_METHODS:
+            media = headers.get("content-type", "").partition(";")[0].strip().lower()
+            if media != "application/json":
+                got = f"'{media}'" if media else "none"
+                await _refuse(send, 415, f"The request body must be JSON with 'Content-Type: application/json' "
+                                         f"(got {got}).", "unsupported_media_type", cors)
+                return
+        if not cors:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_cors(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *cors]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_cors)
+
+    def _origin_allowed(self, origin: str, scope: Scope, host: str) -> bool:
+        try:
+            normal = normalize_origin(origin)
+        except ValueError:  # "null" (a file or sandboxed page) and other oddities
+            return False
+        # Same origin: a page served from this very address (the Host is checked already).
+        own = f"{scope.get('scheme', 'http')}://{host.strip().lower()}"
+        return normal in self.origins or normal == own
+
+
+async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-length", str(len(body)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _refuse(send: Send, status: int, message: str, code: str,
+                  headers: list[tuple[bytes, bytes]] = ()) -> None:
+    """An error in OpenAI's shape (as :class:`attnchat.server.APIError` writes it)."""
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                 "code": code}}).encode()
+    # The body was not read: close the connection rather than parse what follows it.
+    await _respond(send, status, body, [(b"content-type", b"application/json"), (b"connection", b"close"),
+                                        *headers])
