@@ -1,0 +1,1 @@
+"""The chat: the message list and input, the conversation list, the status bar, the SQLite store."""

@@ -1,0 +1,1 @@
+"""Remote engines and serving: an OpenAI-compatible server as the model source, its key, and serving the loaded model."""

@@ -1,0 +1,1 @@
+"""Settings: the QSettings wrapper with its defaults, the settings dialog and its memory planner."""
