@@ -216,7 +216,7 @@ def _self_test(args: argparse.Namespace) -> int:
 
 def _app(args: argparse.Namespace) -> int:
     try:
-        from desktop.app import main as desktop_main  # the window, when installed
+        from desktop.launch import main as desktop_main  # the window, when installed
     except ImportError:
         log.warning("the desktop app is not available; using the terminal", exc_info=True)
         desktop_main = None

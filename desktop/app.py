@@ -1,42 +1,41 @@
-"""The desktop app's entry point: ``main(args) -> int``.
+"""The desktop app's pieces: the QApplication, its theme, the window with its panels, the first-run flow.
 
-Makes the QApplication (the system's light or dark palette, unless ``ATTNCHAT_THEME``
+:mod:`desktop.launch` runs them (``main(args) -> int``). Makes the QApplication (the system's light or dark palette, unless ``ATTNCHAT_THEME``
 says ``light`` or ``dark``), opens the conversation database and the settings,
 starts the engine worker, shows the window, and runs the first-run flow (offer to
 download the default model when it is missing). ``--self-test`` and
-``--screenshot DIR`` live in :mod:`desktop.selftest` and :mod:`desktop.screenshots`.
+``--screenshot DIR`` (:mod:`desktop.selftest`, :mod:`desktop.screenshots`) use them too.
 Must not import torch.
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import sqlite3
 import sys
 from pathlib import Path
 
 from PySide6.QtCore import QtMsgType, QStandardPaths, Qt, qInstallMessageHandler
 from PySide6.QtGui import QColor, QPalette
-from PySide6.QtWidgets import QApplication, QMessageBox
+from PySide6.QtWidgets import QApplication
 
 import models
-from desktop import connect_dialog, serve_toggle
+from desktop.remote import connect_dialog
+from desktop.remote import serve_toggle
 from models import logfile
-from desktop.attention_panel import install_attention_panel
+from desktop.panels.attention.panel import install_attention_panel
 from desktop.download_dialog import DownloadDialog
-from desktop.kv_panel import install_kv_panel
+from desktop.panels.kv.panel import install_kv_panel
 from desktop.main_window import MainWindow
 from desktop.qt_compat import guard_none_refcount
-from desktop.remote_client import is_remote_source
-from desktop.remote_engine import RemoteEngineWorker
-from desktop.settings import Settings
-from desktop.settings_dialog import install_settings
-from desktop.store import SchemaTooNewError, Store
+from desktop.remote.client import is_remote_source
+from desktop.remote.engine import RemoteEngineWorker
+from desktop.settings.values import Settings
+from desktop.settings.dialog import install_settings
+from desktop.chat.store import Store
 from desktop.worker import Engine
 
-__all__ = ["main", "application", "build_window", "dark_palette", "light_palette", "apply_theme", "data_dir", "start_model",
-           "report_unexpected"]
+__all__ = ["application", "build_window", "dark_palette", "light_palette", "apply_theme", "data_dir", "start_model",
+           "report_unexpected", "open_store", "offer_download", "DATA_DIR_ENV"]
 
 log = logging.getLogger(__name__)
 DATA_DIR_ENV = "ATTNCHAT_DATA_DIR"
@@ -118,21 +117,10 @@ def build_window(store: Store, settings: Settings, engine: Engine | None = None,
     # File > Connect to server… (remote engines) and Server > Serve the loaded model.
     window.connector = connect_dialog.install(window)
     window.serve_toggle = serve_toggle.install(window)
-    install_settings(window)   # Edit > Settings… (desktop.settings_dialog)
-    install_kv_panel(window)   # the KV-cache memory dock (desktop.kv_panel)
-    install_attention_panel(window)  # the attention dock (desktop.attention_panel)
+    install_settings(window)   # Edit > Settings… (desktop.settings.dialog)
+    install_kv_panel(window)   # the KV-cache memory dock (desktop.panels.kv.panel)
+    install_attention_panel(window)  # the attention dock (desktop.panels.attention.panel)
     return window
-
-
-def _no_display() -> bool:
-    """Linux/BSD without X11 or Wayland, and no platform chosen: Qt would abort."""
-    if not sys.platform.startswith(("linux", "freebsd")) or os.environ.get("QT_QPA_PLATFORM"):
-        return False
-    return not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
-
-
-def _open_store() -> Store:
-    return Store(data_dir() / "conversations.sqlite3")
 
 
 def start_model(window: MainWindow, source: str | None, *, fetch_fn=None) -> DownloadDialog | None:
@@ -179,42 +167,6 @@ def report_unexpected(window: MainWindow, exc_type, exc, tb) -> None:
                       f"the details are in the log file{where}.")
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run the desktop app; returns the exit status."""
-    logfile.to_file()   # tracebacks go to the log file, never to the window or the terminal
-    if getattr(args, "self_test", False):
-        from desktop.selftest import run as self_test
-
-        return self_test(args)
-    if getattr(args, "screenshot", None):
-        from desktop.screenshots import run as screenshots
-
-        return screenshots(args)
-    if _no_display():
-        print("attnchat: error: no display found (DISPLAY and WAYLAND_DISPLAY are unset); "
-              "run `attnchat --terminal` to chat in the terminal", file=sys.stderr)
-        return 2
-    app = application()
-    try:
-        store = _open_store()
-    except (sqlite3.DatabaseError, SchemaTooNewError, OSError) as e:
-        log.exception("could not open the conversation database")
-        QMessageBox.critical(None, "attnchat", f"The conversation database could not be opened: {e}")
-        print(f"attnchat: error: the conversation database could not be opened ({e}); "
-              f"move it aside or set {DATA_DIR_ENV}", file=sys.stderr)
-        return 2
-    settings = Settings()
-    if getattr(args, "device", None) and args.device != "auto":
-        settings.set("model/device", args.device)
-    window = build_window(store, settings)
-    window.download_requested.connect(lambda: offer_download(window))
-    previous_hook = sys.excepthook
-    sys.excepthook = lambda *exc: report_unexpected(window, *exc)
-    window.show()
-    start_model(window, getattr(args, "model", None))
-    try:
-        return app.exec()
-    finally:
-        window.close()
-        store.close()
-        sys.excepthook = previous_hook
+def open_store() -> Store:
+    """The conversation database in :func:`data_dir`."""
+    return Store(data_dir() / "conversations.sqlite3")

@@ -17,13 +17,13 @@ from PySide6.QtCore import QCoreApplication, QEvent, Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox, QSplitter, QStackedWidget, QWidget
 
-from desktop.chat_view import MessageListModel
-from desktop.conversation_list import ConversationListModel, ConversationPanel
-from desktop.pages import ASK, ChatPage, EmptyState
-from desktop.remote_client import source_label
-from desktop.settings import Settings
-from desktop.status_bar import ChatStatusBar
-from desktop.store import DEFAULT_TITLE, Store
+from desktop.chat.view import MessageListModel
+from desktop.chat.conversations import ConversationListModel, ConversationPanel
+from desktop.chat.pages import ASK, ChatPage, EmptyState
+from desktop.remote.client import source_label
+from desktop.settings.values import Settings
+from desktop.chat.status_bar import ChatStatusBar
+from desktop.chat.store import DEFAULT_TITLE, Store
 from desktop.worker import Engine
 
 __all__ = ["MainWindow", "PANEL_SLOTS"]
@@ -395,7 +395,7 @@ class MainWindow(QMainWindow):
 
     # ---- chatting ------------------------------------------------------------------------------
     def generation(self) -> dict:
-        out = self.settings.generation_values()   # every generation/* setting (desktop.settings)
+        out = self.settings.generation_values()   # every generation/* setting (desktop.settings.values)
         out.update(self.generation_overrides)
         return out
 

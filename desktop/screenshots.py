@@ -9,7 +9,7 @@ with the real model), plus ``panel-<name>-<p>.png`` for each panel the window ha
 ``main-serving-<p>.png`` and ``statusbar-serving-<p>.png`` (Server > Serve the loaded model),
 ``connect-<p>.png`` (File > Connect to server…, listing that server's models) and
 ``main-remote-<p>.png`` (a reply from that server through the remote engine);
-the attention panel's views (:mod:`desktop.attention_shots`): ``panel-attention-<view>-<p>.png``
+the attention panel's views (:mod:`desktop.panels.attention.shots`): ``panel-attention-<view>-<p>.png``
 for live, heads, snapshot and formula, and ``main-attention-<p>.png``.
 Headless; settings and the database live in a temporary folder. Must not import torch.
 """
@@ -24,11 +24,11 @@ from PySide6.QtCore import QEventLoop, QTimer
 from PySide6.QtWidgets import QApplication, QWidget
 
 import models
-from desktop import attention_shots
+from desktop.panels.attention import shots as attention_shots
 from desktop.app import application, build_window, apply_theme, start_model
 from desktop.download_dialog import DownloadDialog
-from desktop.settings import Settings
-from desktop.store import Store
+from desktop.settings.values import Settings
+from desktop.chat.store import Store
 
 __all__ = ["run"]
 

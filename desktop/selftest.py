@@ -16,8 +16,8 @@ from PySide6.QtCore import QEventLoop, QTimer
 
 import models
 from desktop.app import application, build_window
-from desktop.settings import Settings
-from desktop.store import Store
+from desktop.settings.values import Settings
+from desktop.chat.store import Store
 
 __all__ = ["run", "QUESTION"]
 

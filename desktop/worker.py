@@ -65,7 +65,7 @@ def live_threads() -> list[QThread]:
 
 
 def generation_settings(s: dict[str, Any], max_context: int | None = None) -> "runtime.GenerationSettings":
-    """The runtime's settings from the desktop's plain dict (keys as in ``desktop.settings``).
+    """The runtime's settings from the desktop's plain dict (keys as in ``desktop.settings.values``).
 
     ``seed`` < 0 or None: a fresh seed per reply; ``cache_dtype`` ``"auto"``: the compute
     dtype (:func:`runtime.compute_dtype`); ``cache_limit_mib`` 0: no limit; ``context`` 0: the model's maximum, and a
@@ -108,7 +108,7 @@ def is_out_of_memory(e: BaseException) -> bool:
 
 def model_info(model: "runtime.Model") -> dict[str, Any]:
     """A plain-data description of a loaded model (for the status bar and the panels)."""
-    if getattr(model, "remote", False):  # a server's model describes itself (desktop.remote_engine)
+    if getattr(model, "remote", False):  # a server's model describes itself (desktop.remote.engine)
         return model.info()
     c = model.config
     dtype = str(model.dtype).removeprefix("torch.")
@@ -160,7 +160,7 @@ class EngineWorker(QObject):
         self._cancel_upto = 0           # requests with ids <= this are cancelled
         self._lock = threading.Lock()
         # (conv_id, session, events) -> events: the attention view's live capture wraps each
-        # reply's event stream here (desktop.attention_probe); None: nothing is wrapped.
+        # reply's event stream here (desktop.panels.attention.probe); None: nothing is wrapped.
         self.live_attention: Callable[[int, Any, Iterator], Iterator] | None = None
 
     @property

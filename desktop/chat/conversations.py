@@ -13,7 +13,7 @@ from PySide6.QtWidgets import (
     QAbstractItemView, QHBoxLayout, QLineEdit, QListView, QMenu, QPushButton, QVBoxLayout, QWidget,
 )
 
-from desktop.store import Conversation, Store
+from desktop.chat.store import Conversation, Store
 
 __all__ = ["ConversationListModel", "ConversationFilter", "ConversationPanel"]
 

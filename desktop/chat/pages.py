@@ -7,7 +7,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from desktop.chat_view import ChatView, MessageInput
+from desktop.chat.view import ChatView, MessageInput
 
 __all__ = ["ChatPage", "EmptyState"]
 

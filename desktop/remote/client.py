@@ -2,9 +2,9 @@
 
 A model source that is an ``http(s)://`` URL is a server: ``<base URL>#model=<id>``
 (the fragment is never sent anywhere; it only names the model). The API key is not
-part of the source: it lives in a :class:`desktop.secrets.KeyStore`.
+part of the source: it lives in a :class:`desktop.remote.secrets.KeyStore`.
 :class:`RemoteModel` is a connection to one model on a server, made and used on the
-engine thread (:mod:`desktop.remote_engine` runs the conversations).
+engine thread (:mod:`desktop.remote.engine` runs the conversations).
 
 Imports runtime's public API only (no torch, no Qt); ``openai`` only when used.
 """

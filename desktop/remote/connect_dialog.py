@@ -2,9 +2,9 @@
 
 The dialog asks for the server's base URL, an optional API key and a model, picked
 from the server's own list (``GET /v1/models``, fetched off the GUI thread). The key
-goes to a :class:`desktop.secrets.KeyStore` (the system keyring, else memory only, and
+goes to a :class:`desktop.remote.secrets.KeyStore` (the system keyring, else memory only, and
 the dialog says which); the settings keep only the URL. Accepting loads the source
-``<base URL>#model=<id>`` (see :mod:`desktop.remote_client`).
+``<base URL>#model=<id>`` (see :mod:`desktop.remote.client`).
 
 Must not import torch or runtime.
 """
@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from desktop.remote_client import (
+from desktop.remote.client import (
     RemoteEngineError,
     is_remote_source,
     list_models,
@@ -36,7 +36,7 @@ from desktop.remote_client import (
     parse_remote_source,
     remote_source,
 )
-from desktop.secrets import KeyStore
+from desktop.remote.secrets import KeyStore
 
 __all__ = ["ConnectDialog", "Connector", "DEFAULT_URL", "install"]
 
@@ -58,7 +58,7 @@ class ConnectDialog(QDialog):
     Args:
         keys: where the key is kept.
         base_url, model: the starting values.
-        lister: ``(base_url, key) -> [{"id", ...}]`` (default :func:`desktop.remote_client.list_models`).
+        lister: ``(base_url, key) -> [{"id", ...}]`` (default :func:`desktop.remote.client.list_models`).
     """
 
     models_listed = Signal(object)   # the list of model ids, or an error string

@@ -7,7 +7,7 @@ loads the model locally otherwise; a connected server's conversations run in
 :class:`RemoteSession`, which looks like :class:`runtime.ChatSession` to the worker
 (``send``, ``regenerate``, ``edit_last_user``, ``cancel``, runtime events out). So the
 window needs no special case: it loads a source, and the source decides. Sources, the
-connection and errors in words live in :mod:`desktop.remote_client`.
+connection and errors in words live in :mod:`desktop.remote.client`.
 
 Each reply is one streamed chat completion (``stream_options.include_usage`` when the
 server takes it). Stop closes the stream at the next chunk, which cancels the reply on
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import runtime
-from desktop.remote_client import RemoteEngineError, RemoteModel, describe_error, is_remote_source, parse_remote_source
-from desktop.secrets import KeyStore
+from desktop.remote.client import RemoteEngineError, RemoteModel, describe_error, is_remote_source, parse_remote_source
+from desktop.remote.secrets import KeyStore
 from desktop.worker import EngineWorker
 
 __all__ = ["REMOTE_ATTENTION_NOTE", "REMOTE_KV_NOTE", "RemoteEngineWorker", "RemoteSession", "RemoteTurnStats",

@@ -1,7 +1,7 @@
 """The settings dialog (context and cache limits with a memory planner, generation defaults,
 device and model options) and the controller that opens it and applies model options.
 
-Values live in :class:`desktop.settings.Settings` (QSettings). What applies when:
+Values live in :class:`desktop.settings.values.Settings` (QSettings). What applies when:
 
 - context length, cache dtype, cache memory limit, overflow policy: from the next
   message (the worker rebuilds the conversation's cache when they change);
@@ -29,8 +29,8 @@ from PySide6.QtWidgets import (
 )
 
 import runtime
-from desktop.memory_planner import MemoryPlanner, resolve_device
-from desktop.settings import DEFAULTS, Settings
+from desktop.settings.memory_planner import MemoryPlanner, resolve_device
+from desktop.settings.values import DEFAULTS, Settings
 from desktop.worker import generation_settings
 
 __all__ = ["SettingsDialog", "SettingsController", "install_settings", "validate", "repair", "MIN_CONTEXT",

@@ -21,12 +21,12 @@ DEFAULTS: dict[str, Any] = {
     "last_conversation": 0,
     "model/source": "",          # "" = the default model
     "model/device": "auto",
-    "remote/base_url": "",       # the last server connected to (its key: desktop.secrets, never here)
+    "remote/base_url": "",       # the last server connected to (its key: desktop.remote.secrets, never here)
     "generation/system_prompt": "",
     "generation/max_new_tokens": 512,
     "generation/temperature": 0.0,
     "generation/context": 0,      # 0 = the model's maximum
-    # The settings dialog (desktop.settings_dialog) edits these and the ones above.
+    # The settings dialog (desktop.settings.dialog) edits these and the ones above.
     "model/weight_dtype": "auto",              # auto = per device (runtime.device.default_dtype)
     "model/attention_backend": "fast",         # or "reference"
     "generation/top_k": 0,                     # 0 = off

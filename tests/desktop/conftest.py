@@ -40,8 +40,8 @@ def make_window(qtbot, tmp_path):
     fake model), ``fail`` (an exception the session raises), ``worker`` (a ready EngineWorker).
     """
     from desktop.app import build_window
-    from desktop.settings import Settings
-    from desktop.store import Store
+    from desktop.settings.values import Settings
+    from desktop.chat.store import Store
     from desktop.worker import Engine, EngineWorker
 
     made = []

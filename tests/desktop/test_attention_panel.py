@@ -10,10 +10,10 @@ import pytest
 from PySide6.QtCore import QPoint, QPointF, Qt, QTimer
 from PySide6.QtTest import QTest
 
-from desktop.attention_panel import ATLAS, LIVE, NUMBERS, PANEL_NAME, SNAPSHOT
-from desktop.attention_probe import LIVE_INTERVAL_S, AttentionProbe
-from desktop.attention_views import entropy_bits, prepare_matrix
-from desktop.heatmap import causal_mask, colorize, max_pool
+from desktop.panels.attention.panel import ATLAS, LIVE, NUMBERS, PANEL_NAME, SNAPSHOT
+from desktop.panels.attention.probe import LIVE_INTERVAL_S, AttentionProbe
+from desktop.panels.attention.views import entropy_bits, prepare_matrix
+from desktop.panels.attention.heatmap import causal_mask, colorize, max_pool
 from desktop.worker import EngineWorker
 
 

@@ -7,7 +7,7 @@ import time
 from PySide6.QtCore import QMimeData, Qt, QTimer
 from PySide6.QtGui import QGuiApplication
 
-from desktop.chat_view import MessageListModel
+from desktop.chat.view import MessageListModel
 from runtime import ContextOverflowError
 from tests.desktop.fakes import REPLY, FakeSession
 

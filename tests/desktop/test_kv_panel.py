@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from PySide6.QtCore import Qt
 
-from desktop.kv_panel import REDRAW_MS, KVPanel, policy_next
+from desktop.panels.kv.panel import REDRAW_MS, KVPanel, policy_next
 from desktop.worker import EngineWorker
 from runtime import Finish, Message, StatsUpdate, TextPiece, TurnStats
 from tests.desktop.fakes import FakeSession

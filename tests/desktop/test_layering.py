@@ -10,7 +10,7 @@ DESKTOP = Path(__file__).parents[2] / "desktop"
 
 
 def test_desktop_uses_only_runtime_public_names_and_no_torch():
-    for path in sorted(DESKTOP.glob("*.py")):
+    for path in sorted(DESKTOP.rglob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):

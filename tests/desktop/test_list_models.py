@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 
-from desktop.chat_view import MessageListModel
-from desktop.conversation_list import ConversationFilter, ConversationListModel
-from desktop.store import Store
+from desktop.chat.view import MessageListModel
+from desktop.chat.conversations import ConversationFilter, ConversationListModel
+from desktop.chat.store import Store
 
 
 def test_conversation_list_model(qtmodeltester, tmp_path):

@@ -16,7 +16,7 @@ from jaraco.classes import properties
 from keyring.backend import KeyringBackend
 from keyring.errors import PasswordDeleteError, PasswordSetError
 
-from desktop.remote_client import (
+from desktop.remote.client import (
     RemoteModel,
     is_remote_source,
     normalize_base_url,
@@ -24,8 +24,8 @@ from desktop.remote_client import (
     remote_source,
     source_label,
 )
-from desktop.remote_engine import RemoteEngineWorker, usage_text
-from desktop.secrets import SERVICE, KeyStore
+from desktop.remote.engine import RemoteEngineWorker, usage_text
+from desktop.remote.secrets import SERVICE, KeyStore
 from tests.server.conftest import API_KEY, start_server, stop_server
 
 FRANCE = "What is the capital of France?"

@@ -9,8 +9,8 @@ import pytest
 from PySide6.QtCore import Qt
 
 import runtime
-from desktop.settings import DEFAULTS, Settings
-from desktop.settings_dialog import SettingsDialog
+from desktop.settings.values import DEFAULTS, Settings
+from desktop.settings.dialog import SettingsDialog
 from desktop.worker import EngineWorker
 from tests.desktop.fakes import FakeSession, fake_session_factory
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from desktop.store import MIGRATIONS, SCHEMA_VERSION, SchemaTooNewError, Store
+from desktop.chat.store import MIGRATIONS, SCHEMA_VERSION, SchemaTooNewError, Store
 
 
 def test_wal_and_schema_version(tmp_path):
@@ -72,7 +72,7 @@ def test_kill_9_mid_reply_keeps_earlier_messages(tmp_path):
     path = tmp_path / "c.sqlite3"
     child = textwrap.dedent(f"""
         import os, signal
-        from desktop.store import Store
+        from desktop.chat.store import Store
         s = Store({str(path)!r})
         c = s.create_conversation("t")
         for i in range(3):

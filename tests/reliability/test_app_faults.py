@@ -13,8 +13,8 @@ from PySide6.QtCore import QMimeData, Qt
 
 import runtime
 import runtime.model
-from desktop import store as store_mod
-from desktop.store import Store
+from desktop.chat import store as store_mod
+from desktop.chat.store import Store
 from desktop.worker import EngineWorker
 from runtime import Finish, Message, PrefillProgress, TextPiece, TurnStats
 from tests.desktop.fakes import REPLY, FakeSession, fake_load, fake_session_factory

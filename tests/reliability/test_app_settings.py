@@ -9,8 +9,8 @@ import pytest
 from PySide6.QtCore import QSettings, Qt
 
 import runtime
-from desktop.settings import DEFAULTS
-from desktop.settings_dialog import SettingsDialog
+from desktop.settings.values import DEFAULTS
+from desktop.settings.dialog import SettingsDialog
 from desktop.worker import EngineWorker
 from tests.desktop.fakes import REPLY, FakeSession, fake_load, fake_session_factory
 

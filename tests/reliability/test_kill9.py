@@ -1,5 +1,5 @@
 """kill -9 mid-reply: the real window (headless, on the fake engine) in a child process chats in
-two conversations, saving through desktop.store; it is killed with SIGKILL while a reply
+two conversations, saving through desktop.chat.store; it is killed with SIGKILL while a reply
 streams. The database must open afterwards, pass ``PRAGMA integrity_check`` and hold every
 message saved before the kill (the user message of the reply in flight included)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from desktop.store import Store
+from desktop.chat.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,8 +23,8 @@ CHILD = textwrap.dedent("""
     os.environ["QT_QPA_PLATFORM"] = "offscreen"
     from PySide6.QtCore import QTimer
     from desktop.app import application, build_window
-    from desktop.settings import Settings
-    from desktop.store import Store
+    from desktop.settings.values import Settings
+    from desktop.chat.store import Store
     from desktop.worker import Engine, EngineWorker
     from tests.desktop.fakes import FakeSession, fake_load
 

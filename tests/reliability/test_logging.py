@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import desktop.app
+import desktop.launch
 from desktop.worker import EngineWorker
 from models import logfile
 from tests.desktop.fakes import fake_load, fake_session_factory
@@ -21,9 +22,9 @@ def file_handlers() -> list[Path]:
 
 
 def test_the_app_logs_to_attnchat_log_in_the_user_log_folder(log_dir, monkeypatch, capsys):
-    monkeypatch.setattr(desktop.app, "_no_display", lambda: True)   # return before any window opens
+    monkeypatch.setattr(desktop.launch, "_no_display", lambda: True)   # return before any window opens
     args = argparse.Namespace(self_test=False, screenshot=None, device="auto", model=None, terminal=False)
-    assert desktop.app.main(args) == 2
+    assert desktop.launch.main(args) == 2
     assert "no display" in capsys.readouterr().err
     path = log_dir / "attnchat.log"
     assert file_handlers().count(path) == 1

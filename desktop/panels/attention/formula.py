@@ -11,8 +11,8 @@ from PySide6.QtWidgets import (
     QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
-from desktop.attention_views import quote, rich_label
-from desktop.attention_widgets import display_token
+from desktop.panels.attention.views import quote, rich_label
+from desktop.panels.attention.widgets import display_token
 
 __all__ = ["NumbersView"]
 

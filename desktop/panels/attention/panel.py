@@ -28,9 +28,9 @@ from PySide6.QtWidgets import (
     QComboBox, QFileDialog, QHBoxLayout, QLabel, QSpinBox, QTabWidget, QToolButton, QVBoxLayout, QWidget,
 )
 
-from desktop.attention_formula import NumbersView
-from desktop.attention_probe import AttentionClient
-from desktop.attention_views import AtlasView, LiveView, SnapshotView
+from desktop.panels.attention.formula import NumbersView
+from desktop.panels.attention.probe import AttentionClient
+from desktop.panels.attention.views import AtlasView, LiveView, SnapshotView
 
 __all__ = ["AttentionPanel", "install_attention_panel", "PANEL_NAME"]
 
@@ -42,7 +42,7 @@ class AttentionPanel(QWidget):
     """The panel's widget (docked by :func:`install_attention_panel`).
 
     Args:
-        client: the engine side (:class:`desktop.attention_probe.AttentionClient`).
+        client: the engine side (:class:`desktop.panels.attention.probe.AttentionClient`).
         window: the ``MainWindow`` (its open conversation, database and settings are read),
             kept as :attr:`main` (``window`` is QWidget's own method).
     """

@@ -17,7 +17,7 @@ from typing import Callable
 
 from PySide6.QtWidgets import QApplication
 
-from desktop.attention_panel import ATLAS, LIVE, NUMBERS, PANEL_NAME, SNAPSHOT
+from desktop.panels.attention.panel import ATLAS, LIVE, NUMBERS, PANEL_NAME, SNAPSHOT
 
 __all__ = ["shoot", "PROMPT"]
 

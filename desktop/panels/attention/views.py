@@ -1,5 +1,5 @@
 """The attention panel's views: live, snapshot and head atlas (the formula's numbers are
-in :mod:`desktop.attention_formula`).
+in :mod:`desktop.panels.attention.formula`).
 
 Each view takes the plain data the engine sends (numpy arrays, lists, dicts), draws
 it, and returns what it shows from ``data()`` (for the .npz export). The heavy work
@@ -16,8 +16,8 @@ from PySide6.QtWidgets import (
     QCheckBox, QGridLayout, QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QPushButton, QScrollArea, QVBoxLayout, QWidget,
 )
 
-from desktop.attention_widgets import EntropyBars, TokenHeatText, display_token
-from desktop.heatmap import SYNC_CELLS, ColorBar, HeatmapWidget, in_background
+from desktop.panels.attention.widgets import EntropyBars, TokenHeatText, display_token
+from desktop.panels.attention.heatmap import SYNC_CELLS, ColorBar, HeatmapWidget, in_background
 
 __all__ = ["AtlasView", "LiveView", "SnapshotView", "entropy_bits", "prepare_matrix", "quote", "reduce_heads", "rich_label"]
 

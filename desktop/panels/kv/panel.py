@@ -22,7 +22,7 @@ from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QCheckBox, QLabel, QVBoxLayout, QWidget
 
 import runtime
-from desktop.remote_engine import REMOTE_KV_NOTE, usage_text
+from desktop.remote.engine import REMOTE_KV_NOTE, usage_text
 
 __all__ = ["KVPanel", "KVSeries", "REDRAW_MS", "install_kv_panel", "policy_next"]
 

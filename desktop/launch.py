@@ -1,0 +1,72 @@
+"""The desktop app's entry point: ``main(args) -> int``.
+
+Runs ``--self-test`` (:mod:`desktop.selftest`), ``--screenshot DIR``
+(:mod:`desktop.screenshots`) or the window (:mod:`desktop.app`); it sits above all three so
+that none of them imports another's caller. Must not import torch.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sqlite3
+import sys
+
+from PySide6.QtWidgets import QMessageBox
+
+from desktop.app import DATA_DIR_ENV, application, build_window, offer_download, open_store, report_unexpected, start_model
+from desktop.chat.store import SchemaTooNewError
+from desktop.settings.values import Settings
+from models import logfile
+
+__all__ = ["main"]
+
+log = logging.getLogger(__name__)
+
+
+def _no_display() -> bool:
+    """Linux/BSD without X11 or Wayland, and no platform chosen: Qt would abort."""
+    if not sys.platform.startswith(("linux", "freebsd")) or os.environ.get("QT_QPA_PLATFORM"):
+        return False
+    return not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the desktop app; returns the exit status."""
+    logfile.to_file()   # tracebacks go to the log file, never to the window or the terminal
+    if getattr(args, "self_test", False):
+        from desktop.selftest import run as self_test
+
+        return self_test(args)
+    if getattr(args, "screenshot", None):
+        from desktop.screenshots import run as screenshots
+
+        return screenshots(args)
+    if _no_display():
+        print("attnchat: error: no display found (DISPLAY and WAYLAND_DISPLAY are unset); "
+              "run `attnchat --terminal` to chat in the terminal", file=sys.stderr)
+        return 2
+    app = application()
+    try:
+        store = open_store()
+    except (sqlite3.DatabaseError, SchemaTooNewError, OSError) as e:
+        log.exception("could not open the conversation database")
+        QMessageBox.critical(None, "attnchat", f"The conversation database could not be opened: {e}")
+        print(f"attnchat: error: the conversation database could not be opened ({e}); "
+              f"move it aside or set {DATA_DIR_ENV}", file=sys.stderr)
+        return 2
+    settings = Settings()
+    if getattr(args, "device", None) and args.device != "auto":
+        settings.set("model/device", args.device)
+    window = build_window(store, settings)
+    window.download_requested.connect(lambda: offer_download(window))
+    previous_hook = sys.excepthook
+    sys.excepthook = lambda *exc: report_unexpected(window, *exc)
+    window.show()
+    start_model(window, getattr(args, "model", None))
+    try:
+        return app.exec()
+    finally:
+        window.close()
+        store.close()
+        sys.excepthook = previous_hook
