@@ -15,7 +15,8 @@ from runtime.errors import (
     ModelLoadError,
     UnsupportedModelError,
 )
-from runtime.kv_cache import CACHE_DTYPES, KVCache
+from runtime.dtypes import CACHE_DTYPES
+from runtime.kv_cache import KVCache
 from runtime.loader import Model, load_model, read_config
 from runtime.memory import MemoryPlan, count_parameters, element_bytes, free_memory_bytes, kv_bytes_per_token, plan, plan_for_config
 from runtime.attention_view import FormulaSteps, LayerAttention, context_ids, conversation_ids, token_strings

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from runtime.dtypes import parse_cache_dtype
 from runtime.errors import DeviceError
 
 
@@ -89,8 +90,6 @@ def compute_dtype(device: torch.device | str, weight_dtype: torch.dtype | str) -
     Raises:
         ValueError: an unknown dtype name.
     """
-    from runtime.kv_cache import parse_cache_dtype
-
     dev_type = torch.device(device).type if isinstance(device, str) else device.type
     weight_dtype = parse_cache_dtype(weight_dtype)
     if dev_type == "cpu" and weight_dtype == torch.float16:

@@ -20,32 +20,9 @@ from __future__ import annotations
 
 import torch
 
+from runtime import memory
+from runtime.dtypes import CACHE_DTYPES, dtype_name, parse_cache_dtype  # noqa: F401  (re-exported: callers import them from here)
 from runtime.errors import CacheLimitError
-
-#: Cache dtypes by user-facing name.
-CACHE_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
-
-
-def parse_cache_dtype(name: str | torch.dtype) -> torch.dtype:
-    """``"float32" | "bfloat16" | "float16"`` (or a torch dtype) -> torch dtype.
-
-    Raises:
-        ValueError: an unknown name (the message lists the known ones).
-    """
-    if isinstance(name, torch.dtype):
-        if name in CACHE_DTYPES.values():
-            return name
-        raise ValueError(f"cache dtype {name} is not supported; use one of {', '.join(CACHE_DTYPES)}")
-    aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
-    key = aliases.get(str(name).lower(), str(name).lower())
-    if key not in CACHE_DTYPES:
-        raise ValueError(f"unknown cache dtype {name!r}; use one of {', '.join(CACHE_DTYPES)}")
-    return CACHE_DTYPES[key]
-
 
 def _free_bytes(device: torch.device) -> int | None:
     """Bytes a new buffer can take on ``device`` (None if unknown).
@@ -53,17 +30,10 @@ def _free_bytes(device: torch.device) -> int | None:
     CUDA: the driver's free memory plus what torch's caching allocator holds unused
     (it hands that out first, so the driver's figure alone would refuse too early).
     """
-    from runtime import memory  # here, not at the top: runtime.memory imports this module
-
     free = memory.free_memory_bytes(device)
     if free is not None and device.type == "cuda":
         free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return free
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """torch dtype -> ``"float32"`` etc."""
-    return str(dtype).removeprefix("torch.")
 
 
 class KVCache:

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from runtime.config import ModelConfig
-from runtime.kv_cache import dtype_name, parse_cache_dtype
+from runtime.device import default_dtype
+from runtime.dtypes import dtype_name, parse_cache_dtype
 
 
 def element_bytes(dtype: str | torch.dtype) -> int:
@@ -156,8 +157,6 @@ def plan(
     if config is not None:
         params = count_parameters(config)
         if weights_dtype is None:
-            from runtime.device import default_dtype
-
             weights_dtype = default_dtype(torch.device(device))
         try:
             wdtype = dtype_name(parse_cache_dtype(weights_dtype))
