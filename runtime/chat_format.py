@@ -6,7 +6,7 @@ without one gets a plain "System:/User:/Assistant:" format and a stop string.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 #: Stop string that ends a reply in the plain fallback format.
 PLAIN_STOP = "\nUser:"
@@ -60,6 +60,13 @@ def _control_strings(tokenizer: Any) -> tuple[str, ...]:
     return tuple(s for s in specials if len(s) > 1)
 
 
+def _neutralize(text: str, controls: Sequence[str]) -> str:
+    for s in controls:
+        if s in text:
+            text = text.replace(s, s[0] + _BREAK + s[1:])
+    return text
+
+
 def neutralize_control_tokens(tokenizer: Any, text: str) -> str:
     """``text`` with the tokenizer's control-token strings (``<|im_end|>`` ...) broken up.
 
@@ -68,15 +75,27 @@ def neutralize_control_tokens(tokenizer: Any, text: str) -> str:
     forge the template (llama.cpp likewise tokenizes user text with special-token
     parsing off). Only the prompt the model sees changes; the stored message does not.
     """
-    for s in _control_strings(tokenizer):
-        if s in text:
-            text = text.replace(s, s[0] + _BREAK + s[1:])
-    return text
+    return _neutralize(text, _control_strings(tokenizer))
 
 
 def encode_messages(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]:
     """Token ids of :func:`render` (the template carries its own special tokens; control
     tokens typed inside messages are read as text, see :func:`neutralize_control_tokens`)."""
-    safe = [Message(m.role, neutralize_control_tokens(tokenizer, m.content)) for m in messages]
+    controls = _control_strings(tokenizer)  # once per call, not per message
+    safe = [Message(m.role, _neutralize(m.content, controls)) for m in messages]
     text = render(tokenizer, safe, add_generation_prompt=add_generation_prompt)
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def token_counter(tokenizer: Any) -> Callable[[Sequence[str]], list[int]] | None:
+    """texts -> the token count of each text alone (no template, no special tokens), or
+    ``None`` for a tokenizer without a Rust backend.
+
+    A fast estimate of messages' sizes (one batched call in the tokenizer's Rust code,
+    no template rendering): :mod:`runtime.context` uses it to trim a long conversation
+    without rendering it whole.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    return lambda texts: [len(e.ids) for e in backend.encode_batch(list(texts), add_special_tokens=False)]

@@ -16,14 +16,15 @@ from typing import Iterator, Union
 
 import torch
 
-from runtime.chat_format import PLAIN_STOP, Message, encode_messages
+from runtime.chat_format import PLAIN_STOP, Message, encode_messages, token_counter
 from runtime.context import (
     OVERFLOW_POLICIES,
+    PromptCancelled,
     common_prefix_length,
-    drop_oldest_turns,
     fit_prompt,
     rolling_eviction,
     rolling_window,
+    trim_conversation,
 )
 from runtime.errors import ContextOverflowError
 from runtime.loader import Model
@@ -279,11 +280,14 @@ class ChatSession:
         reserve = min(st.max_new_tokens, self.context_limit // 2)
         try:
             prompt, dropped = fit_prompt(self._encode, self.messages, limit=self.context_limit,
-                                         reserve=reserve, policy=st.overflow)
+                                         reserve=reserve, policy=st.overflow,
+                                         count=token_counter(self.model.tokenizer), cancelled=self._cancel.is_set)
         except ContextOverflowError:
             self.messages[:] = before  # a message that can never fit leaves no trace
             raise
-        stats.prompt_tokens, stats.dropped_tokens = len(prompt), dropped
+        except PromptCancelled:  # stopped while a long conversation was being trimmed
+            prompt, dropped = None, 0
+        stats.prompt_tokens, stats.dropped_tokens = len(prompt or ()), dropped
         detok = IncrementalDetokenizer(self.model.tokenizer)
         stops = StopStringMatcher(self._stop_strings())
         sampler = Sampler(st.sampling)
@@ -292,6 +296,8 @@ class ChatSession:
         reason = "stop"
         logits = None
         try:
+            if prompt is None:
+                raise _Stop("cancelled")
             if st.overflow == "stop" and len(prompt) >= self.context_limit:
                 raise _Stop("context")
             reused = self._sync_cache(prompt)
@@ -384,11 +390,16 @@ class ChatSession:
         limit = self.context_limit
         remaining = self.settings.max_new_tokens - len(generated)
         target = limit - max(1, min(remaining, limit // 4))
-        ids = drop_oldest_turns(self._encode, self.messages, target, tail=generated)
+        try:
+            ids, dropped = trim_conversation(self._encode, self.messages, target, tail=generated,
+                                             count=token_counter(self.model.tokenizer),
+                                             cancelled=self._cancel.is_set)
+        except PromptCancelled:
+            raise _Stop("cancelled") from None
         if len(ids) > limit:
             raise _Stop("context")
         # Dropped from the whole conversation (not added to the prompt's drop: both count from it).
-        stats.dropped_tokens = len(self._encode(self.messages)) - (len(ids) - len(generated))
+        stats.dropped_tokens = dropped
         reused = self._sync_cache(ids)
         rest = ids[reused:]
         logits = None

@@ -1,5 +1,6 @@
-"""What ``attnchat serve`` refuses before a route runs (``attnchat.server_guard``): foreign
-Host names (DNS rebinding), foreign web pages (Origin), bodies that are not JSON.
+"""What ``attnchat serve`` refuses (issue 20): foreign Host names (DNS rebinding), foreign
+web pages (Origin), bodies that are not JSON (``attnchat.server_guard``), and requests
+that would hold the only worker for hours.
 
 The checks go through a real server on 127.0.0.1 (no API key, as the desktop's "Serve
 over HTTP" runs it), with ``--allowed-host`` and ``--cors-origin`` to show each opening.
@@ -7,6 +8,7 @@ over HTTP" runs it), with ``--allowed-host`` and ``--cors-origin`` to show each 
 from __future__ import annotations
 
 import json
+import time
 
 import httpx2 as httpx
 import pytest
@@ -136,3 +138,17 @@ def test_a_wildcard_bind_answers_ip_literals_but_not_names():
     assert guard.host_allowed("localhost") and not guard.host_allowed("evil.example")
     loopback = Guard(None, hosts=["127.0.0.1"])
     assert not loopback.host_allowed("192.168.1.5") and not loopback.host_allowed("")
+
+
+@pytest.mark.slow
+def test_ten_thousand_messages_are_trimmed_not_a_freeze(http, ask):
+    """A 340 KB body of 10,000 one-letter messages once held the worker for ~44 minutes."""
+    model = json.loads(ask)["model"]
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": "a"} for i in range(10_001)]
+    t0 = time.monotonic()
+    r = http.post("/chat/completions", json={"model": model, "max_tokens": 1, "messages": msgs}, timeout=120)
+    seconds = time.monotonic() - t0
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["usage"]["prompt_tokens"] <= 512 and body["attnchat"]["dropped_tokens"] > 60_000
+    print(f"10,001 messages answered in {seconds:.2f} s")
