@@ -99,11 +99,13 @@ class Transformers:
 
             d, f = os.path.split(path)
             self.model = AutoModelForCausalLM.from_pretrained(
-                d, gguf_file=f, quantization_config=GgufConfig(dequantize=True), dtype=tdtype, attn_implementation="sdpa")
-            tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+                d, gguf_file=f, quantization_config=GgufConfig(dequantize=True), dtype=tdtype, attn_implementation="sdpa",
+                trust_remote_code=False)
+            tok = AutoTokenizer.from_pretrained(d, gguf_file=f, trust_remote_code=False)
         else:
-            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, attn_implementation="sdpa")
-            tok = AutoTokenizer.from_pretrained(path)
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, attn_implementation="sdpa",
+                                                              trust_remote_code=False)
+            tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         self.model.eval()
         cfg = self.model.config
         self.vocab = cfg.vocab_size

@@ -2,15 +2,19 @@
 
 Must not import Qt. Sources: a ``.gguf`` file (dequantized by transformers' GGUF
 reader), a folder in transformers' layout (config.json, ``*.safetensors``, tokenizer
-files), or ``None`` for the default model. Never ``trust_remote_code``; never unpickle.
+files), or ``None`` for the default model. Never ``trust_remote_code`` (passed as False
+to every transformers call, and a folder whose JSON names custom code is refused); a GGUF's
+tokenizer is read from the file alone, never from its folder; never unpickle.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,6 +151,71 @@ def _check_gguf_file(path: Path) -> None:
         raise ModelLoadError(f"{path} is not a GGUF file (no GGUF header); give a .gguf file or a model folder")
 
 
+def _check_gguf_metadata(path: Path) -> None:
+    """Refuse a GGUF whose metadata passes :mod:`runtime.gguf_header`'s limits, before a
+    reader that builds it in memory opens it (bounded memory; ~0.05 s of CPU for the default model)."""
+    from runtime.gguf_header import GGUFHeaderError, scan_header
+
+    try:
+        scan_header(path)
+    except GGUFHeaderError as e:
+        raise ModelLoadError(f"{path.name} was refused: {e}; attnchat reads only GGUF files whose metadata "
+                             "stays within the sizes real models use") from None
+    except OSError as e:
+        raise ModelLoadError(f"{path} could not be read ({e.strerror})") from None
+
+
+@contextlib.contextmanager
+def _gguf_only(path: Path):
+    """(folder, file) naming ``path`` from a fresh, private, empty folder of ours.
+
+    transformers reads tokenizer_config.json and other files from the folder it is given
+    beside a ``gguf_file``; one with an ``auto_map`` makes it offer to run the folder's
+    Python. A GGUF carries its own config and tokenizer, so nothing from its folder is read.
+    """
+    with tempfile.TemporaryDirectory(prefix="attnchat-gguf-") as empty:  # mode 0700
+        yield empty, str(path.resolve())
+
+
+def _names_custom_code(file: Path, chunk: int = 1 << 20) -> bool:
+    """True when ``file`` holds the key ``"auto_map"`` (read in chunks: bounded memory)."""
+    needle, tail = b'"auto_map"', b""
+    with file.open("rb") as f:
+        while block := f.read(chunk):
+            if needle in tail + block:
+                return True
+            tail = block[-(len(needle) - 1):]
+    return False
+
+
+def _refuse_custom_code(path: Path) -> None:
+    """Refuse a model folder any of whose JSON files names custom code (``auto_map``).
+
+    ``auto_map`` in config.json, tokenizer_config.json, processor or generation
+    configs points transformers at Python files shipped in the folder. attnchat passes
+    ``trust_remote_code=False`` everywhere, and refuses such a folder outright besides,
+    so no version of transformers ever asks whether to run that code.
+
+    Raises:
+        UnsupportedModelError: an ``auto_map`` in any ``*.json`` of the folder or its
+            subfolders (links to folders are not followed).
+    """
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in sorted(files):
+            file = Path(root) / name
+            if not name.lower().endswith(".json"):
+                continue
+            try:
+                found = _names_custom_code(file)
+            except OSError:
+                continue
+            if found:
+                raise UnsupportedModelError(
+                    f"{path.name} needs custom code from its authors ('auto_map' in {file.relative_to(path)}: "
+                    "trust_remote_code), which attnchat never runs; pick a model with a standard architecture")
+
+
 def _refuse_pickle(path: Path) -> None:
     raise ModelLoadError(
         f"{path.name} is a pickled PyTorch checkpoint, which can run arbitrary code when opened; "
@@ -185,7 +254,8 @@ def _read_cached(cached: Path | None):
     if cached is None or not (cached / "config.json").exists() or not (cached / "tokenizer_config.json").exists():
         return None, None
     try:
-        return AutoConfig.from_pretrained(str(cached)), AutoTokenizer.from_pretrained(str(cached))
+        return (AutoConfig.from_pretrained(str(cached), trust_remote_code=False),
+                AutoTokenizer.from_pretrained(str(cached), trust_remote_code=False))
     except Exception:  # a stale or broken cache is rebuilt
         log.warning("GGUF cache %s unusable, rebuilding", cached, exc_info=True)
         return None, None
@@ -220,7 +290,7 @@ def _read_cached_fast(cached: Path | None):
             return None, None
         from transformers import PreTrainedTokenizerFast
 
-        return cfg, PreTrainedTokenizerFast.from_pretrained(str(cached))
+        return cfg, PreTrainedTokenizerFast.from_pretrained(str(cached), trust_remote_code=False)
     except Exception:  # a stale or broken file: the slow path rebuilds
         log.warning("GGUF cache %s: fast read failed, using the slow path", cached, exc_info=True)
         return None, None
@@ -295,11 +365,13 @@ def _read_gguf(path: Path, dtype: torch.dtype):
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     _check_gguf_file(path)
+    _check_gguf_metadata(path)
     cached = _gguf_cache_dir(path)
     hf_config, tokenizer = _read_cached(cached)
     if hf_config is None:
         try:
-            hf_config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+            with _gguf_only(path) as (folder, name):
+                hf_config = AutoConfig.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
         except ValueError as e:
             if "not supported" in str(e) or "architecture" in str(e):
                 raise UnsupportedModelError(f"{path.name}: {_one_line(e).rstrip('.')}; attnchat runs Llama-family and GPT-2 models") from None
@@ -309,11 +381,12 @@ def _read_gguf(path: Path, dtype: torch.dtype):
     cfg = _model_config(path, hf_config)
     try:
         if tokenizer is None:
-            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            with _gguf_only(path) as (folder, name):
+                tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
             _write_cache(cached, hf_config, tokenizer)
         # Names only: transformers maps GGUF tensor names through a model skeleton on meta.
         with torch.device("meta"):
-            skeleton = AutoModelForCausalLM.from_config(hf_config)
+            skeleton = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=False)
         names = _TensorNames(hf_config, skeleton.state_dict().keys())
         parsed = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=names)
     except (UnsupportedModelError, ModelLoadError):
@@ -334,12 +407,9 @@ def _read_folder(path: Path, dtype: torch.dtype):
         raw = json.loads(cfg_file.read_text())
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"{cfg_file} is not valid JSON ({e}); re-export the model") from None
-    if raw.get("auto_map"):
-        raise UnsupportedModelError(
-            f"{path.name} needs custom code from its authors (trust_remote_code), which attnchat never runs; pick a standard architecture"
-        )
+    _refuse_custom_code(path)
     try:
-        hf_config = AutoConfig.from_pretrained(str(path))
+        hf_config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
     except Exception as e:
         raise UnsupportedModelError(f"{path.name}: its config could not be read ({str(e).splitlines()[0]}); pick a Llama-family or GPT-2 model") from None
     cfg = _model_config(path, hf_config)
@@ -351,7 +421,7 @@ def _read_folder(path: Path, dtype: torch.dtype):
     if not any((path / n).exists() for n in ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")):
         raise ModelLoadError(f"{path} has no tokenizer files (tokenizer.json ...); copy them from the original model")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception as e:
         raise ModelLoadError(f"{path.name}: the tokenizer could not be loaded ({str(e).splitlines()[0]}); copy the tokenizer files from the original model") from None
     tensors: dict[str, torch.Tensor] = {}
@@ -499,8 +569,9 @@ def read_config(source: str | os.PathLike | None = None) -> ModelConfig:
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ModelLoadError(f"{path} has no config.json; give a folder in transformers' layout or a .gguf file")
+        _refuse_custom_code(path)
         try:
-            return _model_config(path, AutoConfig.from_pretrained(str(path)))
+            return _model_config(path, AutoConfig.from_pretrained(str(path), trust_remote_code=False))
         except (UnsupportedModelError, ModelLoadError):
             raise
         except Exception as e:
@@ -512,8 +583,10 @@ def read_config(source: str | os.PathLike | None = None) -> ModelConfig:
         return cfg
     hf_config, _ = _read_cached(cached)
     if hf_config is None:
+        _check_gguf_metadata(path)
         try:
-            hf_config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+            with _gguf_only(path) as (folder, name):
+                hf_config = AutoConfig.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
         except Exception as e:
             raise ModelLoadError(f"{path.name} could not be read as GGUF ({_one_line(e)}); download it again") from None
     return _model_config(path, hf_config)
