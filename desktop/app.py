@@ -21,7 +21,7 @@ from PySide6.QtWidgets import QApplication
 import models
 from desktop.remote import connect_dialog
 from desktop.remote import serve_toggle
-from models import logfile
+from models import logfile, paths
 from desktop.panels.attention.panel import install_attention_panel
 from desktop.download_dialog import DownloadDialog
 from desktop.panels.kv.panel import install_kv_panel
@@ -168,5 +168,5 @@ def report_unexpected(window: MainWindow, exc_type, exc, tb) -> None:
 
 
 def open_store() -> Store:
-    """The conversation database in :func:`data_dir`."""
-    return Store(data_dir() / "conversations.sqlite3")
+    """The conversation database in :func:`data_dir` (made private, 0700, repaired on each start)."""
+    return Store(paths.private_dir(data_dir()) / "conversations.sqlite3")

@@ -44,6 +44,7 @@ def to_file(level: int = logging.INFO) -> Path | None:
         if isinstance(h, logging.FileHandler) and Path(h.baseFilename) == path.absolute():
             return path
     try:
+        paths.private_file(path)  # 0600 before the first record: logs quote what users type
         handler = logging.FileHandler(path, encoding="utf-8")
     except OSError:
         return None

@@ -28,8 +28,14 @@ BUNDLED_MODELS_SUBDIR = "bundled_models"
 
 __all__ = [
     "APP_NAME", "BUNDLED_MODELS_SUBDIR", "CACHE_DIR_ENV", "MODELS_DIR_ENV",
-    "bundled_models_dir", "cache_dir", "log_dir", "models_dir",
+    "bundled_models_dir", "cache_dir", "log_dir", "models_dir", "private_dir", "private_file",
 ]
+
+#: Modes of what holds the user's words (conversations, logs): theirs alone. On systems
+#: where home folders are open to others (Debian's default), 0644 files in a 0755 folder
+#: would let every local user read every conversation.
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
 
 
 def _from_env(name: str) -> Path | None:
@@ -48,6 +54,42 @@ def _ensure(path: Path) -> Path:
     return path
 
 
+def _restrict(path: Path, mode: int) -> None:
+    """chmod ``path`` to ``mode`` if it has other bits (a no-op on Windows, where chmod
+    only sets read-only, and for a path that is not ours to change)."""
+    try:
+        if os.name == "posix" and path.stat().st_mode & 0o777 != mode:
+            path.chmod(mode)
+    except (FileNotFoundError, PermissionError):
+        pass
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and its parents) if missing; make it :data:`PRIVATE_DIR_MODE`, also
+    when it already existed with a wider mode (repaired on every start). Returns ``path``.
+
+    Raises:
+        OSError: the folder cannot be created.
+    """
+    path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+    _restrict(path, PRIVATE_DIR_MODE)
+    return path
+
+
+def private_file(path: Path, *, create: bool = True) -> Path:
+    """Make ``path`` :data:`PRIVATE_FILE_MODE`: created empty with that mode if missing
+    (and ``create``), so it is never readable by others, not even for a moment;
+    repaired if it exists with a wider mode. Returns ``path``.
+
+    Raises:
+        OSError: the file cannot be created.
+    """
+    if create:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), PRIVATE_FILE_MODE))
+    _restrict(path, PRIVATE_FILE_MODE)
+    return path
+
+
 def models_dir() -> Path:
     """The folder holding model files: ``$ATTNCHAT_MODELS_DIR`` or the user data folder.
 
@@ -56,7 +98,8 @@ def models_dir() -> Path:
     """
     path = _from_env(MODELS_DIR_ENV)
     if path is None:
-        path = Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)) / "models"
+        # The user data folder also holds the conversations: private when made here.
+        path = private_dir(Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))) / "models"
     return _ensure(path)
 
 
@@ -87,9 +130,9 @@ def cache_dir() -> Path:
 
 
 def log_dir() -> Path:
-    """The folder for log files (the platform's user log folder).
+    """The folder for log files (the platform's user log folder), private (0700).
 
     Raises:
         OSError: the folder does not exist and cannot be created.
     """
-    return _ensure(Path(platformdirs.user_log_dir(APP_NAME, appauthor=False)))
+    return private_dir(Path(platformdirs.user_log_dir(APP_NAME, appauthor=False)))

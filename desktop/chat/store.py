@@ -19,6 +19,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from models.paths import PRIVATE_DIR_MODE, private_file
+
 __all__ = ["Conversation", "StoredMessage", "Store", "MIGRATIONS", "DEFAULT_TITLE"]
 
 DEFAULT_TITLE = "New chat"
@@ -91,7 +93,12 @@ class Store:
     def __init__(self, path: str | Path):
         self.path = path
         if path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            # 0600 before SQLite opens it: SQLite gives the -wal and -shm files the
+            # database's mode. Older files are repaired. The folder is made private when
+            # created here; desktop.app.open_store repairs the data folder itself.
+            Path(path).parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+            for suffix in ("", "-wal", "-shm"):
+                private_file(Path(f"{path}{suffix}"), create=not suffix)
         # isolation_level=None: we open transactions ourselves (BEGIN IMMEDIATE).
         self._db = sqlite3.connect(str(path), isolation_level=None)
         self._db.row_factory = sqlite3.Row
