@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -188,11 +189,47 @@ def _import_file(src: Path, folder: Path) -> Path:
     return dest
 
 
-def _skip_pickles(_dir: str, names: list[str]) -> set[str]:
-    skipped = {n for n in names if Path(n).suffix.lower() in PICKLE_SUFFIXES}
+def _files_to_copy(src: Path) -> list[Path]:
+    """The regular files under ``src`` (relative paths), pickles left out.
+
+    Only what is really inside the folder is copied: a link (to a file or a folder,
+    inside or outside it) or anything that is not a regular file (a FIFO, a device such
+    as ``/dev/zero``) refuses the whole import, before anything is written. Following
+    links once copied a ``home -> /root`` link's 7.4 GB and a 0600 file of someone else's.
+
+    Raises:
+        ImportModelError: a link or a special file in the folder.
+    """
+    keep, skipped = [], []
+    for root, dirs, files in os.walk(src):  # does not enter links to folders
+        dirs.sort()
+        for name in sorted(dirs) + sorted(files):
+            path = Path(root) / name
+            rel = path.relative_to(src)
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                raise ImportModelError(f"{src} holds a link, {str(rel)!r}; attnchat imports only the regular "
+                                       "files inside a folder: replace the link with the file it points to")
+            if name in dirs:
+                continue
+            if not stat.S_ISREG(mode):
+                raise ImportModelError(f"{src} holds {str(rel)!r}, which is not a regular file; "
+                                       "remove it from the folder and import again")
+            (skipped if path.suffix.lower() in PICKLE_SUFFIXES else keep).append(rel)
     if skipped:
-        log.info("not copying pickled files %s from %s", sorted(skipped), _dir)
-    return skipped
+        log.info("not copying pickled files %r from %r", [str(p) for p in skipped], str(src))
+    return keep
+
+
+def _copy_file(src: Path, dest: Path) -> None:
+    """Copy one regular file, refusing it if it became a link meanwhile (O_NOFOLLOW)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(src, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0))
+    with open(fd, "rb") as fin:
+        if not stat.S_ISREG(os.fstat(fin.fileno()).st_mode):
+            raise ImportModelError(f"{str(src)!r} is not a regular file; remove it from the folder and import again")
+        with open(dest, "wb") as fout:
+            shutil.copyfileobj(fin, fout, CHUNK_BYTES)
 
 
 def _import_folder(src: Path, folder: Path) -> Path:
@@ -206,11 +243,14 @@ def _import_folder(src: Path, folder: Path) -> Path:
         if os.path.samefile(src, dest):
             return dest
         raise ImportModelError(f"{dest} already exists; remove it first or rename the folder to import")
+    files = _files_to_copy(src)
     tmp = folder / f".{src.name}.{os.getpid()}.import"
     try:
-        shutil.copytree(src, tmp, ignore=_skip_pickles)
+        tmp.mkdir()
+        for rel in files:
+            _copy_file(src / rel, tmp / rel)
         os.rename(tmp, dest)
-    except OSError as exc:  # shutil.Error is an OSError too
+    except OSError as exc:
         raise _os_error(f"copy {src} to {dest}", exc) from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -234,7 +274,9 @@ def import_model(path: str | os.PathLike[str]) -> Path:
     if not src.exists():
         raise ImportModelError(f"{src}: no such file or folder; {_WHAT_TO_GIVE}")
     src = src.resolve()
+    if not src.is_dir() and not src.is_file():
+        raise ImportModelError(f"{src} is not a regular file (a device or a pipe?); {_WHAT_TO_GIVE}")
     folder = models_dir()
     dest = _import_folder(src, folder) if src.is_dir() else _import_file(src, folder)
-    log.info("imported %s as %s", src, dest)
+    log.info("imported %r as %r", str(src), str(dest))  # repr: a newline in a name cannot forge a log line
     return dest
