@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from attnchat import bench, heads_cmd, memory_cmd, models_cmd, serve_cmd
+from attnchat import bench, formula_cmd, heads_cmd, memory_cmd, models_cmd, serve_cmd
 
 EXIT_USER_ERROR = 2
 log = logging.getLogger("attnchat")
@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     models_cmd.add_parser(sub)
     memory_cmd.add_parser(sub)
     heads_cmd.add_parser(sub)
+    formula_cmd.add_parser(sub)
     bench.add_parser(sub)
     serve_cmd.add_parser(sub)
     return parser
@@ -247,6 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return memory_cmd.run(args)
         if args.command == "heads":
             return heads_cmd.run(args)
+        if args.command == "formula":
+            return formula_cmd.run(args)
         if args.command == "serve":
             return serve_cmd.run(args)
         if args.command == "bench":

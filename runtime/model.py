@@ -161,6 +161,9 @@ class Attention(nn.Module):
         qkv_out = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, qkv_out, bias=cfg.qkv_bias)
         self.o_proj = Linear(cfg.n_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        # Edits the heads' outputs (B, H, T, D) before o_proj: runtime.ablation sets it while
+        # heads are knocked out; None (one attribute check per layer) otherwise.
+        self.head_edit: Callable[[int, torch.Tensor], torch.Tensor] | None = None
 
     def project(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
@@ -203,6 +206,8 @@ class Attention(nn.Module):
             observer(layer, weights)
         else:
             y = attention(q, k, v, causal=True)  # (B, H, T, D)
+        if self.head_edit is not None:
+            y = self.head_edit(layer, y)
         y = y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H D)
         return self.o_proj(y)
 
