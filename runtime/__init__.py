@@ -21,6 +21,10 @@ from runtime.loader import Model, load_model, read_config
 from runtime.memory import MemoryPlan, count_parameters, element_bytes, free_memory_bytes, kv_bytes_per_token, plan, plan_for_config
 from runtime.attention_view import FormulaSteps, LayerAttention, context_ids, conversation_ids, token_strings
 from runtime.probe import AttentionCapture, HeadScores, head_scores
+from runtime.ablation import ABLATION_MODES, InductionAblation, ablated, induction_ablation, parse_heads, top_and_probs
+from runtime.context_cost import AttentionStepTime, attention_step_seconds, scores_per_head
+from runtime.explain import Explanation, explain_token, kendall_tau, reply_positions
+from runtime.formula import FormulaByHand, formula_by_hand
 from runtime.sampling import SamplingParams
 from runtime.session import (
     OVERFLOW_POLICIES,
@@ -38,6 +42,9 @@ __all__ = [
     "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "compute_dtype", "Message", "ModelConfig", "KVCache", "CACHE_DTYPES", "Model", "load_model",
     "SamplingParams", "MemoryPlan", "plan", "plan_for_config", "kv_bytes_per_token", "count_parameters", "element_bytes",
     "free_memory_bytes", "AttentionCapture", "HeadScores", "head_scores",
+    "ABLATION_MODES", "InductionAblation", "ablated", "induction_ablation", "parse_heads", "top_and_probs",
+    "AttentionStepTime", "attention_step_seconds", "scores_per_head", "Explanation", "explain_token", "kendall_tau",
+    "reply_positions", "FormulaByHand", "formula_by_hand",
     "LayerAttention", "FormulaSteps", "context_ids", "conversation_ids", "token_strings", "read_config", "ChatSession", "GenerationSettings", "OVERFLOW_POLICIES", "Event",
     "PrefillProgress", "TextPiece", "StatsUpdate", "Finish", "TurnStats",
     "AttnchatError", "CacheLimitError", "ContextOverflowError", "DeviceError",
