@@ -1,7 +1,7 @@
 """The attention panel: where the model looks, built on the runtime's own attention.
 
 A dock (View > Attention, closed by default) with one layer and head choice shared by
-four tabs:
+five tabs:
 
 - Live: as a reply streams, the newest token's attention over the context, for every
   head of the layer, the chosen head (or the mean or max over heads) as a strip and
@@ -12,6 +12,8 @@ four tabs:
 - Heads: every head's previous-token and induction score (Olsson et al. 2022); click
   one to choose it.
 - Formula: ``softmax(q·k/√d)·v`` for one query token, with its numbers.
+- Insight (:mod:`desktop.panels.attention.insight`): does attention explain a token,
+  knock heads out, the formula by hand, why divide by √d_k, what long context costs.
 
 Capture costs only while the Live tab is on screen: the panel tells the engine when it
 is (``AttentionClient.set_active``), and otherwise the decoder's ``observer`` stays
@@ -29,13 +31,14 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.panels.attention.formula import NumbersView
+from desktop.panels.attention.insight import install_insight
 from desktop.panels.attention.probe import AttentionClient
 from desktop.panels.attention.views import AtlasView, LiveView, SnapshotView
 
 __all__ = ["AttentionPanel", "install_attention_panel", "PANEL_NAME"]
 
 PANEL_NAME = "attentionPanel"
-LIVE, SNAPSHOT, ATLAS, NUMBERS = range(4)
+LIVE, SNAPSHOT, ATLAS, NUMBERS, INSIGHT = range(5)
 
 
 class AttentionPanel(QWidget):
@@ -72,6 +75,7 @@ class AttentionPanel(QWidget):
         for view, title in ((self.live, "Live"), (self.snapshot, "Snapshot"), (self.atlas, "Heads"),
                             (self.numbers, "Formula")):
             self.tabs.addTab(view, title)
+        self.insight = install_insight(self)  # the Insight tab (explain, knock out, by hand, √d_k, cost)
         self.status = QLabel("")
         self.status.setWordWrap(True)
         top = QHBoxLayout()
@@ -299,7 +303,8 @@ class AttentionPanel(QWidget):
 
     # ---- export ------------------------------------------------------------------------
     def view_name(self) -> str:
-        return ("live", "snapshot", "heads", "formula")[self.tabs.currentIndex()]
+        i = self.tabs.currentIndex()
+        return ("live", "snapshot", "heads", "formula")[i] if i < INSIGHT else f"insight-{self.insight.tabs.view_name()}"
 
     def export_png(self, path: str | Path) -> None:
         """The current view as a PNG image (as drawn, at the screen's pixel ratio)."""
