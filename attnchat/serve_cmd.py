@@ -8,6 +8,7 @@ The address is checked and bound before the model loads, so a mistake costs no w
 from __future__ import annotations
 
 import argparse
+import logging
 import ipaddress
 import os
 import socket
@@ -55,8 +56,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="SRC", help="a .gguf file or a model folder (default: the default model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --api-key)")
     p.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT}; 0 picks a free one)")
-    p.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV) or None,
-                   help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, else none)")
+    key = p.add_mutually_exclusive_group()
+    key.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV) or None,
+                     help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, else none). Other users "
+                          f"see a command line's arguments (ps): prefer ${API_KEY_ENV} or --api-key-file")
+    key.add_argument("--api-key-file", metavar="PATH",
+                     help="read the API key from the first line of PATH (keep it 0600)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="also answer requests whose Host header names NAME (repeatable; by default only "
                         "localhost, 127.0.0.1, ::1 and --host: a guard against DNS rebinding)")
@@ -66,6 +71,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--model-id", metavar="NAME", help="the model's id in the API (default: its file name)")
     p.add_argument("--max-tokens", type=_count, default=1024, metavar="N",
                    help="reply length for requests without max_tokens (default 1024)")
+    p.add_argument("--max-tokens-limit", type=_count, default=4096, metavar="N",
+                   help="the most tokens a request may ask for in max_tokens; more gets a 400 (default 4096)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="for requests without temperature (default 0 = greedy)")
     p.add_argument("--context", type=_count, default=None, metavar="N", help="context length in tokens (default: the model's maximum)")
@@ -74,6 +81,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="when a conversation passes the context (default truncate-middle)")
     p.add_argument("--sessions", type=_count, default=4, metavar="N",
                    help="conversations that keep their KV cache between requests (default 4)")
+    p.add_argument("--max-queued", type=_count, default=16, metavar="N",
+                   help="requests that may wait behind the running one; more get 429 with Retry-After (default 16)")
+    p.add_argument("--max-connections", type=_count, default=64, metavar="N",
+                   help="open connections at most; requests past them get 503 (default 64)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--dtype", default=None, help="weight dtype: float32, bfloat16, float16 (default per device: float16 on the CPU, computing in float32)")
     p.set_defaults(func=run)
@@ -119,7 +130,29 @@ def _url(sock: socket.socket) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
 
 
+def _read_key_file(path: str) -> str:
+    """The first line of ``path``, stripped.
+
+    Raises:
+        ValueError: the file cannot be read or holds no key (one line, for exit status 2).
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            key = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read --api-key-file {path!r} ({getattr(e, 'strerror', None) or e}); "
+                         "give a file holding the key on its first line") from None
+    if not key:
+        raise ValueError(f"--api-key-file {path!r} holds no key on its first line")
+    return key
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.api_key_file is not None:
+        args.api_key = _read_key_file(args.api_key_file)
+    if args.max_tokens > args.max_tokens_limit:
+        raise ValueError(f"--max-tokens {args.max_tokens} passes --max-tokens-limit {args.max_tokens_limit}; "
+                         "lower the one or raise the other")
     if not is_loopback(args.host) and not args.api_key:
         raise ValueError(f"refusing to serve on {args.host} without an API key: anyone who can reach it could "
                          f"use it; add --api-key KEY (or set ${API_KEY_ENV}), or bind to 127.0.0.1")
@@ -150,15 +183,22 @@ def _serve(args: argparse.Namespace, settings, sock: socket.socket) -> int:
     import uvicorn
 
     from attnchat.server import create_app
+    from attnchat.server_guard import HeaderDeadline, drop_query_strings
     from runtime import load_model
 
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     app = create_app(model, api_key=args.api_key, model_id=args.model_id, settings=settings,
                      sessions=args.sessions, default_temperature=args.temperature,
-                     default_max_tokens=args.max_tokens, allowed_hosts=[args.host, *args.allowed_host],
+                     default_max_tokens=args.max_tokens, max_tokens_limit=args.max_tokens_limit,
+                     max_queued=args.max_queued,
+                     allowed_hosts=[args.host, *args.allowed_host],
                      cors_origins=args.cors_origin)
     # log_config=None: uvicorn's records go to attnchat's log file, not the terminal.
-    config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=3, lifespan="on")
+    # limit_concurrency: past it uvicorn answers 503 at once; half-sent requests hold a
+    # connection only until HEADER_TIMEOUT_S (server_guard.HeaderDeadline).
+    config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=3, lifespan="on",
+                            limit_concurrency=args.max_connections, http=HeaderDeadline)
+    logging.getLogger("uvicorn.access").addFilter(drop_query_strings)
     server = uvicorn.Server(config)
 
     async def serve() -> None:

@@ -9,13 +9,19 @@ A request is a whole conversation; it goes to the session whose conversation (sy
 prompt, then messages, the last reply included) is the longest prefix of the
 request's, so a client that resends a growing conversation lands on the session that
 holds its KV cache, and the session's own longest-common-prefix logic reuses it.
+
+Only a WHOLE earlier conversation is reused: otherwise the session taken over is reset
+first. (The server has one API key, so pools per key would separate nobody.) Reusing a partial match let
+a client read another's prompt one token at a time from ``cached_tokens`` (issue 20: a
+victim's "My bank PIN is 4817", probed with "...PIN is 4" and "...48", came back with 30
+and 31 cached tokens). The price: a client that edits or regenerates a turn prefills the
+conversation again.
 """
 from __future__ import annotations
 
 import collections
 import itertools
 import logging
-import queue
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -39,6 +45,13 @@ log = logging.getLogger("attnchat.serve")
 
 #: Requests remembered for ``/v1/attnchat/stats``.
 HISTORY = 16
+#: Requests that may wait behind the running one; more are refused (the server answers 429).
+#: Each holds its whole conversation (up to the 1 MiB body limit) until it runs.
+MAX_QUEUED = 16
+
+
+class QueueFullError(Exception):
+    """The queue holds :attr:`Engine.max_queued` jobs already; try again later."""
 
 
 # ---- what the worker sends back ---------------------------------------------------------
@@ -114,15 +127,20 @@ class Engine:
         sessions: how many conversations keep their KV cache (at least 1).
     """
 
-    def __init__(self, model: Model, *, settings: GenerationSettings | None = None, sessions: int = 4):
+    def __init__(self, model: Model, *, settings: GenerationSettings | None = None, sessions: int = 4,
+                 max_queued: int = MAX_QUEUED):
         if sessions < 1:
             raise ValueError(f"the server needs at least 1 session; got {sessions}")
         self.model = model
         self.settings = settings or GenerationSettings()
         self.pool_size = sessions
+        self.max_queued = max_queued
         self._pool: list[ChatSession] = []  # most recently used last
-        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        # Waiting jobs (None: the stop sign). A deque, not a queue.Queue, so a cancelled
+        # job leaves it at once instead of holding its conversation until its turn.
+        self._jobs: collections.deque[Job | None] = collections.deque()
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
         self._running: tuple[Job, ChatSession] | None = None
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
@@ -144,43 +162,59 @@ class Engine:
 
     def close(self, timeout: float = 5.0) -> None:
         """Cancel the running reply, drop queued ones and stop the worker."""
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.cancelled.set()
-                self._finish_unrun(job)
+        with self._lock:
+            dropped = [j for j in self._jobs if j is not None]
+            self._jobs.clear()
+        for job in dropped:
+            job.cancelled.set()
+            self._finish_unrun(job)
         with self._lock:
             if self._running is not None:
                 self._running[0].cancelled.set()
                 self._running[1].cancel()
-        self._jobs.put(None)
+            self._jobs.append(None)
+            self._wake.notify()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
 
     # ---- requests --------------------------------------------------------------------
     def submit(self, job: Job) -> None:
-        """Queue ``job``; its items arrive through ``job.emit`` from the worker thread."""
+        """Queue ``job``; its items arrive through ``job.emit`` from the worker thread.
+
+        Raises:
+            QueueFullError: :attr:`max_queued` jobs wait already (the job is not queued).
+        """
         self.start()  # idempotent: the app's lifespan normally started it already
         if not job.id:
             job.id = f"job-{next(self._ids)}"
-        self._count("requests")
-        self._jobs.put(job)
+        with self._lock:
+            if len(self._jobs) >= self.max_queued:
+                self.counts["refused"] += 1
+                raise QueueFullError(f"{len(self._jobs)} requests are waiting already")
+            self.counts["requests"] += 1
+            self._jobs.append(job)
+            self._wake.notify()
 
     def cancel(self, job: Job) -> None:
-        """Stop ``job`` (thread-safe): skipped if queued, stopped within one step if running."""
+        """Stop ``job`` (thread-safe): dropped from the queue if waiting (its conversation
+        freed now, its ``emit`` told "cancelled"), stopped within one step if running."""
         job.cancelled.set()
         with self._lock:
             if self._running is not None and self._running[0] is job:
                 self._running[1].cancel()
+                return
+            try:
+                self._jobs.remove(job)
+            except ValueError:
+                return  # finished, or taken by the worker (which sees the flag)
+        self._finish_unrun(job)
 
     def stats(self) -> dict[str, Any]:
         """Counters, queue depth and the last requests (plain data for the stats endpoint)."""
         with self._lock:
             busy = self._running is not None
+            queued = sum(1 for j in self._jobs if j is not None)
             counts = dict(self.counts)
             last = list(self.history)[::-1]
         return {
@@ -188,7 +222,8 @@ class Engine:
             "finished": dict(sorted((k.removeprefix("finish_"), v) for k, v in counts.items()
                                     if k.startswith("finish_"))),
             "failed": counts.get("failed", 0),
-            "queued": self._jobs.qsize(),
+            "refused": counts.get("refused", 0),
+            "queued": queued,
             "busy": busy,
             "sessions": len(self._pool),
             "last": last,
@@ -197,7 +232,10 @@ class Engine:
     # ---- the worker ------------------------------------------------------------------
     def _work(self) -> None:
         while True:
-            job = self._jobs.get()
+            with self._lock:
+                while not self._jobs:
+                    self._wake.wait()
+                job = self._jobs.popleft()
             if job is None:
                 return
             if job.cancelled.is_set():
@@ -218,23 +256,23 @@ class Engine:
         self._send(job, Done("cancelled", "", TurnStats()))
 
     def _session_for(self, job: Job) -> ChatSession:
-        """The pooled session whose conversation shares the longest prefix with the job's."""
+        """The pooled session whose whole conversation the job's extends (the longest),
+        else a fresh or the least recently used session, reset."""
         want = job.conversation()
-        best, best_score = None, (0, False)
+        best, best_n = None, 0
         for s in reversed(self._pool):  # most recently used first: it wins ties
             have = [Message("system", s.system_prompt or "")] + s.messages
             n = common_prefix_length(have, want)
-            whole = n == len(have)  # the request extends this conversation: nothing is lost
-            # Sharing only the system prompt is not worth another conversation's cache.
-            if (n > 1 or whole) and (n, whole) > best_score:
-                best, best_score = s, (n, whole)
+            if n == len(have) and n > best_n:  # the request extends this conversation: nothing is lost
+                best, best_n = s, n
         if best is None:
             # A new conversation: a fresh session while the pool has room, else the least
-            # recently used one.
+            # recently used one, emptied: nothing of its cache may answer someone else.
             if len(self._pool) < self.pool_size:
                 best = ChatSession(self.model, settings=self.settings)
             else:
                 best = self._pool[0]
+                best.reset()
         if best in self._pool:
             self._pool.remove(best)
         self._pool.append(best)

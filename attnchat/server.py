@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from attnchat.serve_engine import Delta, Done, Engine, Failed, Item, Job, Started
+from attnchat.serve_engine import MAX_QUEUED, Delta, Done, Engine, Failed, Item, Job, QueueFullError, Started
 from attnchat.server_guard import Guard, normalize_origin
 from models.catalog import CATALOG
 from runtime import ContextOverflowError, GenerationSettings, Message, Model, SamplingParams
@@ -42,6 +42,11 @@ MAX_BODY_BYTES = 1 << 20
 DRAIN_BYTES = 16 << 20
 #: How often a waiting request checks that its client is still connected (seconds).
 DISCONNECT_POLL_S = 0.25
+#: A request body must arrive within this many seconds (408 after): a client that sends
+#: a few bytes a minute must not hold a connection and a task for ever.
+BODY_TIMEOUT_S = 30.0
+#: What a 429 (the queue is full) suggests waiting before trying again (seconds).
+RETRY_AFTER_S = 5
 #: OpenAI accepts at most 4 stop sequences.
 MAX_STOP = 4
 #: Session finish reasons -> OpenAI's ("context": the reply ran out of room).
@@ -229,24 +234,29 @@ async def _read_body(request: Request, limit: int) -> bytes:
         raise too_big
     size, parts = 0, []
     stream = request.stream()
-    async for chunk in stream:
-        size += len(chunk)
-        if size > limit:
-            async for chunk in stream:  # drain, so the client gets to read the 413
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            async for chunk in stream:
                 size += len(chunk)
-                if size > DRAIN_BYTES:
-                    too_big.headers = {"Connection": "close"}
-                    break
-            raise too_big
-        parts.append(chunk)
+                if size > limit:
+                    async for chunk in stream:  # drain, so the client gets to read the 413
+                        size += len(chunk)
+                        if size > DRAIN_BYTES:
+                            too_big.headers = {"Connection": "close"}
+                            break
+                    raise too_big
+                parts.append(chunk)
+    except TimeoutError:
+        raise APIError(408, f"The request body did not arrive within {BODY_TIMEOUT_S:g} seconds; send it at once.",
+                       code="request_timeout", headers={"Connection": "close"}) from None
     return b"".join(parts)
 
 
 # ---- the app ----------------------------------------------------------------------------
 def create_app(model: Model, *, api_key: str | None = None, model_id: str | None = None,
                settings: GenerationSettings | None = None, sessions: int = 4,
-               default_temperature: float = 0.0, default_max_tokens: int = 1024,
-               max_body_bytes: int = MAX_BODY_BYTES, allowed_hosts: Sequence[str] = (),
+               default_temperature: float = 0.0, default_max_tokens: int = 1024, max_tokens_limit: int = 4096,
+               max_body_bytes: int = MAX_BODY_BYTES, max_queued: int = MAX_QUEUED, allowed_hosts: Sequence[str] = (),
                cors_origins: Sequence[str] = ()) -> FastAPI:
     """The HTTP app serving ``model``.
 
@@ -258,7 +268,10 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
         sessions: conversations that keep their KV cache between requests.
         default_temperature: for requests without ``temperature`` (0 = greedy, as ``attnchat chat``).
         default_max_tokens: for requests without ``max_tokens`` (tokens).
+        max_tokens_limit: the most a request may ask for (tokens); more is a 400, so one
+            request cannot hold the only worker for a whole context's worth of decoding.
         max_body_bytes: largest request body (bytes).
+        max_queued: requests that may wait behind the running one; more get 429.
         allowed_hosts: ``Host`` names answered besides the loopback names (the bound
             address, ``--allowed-host``); see :mod:`attnchat.server_guard`.
         cors_origins: web origins whose pages may call the API (``--cors-origin``).
@@ -273,7 +286,7 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
     # name and, for a catalog model, the catalog's id and name.
     aliases = {model_id.lower(), model.name.lower(), model.path.name.lower()}
     aliases |= {n.lower() for e in CATALOG if e.filename == model.path.name for n in (e.id, e.name)}
-    engine = Engine(model, settings=settings, sessions=sessions)
+    engine = Engine(model, settings=settings, sessions=sessions, max_queued=max_queued)
     created = int(time.time())
 
     @asynccontextmanager
@@ -337,13 +350,22 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
         except ValueError as e:
             raise APIError(400, str(e), code="invalid_value") from None
         max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
+        if max_tokens > max_tokens_limit:
+            param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+            raise APIError(400, f"'{param}' is too large: {max_tokens}. This server answers with at most "
+                                f"{max_tokens_limit} tokens (--max-tokens-limit).", param=param, code="invalid_value")
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[Item | None] = asyncio.Queue()
         job = Job(system=system, history=history, user=user, sampling=sampling,
                   max_tokens=min(max_tokens, engine.context_limit), stop=_stops(req.stop),
                   emit=lambda item: loop.call_soon_threadsafe(items.put_nowait, item),
                   id=f"chatcmpl-{uuid.uuid4().hex}")
-        engine.submit(job)
+        try:
+            engine.submit(job)
+        except QueueFullError:
+            raise APIError(429, f"The server is busy: {engine.max_queued} requests are waiting already. "
+                                f"Try again in {RETRY_AFTER_S} seconds.", type="server_error",
+                           code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         # Until the reply streams (Starlette then watches the connection itself), a task
         # watches for the client leaving: it cancels the job and wakes this handler.
         watcher = asyncio.create_task(_watch_disconnect(request, engine, job, items))

@@ -23,10 +23,14 @@ only withholds the CORS headers) do neither.
 """
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
+import logging
 from typing import Any, Awaitable, Callable, Iterable
 from urllib.parse import urlsplit
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -38,6 +42,9 @@ LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 #: How long a browser may cache a preflight answer (seconds).
 PREFLIGHT_MAX_AGE_S = 600
+#: A request's headers must arrive within this many seconds of the connection (or of the
+#: previous response): 200 half-sent requests once held 200 connections open for good.
+HEADER_TIMEOUT_S = 10.0
 
 
 def _strip_port(host: str) -> str:
@@ -173,3 +180,62 @@ async def _refuse(send: Send, status: int, message: str, code: str,
     # The body was not read: close the connection rather than parse what follows it.
     await _respond(send, status, body, [(b"content-type", b"application/json"), (b"connection", b"close"),
                                         *headers])
+
+
+class HeaderDeadline(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol (``uvicorn.Config(http=HeaderDeadline)``) that closes a
+    connection whose request headers have not all arrived within :data:`HEADER_TIMEOUT_S`.
+
+    uvicorn (0.54) times out only idle keep-alive connections; a client that sends its
+    headers a byte at a time holds a connection (a file) for ever. The body has its own
+    limit (``attnchat.server.BODY_TIMEOUT_S``).
+    """
+
+    _deadline: asyncio.TimerHandle | None = None
+    _waiting_from: Any = None
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._waiting_from = self.cycle  # a new cycle object = the next request's headers came
+        self._deadline = self.loop.call_later(HEADER_TIMEOUT_S, self._expire)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expire(self) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self._deadline is not None and self.cycle is not self._waiting_from:
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        self._arm()  # before: a pipelined request is handled inside, and disarms it
+        super().on_response_complete()
+        if self.transport.is_closing():
+            self._disarm()
+
+
+def drop_query_strings(record: logging.LogRecord) -> bool:
+    """A ``logging`` filter for uvicorn's access log: the path without its query string.
+
+    A client that puts its API key in the URL (``?api_key=...``) must not find it in the
+    log file. uvicorn's access record has ``args = (client, method, path, version, status)``.
+    """
+    args = record.args
+    if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
+        record.args = (*args[:2], args[2].partition("?")[0], *args[3:])
+    return True

@@ -8,12 +8,13 @@ over HTTP" runs it), with ``--allowed-host`` and ``--cors-origin`` to show each 
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 import httpx2 as httpx
 import pytest
 
-from attnchat.server_guard import Guard, normalize_origin
+from attnchat.server_guard import HEADER_TIMEOUT_S, Guard, normalize_origin
 from tests.server.conftest import start_server, stop_server
 
 EXTRA_HOST = "chat.lan"
@@ -152,3 +153,14 @@ def test_ten_thousand_messages_are_trimmed_not_a_freeze(http, ask):
     body = r.json()
     assert body["usage"]["prompt_tokens"] <= 512 and body["attnchat"]["dropped_tokens"] > 60_000
     print(f"10,001 messages answered in {seconds:.2f} s")
+
+
+@pytest.mark.slow
+def test_half_sent_headers_are_cut_off(server):
+    """A request whose headers never finish no longer holds its connection for good."""
+    host, port = server.base_url.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=HEADER_TIMEOUT_S + 20) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")
+        t0 = time.monotonic()
+        assert s.recv(1024) == b""  # closed by the server
+        assert HEADER_TIMEOUT_S - 1 <= time.monotonic() - t0 < HEADER_TIMEOUT_S + 15

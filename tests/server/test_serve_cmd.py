@@ -60,3 +60,26 @@ def test_the_server_imports_no_qt():
 def test_a_cors_origin_that_is_not_an_origin_is_one_line(origin):
     r = _serve("--cors-origin", origin)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a web origin" in r.stderr, r.stderr
+
+
+def test_api_key_file_problems_are_one_line(tmp_path):
+    empty = tmp_path / "key"
+    empty.write_text("\n")
+    for args, words in [(["--api-key-file", str(tmp_path / "nope")], "cannot read --api-key-file"),
+                        (["--api-key-file", str(empty)], "holds no key"),
+                        (["--api-key-file", str(empty), "--api-key", "k"], "not allowed with")]:
+        r = _serve(*args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and words in r.stderr, r.stderr
+
+
+def test_an_api_key_file_is_read_before_the_load(tmp_path):
+    key = tmp_path / "key"
+    key.write_text("sk-from-a-file\nignored\n")
+    r = _serve("--host", "0.0.0.0", "--port", "0", "--api-key-file", str(key))
+    # Accepted as the key a public address needs: the error is about the model, later.
+    assert r.returncode == 2 and "--api-key" not in r.stderr and "model.gguf" in r.stderr, r.stderr
+
+
+def test_a_default_max_tokens_past_the_limit_is_one_line():
+    r = _serve("--max-tokens", "5000", "--max-tokens-limit", "4096")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--max-tokens-limit" in r.stderr, r.stderr
