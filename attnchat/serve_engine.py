@@ -283,7 +283,10 @@ class Engine:
         session.settings = replace(self.settings, sampling=job.sampling, max_new_tokens=job.max_tokens,
                                    stop_strings=job.stop)
         session.system_prompt = job.system
-        session.messages = list(job.history)
+        # A reply the client sends back exactly as this session wrote it keeps the session's
+        # token ids (Message equality is role and text), so it is not re-tokenized.
+        mine = session.messages
+        session.messages = [mine[i] if i < len(mine) and mine[i] == m else m for i, m in enumerate(job.history)]
         with self._lock:
             self._running = (job, session)
             events = session.send(job.user)  # clears the session's cancel flag ...

@@ -5,7 +5,7 @@ without one gets a plain "System:/User:/Assistant:" format and a stop string.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 #: Stop string that ends a reply in the plain fallback format.
@@ -19,10 +19,15 @@ class Message:
     Attributes:
         role: ``"system"``, ``"user"`` or ``"assistant"``.
         content: its text.
+        token_ids: for a reply, the token ids the model generated for exactly ``content``
+            (``None``: not known, e.g. an edited or imported reply; it is then
+            re-tokenized). Not part of equality: two messages with the same role and
+            text are the same message.
     """
 
     role: str
     content: str
+    token_ids: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
 
 
 def _plain(messages: Sequence[Message], add_generation_prompt: bool) -> str:
@@ -78,13 +83,72 @@ def neutralize_control_tokens(tokenizer: Any, text: str) -> str:
     return _neutralize(text, _control_strings(tokenizer))
 
 
-def encode_messages(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of :func:`render` (the template carries its own special tokens; control
-    tokens typed inside messages are read as text, see :func:`neutralize_control_tokens`)."""
+@dataclass(frozen=True)
+class EncodedPrompt:
+    """A conversation's prompt token ids.
+
+    Attributes:
+        ids: the prompt's token ids.
+        retokenized_tokens: tokens of replies rebuilt from their text (no kept
+            ``token_ids``, or a template that rewrites earlier replies); 0 when every
+            reply is spliced in as the model wrote it.
+    """
+
+    ids: list[int]
+    retokenized_tokens: int
+
+
+def _marker(i: int) -> str:
+    # Stands in for reply i while the template renders; no tokenizer ever sees it.
+    return f"\x00attnchat-reply-{i}\x00"
+
+
+def encode_conversation(tokenizer: Any, messages: Sequence[Message], *,
+                        add_generation_prompt: bool = True) -> EncodedPrompt:
+    """Token ids of :func:`render`, with each reply's own ``token_ids`` spliced in.
+
+    Re-tokenizing a reply's text does not give back the ids the model wrote (SmolLM2
+    writes "\\n\\n" as one token, 1116, and re-encodes it as 198, 198), and the KV cache
+    is only reusable up to the first differing id. So the template renders with a
+    marker in place of each reply that has ``token_ids``; the text between markers
+    (the template's end-of-turn, the next messages) is tokenized piece by piece and the
+    replies' ids go in between: cached ids + end-of-turn + the new message. A template
+    that does not place a reply's text verbatim (one that drops earlier replies'
+    reasoning, say) gets the plain re-tokenized prompt instead.
+
+    Control tokens typed inside messages are read as text (:func:`neutralize_control_tokens`).
+    """
     controls = _control_strings(tokenizer)  # once per call, not per message
-    safe = [Message(m.role, _neutralize(m.content, controls)) for m in messages]
+    safe = [replace(m, content=_neutralize(m.content, controls)) for m in messages]
     text = render(tokenizer, safe, add_generation_prompt=add_generation_prompt)
-    return list(tokenizer.encode(text, add_special_tokens=False))
+
+    def encode(t: str) -> list[int]:
+        return list(tokenizer.encode(t, add_special_tokens=False)) if t else []
+
+    spliced = [i for i, m in enumerate(safe) if m.role == "assistant" and m.token_ids is not None]
+    if spliced:
+        marked = [replace(m, content=_marker(i)) if i in spliced else m for i, m in enumerate(safe)]
+        mtext = render(tokenizer, marked, add_generation_prompt=add_generation_prompt)
+        verbatim = mtext
+        for i in spliced:
+            verbatim = verbatim.replace(_marker(i), safe[i].content)
+        if verbatim == text and all(mtext.count(_marker(i)) == 1 for i in spliced):
+            ids: list[int] = []
+            rest = mtext
+            for i in spliced:
+                before, rest = rest.split(_marker(i), 1)
+                ids += encode(before) + list(safe[i].token_ids)
+            ids += encode(rest)
+            retok = sum(len(encode(m.content)) for i, m in enumerate(safe)
+                        if m.role == "assistant" and i not in spliced)
+            return EncodedPrompt(ids, retok)
+    retok = sum(len(encode(m.content)) for m in safe if m.role == "assistant")
+    return EncodedPrompt(encode(text), retok)
+
+
+def encode_messages(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]:
+    """The ids of :func:`encode_conversation` (replies' own ids spliced in)."""
+    return encode_conversation(tokenizer, messages, add_generation_prompt=add_generation_prompt).ids
 
 
 def token_counter(tokenizer: Any) -> Callable[[Sequence[str]], list[int]] | None:

@@ -16,7 +16,7 @@ from typing import Iterator, Union
 
 import torch
 
-from runtime.chat_format import PLAIN_STOP, Message, encode_messages, token_counter
+from runtime.chat_format import PLAIN_STOP, Message, encode_conversation, token_counter
 from runtime.context import (
     OVERFLOW_POLICIES,
     PromptCancelled,
@@ -86,6 +86,10 @@ class TurnStats:
     prefilled_tokens: int = 0
     completion_tokens: int = 0
     dropped_tokens: int = 0
+    #: Tokens of earlier replies rebuilt from their text (edited or imported replies, or
+    #: ones a stop string cut) instead of the ids the model wrote; those may differ from
+    #: what the cache holds, so the prefix reuse can end early there.
+    retokenized_tokens: int = 0
     ttft_s: float = 0.0
     prefill_tokens_per_s: float = 0.0
     decode_tokens_per_s: float = 0.0
@@ -234,7 +238,11 @@ class ChatSession:
         return tuple(s for s in self.settings.stop_strings + extra if s)
 
     def _encode(self, messages: list[Message]) -> list[int]:
-        return encode_messages(self.model.tokenizer, self._conversation(list(messages)))
+        """Prompt ids: each reply's own token ids spliced in (:func:`runtime.chat_format.encode_conversation`)."""
+        return encode_conversation(self.model.tokenizer, self._conversation(list(messages))).ids
+
+    def _retokenized(self, messages: list[Message]) -> int:
+        return encode_conversation(self.model.tokenizer, self._conversation(list(messages))).retokenized_tokens
 
     # ---- the cache -----------------------------------------------------------------------
     def _sync_cache(self, ids: list[int]) -> int:
@@ -288,6 +296,8 @@ class ChatSession:
         except PromptCancelled:  # stopped while a long conversation was being trimmed
             prompt, dropped = None, 0
         stats.prompt_tokens, stats.dropped_tokens = len(prompt or ()), dropped
+        if prompt is not None and any(m.role == "assistant" for m in self.messages):
+            stats.retokenized_tokens = self._retokenized(self.messages)
         detok = IncrementalDetokenizer(self.model.tokenizer)
         stops = StopStringMatcher(self._stop_strings())
         sampler = Sampler(st.sampling)
@@ -364,9 +374,25 @@ class ChatSession:
         text = "".join(shown)
         stats.completion_tokens = len(generated)
         if text or reason in ("stop", "length"):
-            self.messages.append(Message("assistant", text))
+            self.messages.append(Message("assistant", text, self._written_ids(generated, text, detok.text)))
         self.last_stats = self._snapshot(stats)
         yield Finish(reason, text, self.last_stats)
+
+    def _written_ids(self, generated: list[int], text: str, decoded: str) -> tuple[int, ...] | None:
+        """The reply's ids to keep with its text: all of them when they decode to exactly the
+        text; without the last ones when those only held bytes of a character the reply was
+        cut inside (a length stop or Stop: the text drops them); ``None`` when the text lost
+        more (a stop string)."""
+        if decoded == text:
+            return tuple(generated)
+        if decoded.startswith(text) and set(decoded[len(text):]) == {"\ufffd"}:
+            for k in range(len(generated) - 1, -1, -1):
+                head = self.model.tokenizer.decode(generated[:k], skip_special_tokens=True)
+                if head == text:
+                    return tuple(generated[:k])
+                if not head.startswith(text):
+                    break
+        return None
 
     def _step(self, generated: list[int], stats: TurnStats) -> torch.Tensor:
         """Decode the newest token, applying the overflow policy when the cache is full."""

@@ -53,7 +53,7 @@ def two_turns(default_model):
     warm_logits = warm.last_logits.clone()
 
     cold = _session(m, max_new_tokens=N)
-    cold.messages = [Message("user", U1), Message("assistant", t1.text)]
+    cold.messages = [Message("user", U1), Message("assistant", t1.text, tuple(ref1))]   # as a store gives it back
     c2 = run_turn(cold, cold.send(U2))
     return dict(t1=t1, prompt1=prompt1, ref1=ref1, stream_after_1=stream_after_1,
                 length_after_1=length_after_1, t2=t2, warm=warm, warm_logits=warm_logits,
@@ -72,18 +72,18 @@ def test_turn1_is_plain_greedy_and_fills_the_cache(two_turns, default_model):
 
 
 def test_turn2_prefills_only_the_new_message(two_turns, default_model):
-    t2 = two_turns["t2"]
-    prompt2 = conversation_ids(default_model, SYS, [Message("user", U1), Message("assistant", two_turns["t1"].text),
-                                                    Message("user", U2)])
-    expected_reuse = min(common_prefix(two_turns["stream_after_1"], prompt2), len(prompt2) - 1)
-    assert t2.stats.prompt_tokens == len(prompt2)
-    assert t2.stats.reused_tokens == expected_reuse
-    assert t2.stats.prefilled_tokens == t2.stats.prompt_tokens - t2.stats.reused_tokens
-    # The first prompt and reply came from the cache; what was prefilled is the new
-    # message in its template (plus the reply's last token if it was never fed).
-    assert t2.stats.reused_tokens >= len(two_turns["prompt1"]) + len(two_turns["ref1"]) - 1
+    t1, t2 = two_turns["t1"], two_turns["t2"]
+    # Turn 2's prompt is turn 1's prompt, the ids the model wrote, then the template's
+    # end-of-turn and the new message: nothing of the reply is re-tokenized.
     new_part = default_model.encode(f"<|im_end|>\n<|im_start|>user\n{U2}<|im_end|>\n<|im_start|>assistant\n")
-    assert len(new_part) <= t2.stats.prefilled_tokens <= len(new_part) + 1
+    prompt2 = two_turns["prompt1"] + two_turns["ref1"] + new_part
+    assert two_turns["warm"].messages[1].token_ids == tuple(two_turns["ref1"])
+    assert t2.stats.prompt_tokens == len(prompt2)
+    assert t2.stats.retokenized_tokens == 0
+    assert t2.stats.reused_tokens == len(two_turns["stream_after_1"])
+    # The new message in its template, plus the reply's last token when a length stop never fed it.
+    unfed = 0 if t1.finish.reason == "stop" else 1
+    assert t2.stats.prefilled_tokens == len(new_part) + unfed
 
 
 def test_turn2_logits_equal_a_fresh_session(two_turns):
@@ -200,6 +200,8 @@ def test_stop_string_across_tokens_ends_the_reply_before_it(default_model):
     # Generation stopped at the token that completed the stop string.
     assert turn.stats.completion_tokens == n_tokens
     assert s.messages[-1] == Message("assistant", turn.text)
+    # Its ids hold the stop string the text lost: they are not kept, the next turn re-tokenizes the text.
+    assert s.messages[-1].token_ids is None
 
 
 # ---- cancel --------------------------------------------------------------------------------

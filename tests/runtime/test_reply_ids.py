@@ -1,0 +1,128 @@
+"""A conversation keeps the token ids its replies were generated as, and the next prompt is
+built from them: turn 2 prefills only the template's end-of-turn and the new message.
+
+Two levels: the prompt assembly over generated-like replies (lists, code, numbers,
+whitespace runs, emoji) written as token sequences the tokenizer would not produce from
+the text, with the real default tokenizer; and whole turns on a tiny seeded random model
+whose replies are arbitrary token sequences.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from runtime import ChatSession, GenerationSettings, Message, load_model
+from runtime.chat_format import encode_conversation
+from tests.runtime.tiny_models import WORDS, make_tiny_model
+
+SYS = "You are a helpful assistant."
+ChatML_NEXT = "<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+
+lists = st.lists(st.sampled_from(["Paris", "a river", "42 km", "**bold**"]), min_size=1, max_size=4).map(
+    lambda items: "\n\n".join(f"{i + 1}. {x}" for i, x in enumerate(items)))
+code = st.sampled_from(["```python\ndef f(x):\n    return x + 1\n```", "`x = [1, 2]`", "```\n  indented\n\tTab\n"])
+numbers = st.integers(-10**9, 10**9).map(str) | st.floats(allow_nan=False, allow_infinity=False).map(repr)
+spaces = st.sampled_from([" ", "  ", "\n", "\n\n", "\n\n\n", "\t", " \n "]).flatmap(
+    lambda w: st.integers(1, 4).map(lambda n: w * n))
+emoji = st.sampled_from(["🙂", "🎉🎉", "東京", "é", "👩‍👩‍👧", "ﬁ"])
+reply_text = st.lists(lists | code | numbers | spaces | emoji | st.sampled_from(WORDS), min_size=1, max_size=8).map("".join)
+
+
+@st.composite
+def written(draw, tokenizer):
+    """A reply text and a token sequence for it as a model may write it: the text cut at
+    random points, each piece tokenized alone (so merges across the cuts are missed, as
+    when the model writes "\\n\\n" as one token where the tokenizer would write two)."""
+    text = draw(reply_text)
+    cuts = sorted(draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=6)))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)]) if a < b]
+    return text, tuple(i for piece in pieces for i in tokenizer.encode(piece, add_special_tokens=False))
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), user2=reply_text)
+def test_turn2_prompt_is_turn1_prompt_then_the_written_ids_then_only_the_new_message(default_model, data, user2):
+    tok = default_model.tokenizer
+    text, ids = data.draw(written(tok), label="reply")
+    assert tok.decode(list(ids)) == text
+    turn1 = encode_conversation(tok, [Message("system", SYS), Message("user", "Tell me something.")]).ids
+    conv = [Message("system", SYS), Message("user", "Tell me something."), Message("assistant", text, ids),
+            Message("user", user2)]
+    turn2 = encode_conversation(tok, conv)
+    assert turn2.ids[: len(turn1) + len(ids)] == turn1 + list(ids)
+    assert turn2.ids[len(turn1) + len(ids):] == tok.encode(ChatML_NEXT.format(user2), add_special_tokens=False)
+    assert turn2.retokenized_tokens == 0
+
+
+@pytest.mark.slow
+def test_the_models_paragraph_break_survives_where_re_tokenizing_loses_it(default_model):
+    """SmolLM2 writes "\\n\\n" before "2." as one token (1116); its tokenizer re-encodes it as 198, 198."""
+    tok = default_model.tokenizer
+    ids = (*tok.encode("1. Paris", add_special_tokens=False), 1116, *tok.encode("2. Rome", add_special_tokens=False))
+    text = tok.decode(list(ids))
+    assert text == "1. Paris\n\n2. Rome"
+    conv = [Message("user", "Two cities?"), Message("assistant", text, ids), Message("user", "More.")]
+    plain = encode_conversation(tok, [*conv[:1], Message("assistant", text), conv[2]])
+    spliced = encode_conversation(tok, conv)
+    assert 1116 in spliced.ids and 1116 not in plain.ids   # re-tokenizing would have broken the cache there
+    assert plain.retokenized_tokens == len(tok.encode(text, add_special_tokens=False)) and spliced.retokenized_tokens == 0
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return load_model(make_tiny_model(tmp_path_factory.mktemp("tiny"), "llama", max_positions=1024), device="cpu", dtype="float32")
+
+
+words = st.lists(st.sampled_from(WORDS + ["?", "🙂", "\n\n", "  ", "3.5"]), min_size=1, max_size=10).map(" ".join)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(user1=words, user2=words, n=st.integers(1, 24))
+def test_turn2_prefills_only_the_new_message_plus_template_tokens(tiny, user1, user2, n):
+    """A random model's reply is an arbitrary token sequence; the next turn reuses all of it."""
+    s = ChatSession(tiny, system_prompt=SYS, settings=GenerationSettings(max_new_tokens=n))
+    first = s.run(s.send(user1))
+    cached = s.cache.length
+    reply = s.messages[-1]
+    assert reply.role == "assistant"
+    assert reply.token_ids is not None and tiny.tokenizer.decode(list(reply.token_ids)) == reply.content
+    # All of them, but for the bytes of a character a length stop cut (not in the text).
+    cut = first.stats.completion_tokens - len(reply.token_ids)
+    assert cut == 0 or first.reason == "length"
+    second = s.run(s.send(user2))
+    new_part = tiny.tokenizer.encode(ChatML_NEXT.format(user2), add_special_tokens=False)
+    # Turn 2's prompt: turn 1's, the reply's ids, the template's end-of-turn and the new message.
+    written = len(reply.token_ids)
+    assert second.stats.prompt_tokens == first.stats.prompt_tokens + written + len(new_part)
+    # Everything the cache holds of that is reused; a length stop never fed its last token.
+    fed = cached - first.stats.prompt_tokens
+    assert second.stats.reused_tokens == first.stats.prompt_tokens + min(fed, written)
+    extra = written - min(fed, written)
+    assert second.stats.prefilled_tokens == len(new_part) + extra
+    assert extra == 0 or (first.reason == "length" and extra == 1)
+    assert second.stats.retokenized_tokens == 0
+
+
+def test_a_template_that_rewrites_replies_gets_the_re_tokenized_prompt(tiny):
+    """A template that trims earlier replies (as some drop their reasoning) does not place
+    the text the ids stand for: the ids are not spliced, and the stats say so."""
+    tok = copy.deepcopy(tiny.tokenizer)
+    tok.chat_template = tok.chat_template.replace("{{ message['content'] }}", "{{ message['content'] | trim }}")
+    text = "  the end  "
+    ids = tuple(tok.encode(text, add_special_tokens=False))
+    conv = [Message("user", "hi"), Message("assistant", text, ids), Message("user", "and")]
+    got = encode_conversation(tok, conv)
+    assert got.ids == tok.encode(tok.apply_chat_template(
+        [{"role": m.role, "content": m.content} for m in conv], add_generation_prompt=True, tokenize=False),
+        add_special_tokens=False)
+    assert got.retokenized_tokens == len(ids)
+
+
+def test_an_edited_reply_is_re_tokenized_and_counted(tiny):
+    s = ChatSession(tiny, settings=GenerationSettings(max_new_tokens=4))
+    s.messages = [Message("user", "hi"), Message("assistant", "what the user typed")]
+    done = s.run(s.send("and"))
+    assert done.stats.retokenized_tokens == len(tiny.tokenizer.encode("what the user typed", add_special_tokens=False))
