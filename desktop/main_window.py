@@ -319,9 +319,10 @@ class MainWindow(QMainWindow):
         conv = u["conv_id"]
         if self.store.conversation(conv) is None:
             return None
+        ids = {"token_ids": u.get("token_ids"), "token_model": u.get("token_model", "")}
         if u["kind"] == "regenerate":
-            return self.store.replace_last_reply(conv, u["text"], finish_reason=u["reason"], stats=u["stats"])
-        return self.store.add_message(conv, "assistant", u["text"], finish_reason=u["reason"], stats=u["stats"])
+            return self.store.replace_last_reply(conv, u["text"], finish_reason=u["reason"], stats=u["stats"], **ids)
+        return self.store.add_message(conv, "assistant", u["text"], finish_reason=u["reason"], stats=u["stats"], **ids)
 
     def _save_unsaved(self) -> None:
         """Save the replies the database refused before, oldest first.
@@ -399,8 +400,10 @@ class MainWindow(QMainWindow):
         out.update(self.generation_overrides)
         return out
 
-    def _history(self, conv_id: int) -> list[tuple[str, str]]:
-        return [(m.role, m.content) for m in self.store.messages(conv_id)]
+    def _history(self, conv_id: int) -> list[tuple]:
+        """``(role, content, token_ids, token_model)`` per stored message (the worker uses the ids
+        when they belong to its model)."""
+        return [(m.role, m.content, m.token_ids, m.token_model) for m in self.store.messages(conv_id)]
 
     def _can_start(self) -> bool:
         if self._reply is not None:
@@ -517,7 +520,8 @@ class MainWindow(QMainWindow):
         conv, text, reason, stats = r["conv_id"], result["text"], result["reason"], result["stats"]
         saved = unsaved = None
         if text and self.store.conversation(conv) is not None:
-            entry = {"conv_id": conv, "kind": r["kind"], "text": text, "reason": reason, "stats": stats}
+            entry = {"conv_id": conv, "kind": r["kind"], "text": text, "reason": reason, "stats": stats,
+                     "token_ids": result.get("token_ids"), "token_model": result.get("token_model", "")}
             try:
                 self._save_unsaved()
                 saved = self._save_reply(entry)

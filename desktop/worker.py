@@ -226,6 +226,10 @@ class EngineWorker(QObject):
         info["notices"] = notices
         self.model_loaded.emit(info)
 
+    def token_model(self) -> str:
+        """Whose tokenizer stored token ids belong to: the loaded model's path ("" for none)."""
+        return str(getattr(self._model, "path", "") or "") if self._model is not None else ""
+
     @Slot(int, int, object, str, object)
     def send(self, request: int, conv_id: int, history: list, text: str, settings: dict) -> None:
         self._generate(request, conv_id, "send", history, settings, lambda s: s.send(text))
@@ -285,7 +289,10 @@ class EngineWorker(QObject):
                 raise runtime.ModelLoadError("no model is loaded; open one with File > Open model")
             session = self._session(conv_id, settings)
             # The database is the truth: the session re-prefills whatever differs from its cache.
-            session.messages = [runtime.Message(role, content) for role, content in history]
+            # A reply keeps the ids the model wrote when they came from this model's tokenizer.
+            key = self.token_model()
+            session.messages = [runtime.Message(m[0], m[1], m[2] if len(m) > 3 and key and m[3] == key else None)
+                                for m in history]
             with self._lock:
                 cancelled = request <= self._cancel_upto
                 self._current = session
@@ -339,6 +346,10 @@ class EngineWorker(QObject):
                 stats = self._stats(ev.stats, conv_id, request)
                 self.stats.emit(stats)
                 result.update(reason=ev.reason, text=ev.text, stats=stats)
+                last = session.messages[-1] if session.messages else None
+                if last is not None and last.role == "assistant" and last.content == ev.text:
+                    ids = getattr(last, "token_ids", None)
+                    result.update(token_ids=ids, token_model=self.token_model() if ids is not None else "")
 
     @staticmethod
     def _stats(stats: "runtime.TurnStats", conv_id: int, request: int) -> dict:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 import time
+from array import array
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -48,6 +50,12 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE conversations ADD COLUMN model TEXT NOT NULL DEFAULT '';
     """,
+    # A reply's token ids as the model wrote them (int32 little-endian), and which model's
+    # tokenizer they belong to: the next prompt reuses them instead of re-tokenizing.
+    """
+    ALTER TABLE messages ADD COLUMN token_ids BLOB;
+    ALTER TABLE messages ADD COLUMN token_model TEXT NOT NULL DEFAULT '';
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -65,7 +73,12 @@ class Conversation:
 
 @dataclass(frozen=True)
 class StoredMessage:
-    """A message as stored. ``stats`` is the reply's figures (empty for user messages)."""
+    """A message as stored. ``stats`` is the reply's figures (empty for user messages).
+
+    ``token_ids``: a reply's token ids as the model wrote them (``None``: unknown, e.g. a
+    reply written before schema 3, or one whose ids were not its text); ``token_model``:
+    the model (its path) whose tokenizer they belong to.
+    """
 
     id: int
     role: str
@@ -73,6 +86,27 @@ class StoredMessage:
     created_at: float
     finish_reason: str | None = None
     stats: dict = field(default_factory=dict)
+    token_ids: tuple[int, ...] | None = field(default=None, repr=False)
+    token_model: str = ""
+
+
+def _pack(ids) -> bytes | None:
+    if ids is None:
+        return None
+    a = array("i", ids)
+    if sys.byteorder == "big":
+        a.byteswap()
+    return a.tobytes()
+
+
+def _unpack(blob: bytes | None) -> tuple[int, ...] | None:
+    if blob is None:
+        return None
+    a = array("i")
+    a.frombytes(blob)
+    if sys.byteorder == "big":
+        a.byteswap()
+    return tuple(a)
 
 
 class SchemaTooNewError(RuntimeError):
@@ -164,22 +198,23 @@ class Store:
     # ---- messages ------------------------------------------------------------------------
     def messages(self, conv_id: int) -> list[StoredMessage]:
         rows = self._db.execute(
-            "SELECT id, role, content, created_at, finish_reason, stats FROM messages "
+            "SELECT id, role, content, created_at, finish_reason, stats, token_ids, token_model FROM messages "
             "WHERE conversation_id=? ORDER BY id", (conv_id,)).fetchall()
-        return [StoredMessage(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]) if r[5] else {}) for r in rows]
+        return [StoredMessage(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]) if r[5] else {}, _unpack(r[6]), r[7])
+                for r in rows]
 
     def add_message(self, conv_id: int, role: str, content: str, *, finish_reason: str | None = None,
-                    stats: dict | None = None) -> StoredMessage:
+                    stats: dict | None = None, token_ids=None, token_model: str = "") -> StoredMessage:
         """Append a message (one transaction) and touch the conversation."""
         with self._tx():
-            return self._insert(conv_id, role, content, finish_reason, stats)
+            return self._insert(conv_id, role, content, finish_reason, stats, token_ids, token_model)
 
     def replace_last_reply(self, conv_id: int, content: str, *, finish_reason: str | None = None,
-                           stats: dict | None = None) -> StoredMessage:
+                           stats: dict | None = None, token_ids=None, token_model: str = "") -> StoredMessage:
         """Regenerate's save: drop the trailing assistant messages and append the new reply, atomically."""
         with self._tx():
             self._drop_trailing(conv_id, roles=("assistant",))
-            return self._insert(conv_id, "assistant", content, finish_reason, stats)
+            return self._insert(conv_id, "assistant", content, finish_reason, stats, token_ids, token_model)
 
     def replace_last_user(self, conv_id: int, content: str) -> StoredMessage:
         """Edit-and-resend's save: drop the last user message and everything after it, append ``content``."""
@@ -199,14 +234,17 @@ class Store:
                 return
             self._db.execute("DELETE FROM messages WHERE id=?", (row[0],))
 
-    def _insert(self, conv_id, role, content, finish_reason, stats) -> StoredMessage:
+    def _insert(self, conv_id, role, content, finish_reason, stats, token_ids=None, token_model="") -> StoredMessage:
         now = time.time()
+        ids = None if token_ids is None else tuple(token_ids)
         cur = self._db.execute(
-            "INSERT INTO messages(conversation_id, role, content, created_at, finish_reason, stats) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (conv_id, role, content, now, finish_reason, json.dumps(stats) if stats else None))
+            "INSERT INTO messages(conversation_id, role, content, created_at, finish_reason, stats, token_ids, "
+            "token_model) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (conv_id, role, content, now, finish_reason, json.dumps(stats) if stats else None, _pack(ids),
+             token_model if ids is not None else ""))
         self._db.execute("UPDATE conversations SET updated_at=? WHERE id=?", (now, conv_id))
-        return StoredMessage(cur.lastrowid, role, content, now, finish_reason, dict(stats or {}))
+        return StoredMessage(cur.lastrowid, role, content, now, finish_reason, dict(stats or {}), ids,
+                             token_model if ids is not None else "")
 
     # ---- export --------------------------------------------------------------------------
     def export_json(self, conv_id: int) -> dict:
@@ -217,7 +255,9 @@ class Store:
         return {
             "format": "attnchat-conversation", "version": 1,
             **asdict(conv),
-            "messages": [asdict(m) for m in self.messages(conv_id)],
+            # Token ids belong to one model's tokenizer: not part of an export.
+            "messages": [{k: v for k, v in asdict(m).items() if k not in ("token_ids", "token_model")}
+                         for m in self.messages(conv_id)],
         }
 
     def export_markdown(self, conv_id: int) -> str:

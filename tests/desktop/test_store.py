@@ -91,3 +91,29 @@ def test_kill_9_mid_reply_keeps_earlier_messages(tmp_path):
     contents = [m.content for m in store.messages(conv.id)]
     assert contents == [x for i in range(3) for x in (f"question {i}", f"answer {i}")]
     store.close()
+
+
+def test_a_replys_token_ids_are_kept_and_an_older_file_gains_the_column(tmp_path):
+    path = tmp_path / "v2.sqlite3"
+    db = sqlite3.connect(path)
+    for script in MIGRATIONS[:2]:   # a version-2 file, before token ids were kept
+        db.executescript(script)
+    db.execute("PRAGMA user_version=2")
+    db.execute("INSERT INTO conversations(title, created_at, updated_at) VALUES ('old', 1, 1)")
+    db.execute("INSERT INTO messages(conversation_id, role, content, created_at) VALUES (1, 'assistant', 'Hi.', 1)")
+    db.commit()
+    db.close()
+    store = Store(path)
+    assert store.schema_version == SCHEMA_VERSION >= 3
+    [old] = store.messages(1)
+    assert (old.content, old.token_ids, old.token_model) == ("Hi.", None, "")   # re-tokenized when next used
+    ids = (1116, 0, 2**31 - 1, 49151)
+    store.add_message(1, "assistant", "1.\n\n2.", token_ids=ids, token_model="/m/a.gguf")
+    store.add_message(1, "assistant", "edited", token_ids=None, token_model="/m/a.gguf")
+    store.close()
+    reopened = Store(path)
+    _, kept, edited = reopened.messages(1)
+    assert (kept.token_ids, kept.token_model) == (ids, "/m/a.gguf")
+    assert (edited.token_ids, edited.token_model) == (None, "")
+    assert all("token_ids" not in m for m in reopened.export_json(1)["messages"])
+    reopened.close()
