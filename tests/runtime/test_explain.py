@@ -211,3 +211,13 @@ def test_induction_preset_mechanics(tiny):
         assert r.induction_second == pytest.approx(copy_losses(tiny, ids, 8)[1])
     with pytest.raises(ValueError, match="n_heads"):
         induction_ablation(tiny, scores=scores, n_heads=5)
+
+
+def test_layer_mean_permutes_every_head_alike(tiny):
+    """With the layer mean every head's row is permuted (by the same permutations, same seed):
+    the distribution moves more than when any one head is permuted alone."""
+    all_heads = permutation_test(tiny, IDS, 9, 1, "mean", n=4, seed=1)
+    one = [permutation_test(tiny, IDS, 9, 1, h, n=4, seed=1).median_tv for h in range(4)]
+    assert all_heads.n == 4 and all_heads.median_tv > max(one)
+    with pytest.raises(ValueError, match="head"):
+        explain_token(tiny, IDS, 9, layer=1, head="max")
