@@ -19,7 +19,7 @@ ask two questions of the attention weights behind a prediction:
    attention sink, Xiao et al. 2023); moving it moves the whole model's largest
    activations, and the path then needs many more steps (on the default model, 32
    steps left a 64 % error with it moved and 20 % with it kept, for one 12-token
-   example). It gets importance 0. ``Explanation.ig_gap`` reports the error: raise
+   example). It gets importance 0, as does any context token that is the baseline token. ``Explanation.ig_gap`` reports the error: raise
    ``steps`` when it is large. Kendall's tau-b compares the ranking of the
    attention row with the ranking of ``|importance|`` (Jain and Wallace rank by
    magnitude).
@@ -301,7 +301,7 @@ def summary_sentence(tau_ig: float, median_tv: float, top_changed: float) -> str
     else:
         agree = f"Attention ranks the context against gradient importance (tau {tau_ig:+.2f})"
     if median_tv < 0.05 and top_changed == 0:
-        moved = "shuffling this head's weights barely moves the prediction, so they are not needed for this token"
+        moved = "shuffling this head's weights barely moves the prediction, so it does not hinge on where this head looks"
     elif top_changed >= 0.5:
         moved = f"shuffling its weights changes the top token {top_changed:.0%} of the time, so this token depends on where it looks"
     else:

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.panels.attention.sandbox import SandboxView, ScaleView
-from desktop.panels.attention.views import rich_label
+from desktop.panels.attention.views import quote, rich_label
 from desktop.panels.attention.widgets import display_token
 
 __all__ = ["CostView", "ExplainView", "InsightTabs", "KnockoutView", "parse_head_list", "scores_table"]
@@ -42,12 +42,13 @@ def _table(columns) -> QTableWidget:
     return t
 
 
-def _fill(table: QTableWidget, rows: list[tuple]) -> None:
+def _fill(table: QTableWidget, rows: list[tuple], text_columns: tuple[int, ...] = (0,)) -> None:
+    """Numbers right-aligned, the ``text_columns`` left-aligned."""
     table.setRowCount(len(rows))
     for i, row in enumerate(rows):
         for c, text in enumerate(row):
             item = QTableWidgetItem(str(text))
-            if c:
+            if c not in text_columns:
                 item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
             table.setItem(i, c, item)
 
@@ -108,11 +109,14 @@ class ExplainView(QWidget):
         _fill(self.table, rows)
         p = r["permutation"]
         head = "mean of heads" if r["head"] == "mean" else f"head {r['head']}"
+        change = float(np.sum(ig)) - r["ig_gap"]  # log p(token) - log p(token | baseline)
+        rough = abs(r["ig_gap"]) > 0.1 * max(1.0, abs(change))
         self.summary.setText(
-            f"Token #{r['position']} {html.escape(display_token(r['token']))} "
+            f"Token #{r['position']} {quote(r['token'])} "
             f"(log p = {r['log_prob']:.2f}), layer {r['layer']}, {head}, {len(att)} context tokens. "
             f"Kendall's τ of attention against |importance|: <b>{r['tau_integrated_gradients']:+.2f}</b> "
-            f"(integrated gradients, {r['ig_steps']} steps; integration error {r['ig_gap']:+.2f}), "
+            f"(integrated gradients, {r['ig_steps']} steps; integration error {r['ig_gap']:+.2f}"
+            f"{' of ' + format(change, '+.2f') + ': too large, raise the steps' if rough else ''}), "
             f"<b>{r['tau_input_x_gradient']:+.2f}</b> (input × gradient). "
             f"Permuting the weights {p['n']} times (seed {p['seed']}): median total variation "
             f"<b>{p['median_tv']:.3f}</b>, top token changed in <b>{p['top_changed']:.0%}</b>.")
@@ -185,7 +189,7 @@ class KnockoutView(QWidget):
         self.table.horizontalHeader().setSectionResizeMode(3, QHeaderView.ResizeMode.Stretch)
         self.preset_label = rich_label("", small=True)
         self.preset_table = _table(("heads knocked out", "loss, 1st copy", "loss, 2nd copy"))
-        self.preset_table.setMaximumHeight(150)
+        self.table.setMaximumHeight(200)  # the top 5: the rest of the height goes to the induction test
         r1 = QHBoxLayout()
         r1.addWidget(QLabel("Heads"))
         r1.addWidget(self.heads, 1)
@@ -201,9 +205,9 @@ class KnockoutView(QWidget):
         lay.addLayout(r1)
         lay.addLayout(r2)
         lay.addWidget(self.summary)
-        lay.addWidget(self.table, 1)
+        lay.addWidget(self.table)
         lay.addWidget(self.preset_label)
-        lay.addWidget(self.preset_table)
+        lay.addWidget(self.preset_table, 1)
         self.run.clicked.connect(self.run_requested)
         self.run_preset.clicked.connect(self.preset_requested)
         self.fill.clicked.connect(self.fill_requested)
@@ -213,10 +217,10 @@ class KnockoutView(QWidget):
         b, a = r["before"], r["after"]
         rows = [(i + 1, display_token(b["top"][i][0]), f"{b['top'][i][1]:.3f}", display_token(a["top"][i][0]),
                  f"{a['top'][i][1]:.3f}") for i in range(min(len(b["top"]), len(a["top"])))]
-        _fill(self.table, rows)
+        _fill(self.table, rows, (1, 3))
         heads = " ".join(f"{l}.{h}" for l, h in r["heads"])
         self.summary.setText(
-            f"Token #{r['position']} {html.escape(display_token(r['token']))}: p = <b>{b['prob']:.3f}</b> before, "
+            f"Token #{r['position']} {quote(r['token'])}: p = <b>{b['prob']:.3f}</b> before, "
             f"<b>{a['prob']:.3f}</b> with {heads} {r['mode']}-ablated.")
 
     def set_preset(self, r: dict) -> None:

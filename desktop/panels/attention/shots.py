@@ -5,8 +5,9 @@ floating window of a fixed size, so the pictures do not depend on the other dock
 measures every head and chooses the best induction head, sends one more message and
 saves, for each palette ``<p>``: ``panel-attention-heads-<p>.png``,
 ``panel-attention-live-<p>.png`` (mid-reply), ``panel-attention-snapshot-<p>.png`` and
-``panel-attention-formula-<p>.png``, and ``main-attention-<p>.png`` (the panel docked in
-the window).
+``panel-attention-formula-<p>.png``, the Insight tab's views
+(:mod:`desktop.panels.attention.insight_shots`), and ``main-attention-<p>.png`` (the panel
+docked in the window).
 The panel is closed again afterwards. Must not import torch or runtime.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Callable
 
 from PySide6.QtWidgets import QApplication
 
+from desktop.panels.attention.insight_shots import shoot_insight
 from desktop.panels.attention.panel import ATLAS, LIVE, NUMBERS, PANEL_NAME, SNAPSHOT
 
 __all__ = ["shoot", "PROMPT"]
@@ -73,6 +75,8 @@ def shoot(app: QApplication, window, out: Path, written: list[Path], *, themes, 
         show(SNAPSHOT, lambda: panel.snapshot.snap is not None and panel.snapshot.snap["head"] == head
              and panel.snapshot.heat.ready(), "snapshot")
         show(NUMBERS, lambda: panel.numbers.steps is not None, "formula")
+        shoot_insight(app, panel, dock, out, written, themes=themes, settle=settle, save=save, themed=themed,
+                      timeout_s=timeout_s)
         panel.tabs.setCurrentIndex(SNAPSHOT)
         dock.setFloating(False)
         for other in others:   # the panel in its place, the other docks out of the way
