@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QMessageBox
 
 from desktop.app import DATA_DIR_ENV, application, build_window, offer_download, open_store, report_unexpected, start_model
 from desktop.chat.store import SchemaTooNewError
+from desktop.qt_preflight import platform_problem
 from desktop.settings.values import Settings
 from models import logfile
 
@@ -34,6 +35,11 @@ def _no_display() -> bool:
 def main(args: argparse.Namespace) -> int:
     """Run the desktop app; returns the exit status."""
     logfile.to_file()   # tracebacks go to the log file, never to the window or the terminal
+    headless = getattr(args, "self_test", False) or getattr(args, "screenshot", None)
+    problem = platform_problem(window=not headless)
+    if problem:   # Qt would abort (SIGABRT, nothing said): say what is wrong instead
+        print(f"attnchat: error: {problem}", file=sys.stderr)
+        return 2
     if getattr(args, "self_test", False):
         from desktop.selftest import run as self_test
 

@@ -287,11 +287,22 @@ class ChatView(QListView):
         self.setUniformItemSizes(False)
         self.setFrameShape(QListView.Shape.NoFrame)
         self.setContextMenuPolicy(Qt.ContextMenuPolicy.DefaultContextMenu)
-        self.placeholder = ""
+        self._placeholder = ""
         self._stick = True
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(lambda v: setattr(self, "_stick", v >= bar.maximum() - 4))
         bar.rangeChanged.connect(lambda lo, hi: bar.setValue(hi) if self._stick else None)
+
+    @property
+    def placeholder(self) -> str:
+        """The text shown in an empty chat ("Loading the model…", "Ask anything…")."""
+        return self._placeholder
+
+    @placeholder.setter
+    def placeholder(self, text: str) -> None:
+        if text != self._placeholder:
+            self._placeholder = text
+            self.viewport().update()   # nothing else repaints an empty chat when only this changes
 
     def setModel(self, model) -> None:  # noqa: N802 - Qt API
         super().setModel(model)

@@ -1,0 +1,35 @@
+"""The window says what is true: findings from real starts, on real widgets."""
+from __future__ import annotations
+
+from PySide6.QtCore import QEvent, QObject
+
+from desktop.chat.pages import ASK
+
+
+class PaintCounter(QObject):
+    def __init__(self):
+        super().__init__()
+        self.paints = 0
+
+    def eventFilter(self, obj, event):  # noqa: N802 - Qt API
+        if event.type() == QEvent.Type.Paint:
+            self.paints += 1
+        return False
+
+
+def test_the_empty_chat_repaints_when_the_model_has_loaded(qtbot, make_window):
+    w = make_window(load=False)
+    counter = PaintCounter()
+    w.chat.viewport().installEventFilter(counter)
+    with qtbot.waitSignal(w.engine.model_loaded, timeout=5000):
+        w.load_model("fake.gguf")
+        assert w.chat.placeholder == "Loading the model…"
+    qtbot.wait(50)
+    before = counter.paints
+    assert w.chat.placeholder == ASK
+    # Setting the text asks for a repaint (it used to wait for the first message).
+    w.chat.placeholder = "Loading the model…"
+    qtbot.waitUntil(lambda: counter.paints > before, timeout=2000)
+    seen = counter.paints
+    w.chat.placeholder = ASK
+    qtbot.waitUntil(lambda: counter.paints > seen, timeout=2000)
