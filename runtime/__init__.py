@@ -32,6 +32,7 @@ from runtime.session import (
     Event,
     Finish,
     GenerationSettings,
+    LogitsProcessor,
     PrefillProgress,
     StatsUpdate,
     TextPiece,

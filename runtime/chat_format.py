@@ -30,15 +30,21 @@ class Message:
     token_ids: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
 
 
-def _plain(messages: Sequence[Message], add_generation_prompt: bool) -> str:
+def _plain(messages: Sequence[Message], add_generation_prompt: bool, continue_final: bool = False) -> str:
     names = {"system": "System", "user": "User", "assistant": "Assistant"}
     text = "".join(f"{names.get(m.role, m.role.title())}: {m.content}\n" for m in messages)
+    if continue_final:
+        return text[:-1]  # the last message stays open: no newline after it
     return text + ("Assistant:" if add_generation_prompt else "")
 
 
-def render(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
+def render(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt: bool = True,
+           continue_final: bool = False) -> str:
     """The prompt text for ``messages`` (the model's chat template, else a plain format).
 
+    With ``continue_final`` the last message is left open (no end-of-turn after it, no
+    generation prompt), so what the model generates continues its text: a reply
+    "prefill", as llama-server and Ollama do for a trailing assistant message.
     An empty conversation renders as the empty string.
     """
     if not messages:
@@ -46,10 +52,11 @@ def render(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(
             [{"role": m.role, "content": m.content} for m in messages],
-            add_generation_prompt=add_generation_prompt,
+            add_generation_prompt=add_generation_prompt and not continue_final,
+            continue_final_message=continue_final,
             tokenize=False,
         )
-    return _plain(messages, add_generation_prompt)
+    return _plain(messages, add_generation_prompt, continue_final)
 
 
 #: Inserted after the first character of a control-token string found in a message, so
@@ -104,7 +111,7 @@ def _marker(i: int) -> str:
 
 
 def encode_conversation(tokenizer: Any, messages: Sequence[Message], *,
-                        add_generation_prompt: bool = True) -> EncodedPrompt:
+                        add_generation_prompt: bool = True, continue_final: bool = False) -> EncodedPrompt:
     """Token ids of :func:`render`, with each reply's own ``token_ids`` spliced in.
 
     Re-tokenizing a reply's text does not give back the ids the model wrote (SmolLM2
@@ -117,10 +124,11 @@ def encode_conversation(tokenizer: Any, messages: Sequence[Message], *,
     reasoning, say) gets the plain re-tokenized prompt instead.
 
     Control tokens typed inside messages are read as text (:func:`neutralize_control_tokens`).
+    ``continue_final``: see :func:`render`.
     """
     controls = _control_strings(tokenizer)  # once per call, not per message
     safe = [replace(m, content=_neutralize(m.content, controls)) for m in messages]
-    text = render(tokenizer, safe, add_generation_prompt=add_generation_prompt)
+    text = render(tokenizer, safe, add_generation_prompt=add_generation_prompt, continue_final=continue_final)
 
     def encode(t: str) -> list[int]:
         return list(tokenizer.encode(t, add_special_tokens=False)) if t else []
@@ -128,7 +136,7 @@ def encode_conversation(tokenizer: Any, messages: Sequence[Message], *,
     spliced = [i for i, m in enumerate(safe) if m.role == "assistant" and m.token_ids is not None]
     if spliced:
         marked = [replace(m, content=_marker(i)) if i in spliced else m for i, m in enumerate(safe)]
-        mtext = render(tokenizer, marked, add_generation_prompt=add_generation_prompt)
+        mtext = render(tokenizer, marked, add_generation_prompt=add_generation_prompt, continue_final=continue_final)
         verbatim = mtext
         for i in spliced:
             verbatim = verbatim.replace(_marker(i), safe[i].content)
@@ -146,9 +154,11 @@ def encode_conversation(tokenizer: Any, messages: Sequence[Message], *,
     return EncodedPrompt(encode(text), retok)
 
 
-def encode_messages(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]:
+def encode_messages(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt: bool = True,
+                    continue_final: bool = False) -> list[int]:
     """The ids of :func:`encode_conversation` (replies' own ids spliced in)."""
-    return encode_conversation(tokenizer, messages, add_generation_prompt=add_generation_prompt).ids
+    return encode_conversation(tokenizer, messages, add_generation_prompt=add_generation_prompt,
+                               continue_final=continue_final).ids
 
 
 def token_counter(tokenizer: Any) -> Callable[[Sequence[str]], list[int]] | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Iterator, Union
+from typing import Callable, Iterator, Sequence, Union
 
 import torch
 
@@ -34,6 +34,15 @@ from runtime.streaming import IncrementalDetokenizer, StopStringMatcher
 #: llama.cpp's default ``repeat_last_n``: the repetition penalty looks this far back (tokens).
 REPEAT_LAST_N = 64
 
+#: A per-step hook on the logits: ``(reply token ids so far, logits (V,) float) -> logits (V,)``,
+#: called before sampling at every step of a reply (as transformers' ``LogitsProcessor``).
+#: It may change the logits in place and return them (a grammar's token mask sets
+#: disallowed tokens to -inf); it must not keep them past the call. Make one per reply.
+LogitsProcessor = Callable[[Sequence[int], torch.Tensor], torch.Tensor]
+
+#: The role of a message that is plain text to continue, without a chat template.
+TEXT_ROLE = "text"
+
 
 @dataclass(frozen=True)
 class GenerationSettings:
@@ -49,6 +58,9 @@ class GenerationSettings:
         prefill_chunk: tokens per prefill step (progress and cancel granularity).
         cache_dtype: KV-cache dtype name (``None``: the model's compute dtype).
         cache_limit_bytes: cap on the KV cache's allocated bytes (``None``: none).
+        logits_processors: :data:`LogitsProcessor` hooks applied in order before each
+            sampling step (structured output, penalties, logprobs); none by default, and
+            then the decode loop does nothing extra.
 
     Raises:
         ValueError: values out of range (one sentence, with the allowed range).
@@ -63,6 +75,7 @@ class GenerationSettings:
     prefill_chunk: int = 256
     cache_dtype: str | None = None
     cache_limit_bytes: int | None = None
+    logits_processors: tuple[LogitsProcessor, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -124,11 +137,15 @@ class StatsUpdate:
 
 @dataclass(frozen=True)
 class Finish:
-    """The reply ended: ``reason`` is ``"stop"``, ``"length"``, ``"context"`` or ``"cancelled"``."""
+    """The reply ended: ``reason`` is ``"stop"``, ``"length"``, ``"context"`` or ``"cancelled"``.
+
+    ``token_ids`` are the reply's sampled tokens (the end-of-turn token not included).
+    """
 
     reason: str
     text: str
     stats: TurnStats
+    token_ids: tuple[int, ...] = ()
 
 
 Event = Union[PrefillProgress, TextPiece, StatsUpdate, Finish]
@@ -200,6 +217,19 @@ class ChatSession:
         self.messages.append(Message("user", text))
         return self._generate(before)
 
+    def reply(self) -> Iterator[Event]:
+        """Generate the next message of :attr:`messages` as they stand.
+
+        A conversation ending with a user message (or holding only the system prompt)
+        gets a reply; one ending with an assistant message has that message continued
+        (a prefill: the reply starts from its text, the new text is appended to it and
+        only the new text is in the events). A conversation of one :data:`TEXT_ROLE`
+        message is plain text, continued without any chat template (a text completion:
+        the tokenizer's own special tokens, such as a BOS, are added; no system prompt).
+        Raises as :meth:`send`.
+        """
+        return self._generate(list(self.messages))
+
     def regenerate(self) -> Iterator[Event]:
         """Drop the last reply and generate it again (the prompt is reused from the cache).
 
@@ -234,15 +264,26 @@ class ChatSession:
         return sys_msgs + messages
 
     def _stop_strings(self) -> tuple[str, ...]:
-        extra = () if self.model.has_chat_template else (PLAIN_STOP,)
+        raw = bool(self.messages) and self.messages[0].role == TEXT_ROLE
+        extra = () if self.model.has_chat_template or raw else (PLAIN_STOP,)
         return tuple(s for s in self.settings.stop_strings + extra if s)
 
     def _encode(self, messages: list[Message]) -> list[int]:
         """Prompt ids: each reply's own token ids spliced in (:func:`runtime.chat_format.encode_conversation`)."""
-        return encode_conversation(self.model.tokenizer, self._conversation(list(messages))).ids
+        if messages and messages[0].role == TEXT_ROLE:  # a plain text completion (see reply())
+            return list(self.model.tokenizer.encode("".join(m.content for m in messages)))
+        return self._encoded(messages).ids
 
     def _retokenized(self, messages: list[Message]) -> int:
-        return encode_conversation(self.model.tokenizer, self._conversation(list(messages))).retokenized_tokens
+        if messages and messages[0].role == TEXT_ROLE:
+            return 0
+        return self._encoded(messages).retokenized_tokens
+
+    def _encoded(self, messages: list[Message]):
+        # A conversation ending with an assistant message is one to continue (see reply()).
+        cont = bool(messages) and messages[-1].role == "assistant"
+        return encode_conversation(self.model.tokenizer, self._conversation(list(messages)),
+                                   add_generation_prompt=not cont, continue_final=cont)
 
     # ---- the cache -----------------------------------------------------------------------
     def _sync_cache(self, ids: list[int]) -> int:
@@ -335,7 +376,10 @@ class ChatSession:
             n_steps = 0
             while True:
                 recent = (self._stream[-REPEAT_LAST_N:]) if st.sampling.repetition_penalty != 1.0 else None
-                token = sampler(logits[0, -1], recent)
+                row = logits[0, -1]
+                for process in st.logits_processors:
+                    row = process(generated, row)
+                token = sampler(row, recent)
                 if not generated:
                     stats.ttft_s = time.perf_counter() - t_start
                     t_decode = time.perf_counter()
@@ -373,10 +417,12 @@ class ChatSession:
                 yield TextPiece(tail)
         text = "".join(shown)
         stats.completion_tokens = len(generated)
-        if text or reason in ("stop", "length"):
+        if self.messages and self.messages[-1].role in ("assistant", TEXT_ROLE):  # a continued text
+            self.messages[-1] = Message(self.messages[-1].role, self.messages[-1].content + text)
+        elif text or reason in ("stop", "length"):
             self.messages.append(Message("assistant", text, self._written_ids(generated, text, detok.text)))
         self.last_stats = self._snapshot(stats)
-        yield Finish(reason, text, self.last_stats)
+        yield Finish(reason, text, self.last_stats, tuple(generated))
 
     def _written_ids(self, generated: list[int], text: str, decoded: str) -> tuple[int, ...] | None:
         """The reply's ids to keep with its text: all of them when they decode to exactly the
