@@ -77,8 +77,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="for requests without temperature (default 0 = greedy)")
     p.add_argument("--context", type=_count, default=None, metavar="N", help="context length in tokens (default: the model's maximum)")
     p.add_argument("--cache-dtype", default=None, metavar="D", help="KV-cache dtype: float32, bfloat16, float16")
-    p.add_argument("--overflow", choices=["stop", "truncate-middle", "rolling"], default="truncate-middle",
-                   help="when a conversation passes the context (default truncate-middle)")
+    p.add_argument("--overflow", choices=["stop", "truncate-middle", "rolling"], default="stop",
+                   help="when a conversation passes the context (default stop: a 400 context_length_exceeded, as OpenAI; API clients manage their own context)")
     p.add_argument("--sessions", type=_count, default=4, metavar="N",
                    help="conversations that keep their KV cache between requests (default 4)")
     p.add_argument("--max-queued", type=_count, default=16, metavar="N",

@@ -71,11 +71,13 @@ class Delta:
 
 @dataclass(frozen=True)
 class Done:
-    """The reply ended; ``reason`` is the session's: stop, length, context or cancelled."""
+    """The reply ended; ``reason`` is the session's: stop, length, context or cancelled.
+    ``token_ids``: the reply's sampled tokens (no end-of-turn token)."""
 
     reason: str
     text: str
     stats: TurnStats
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -94,27 +96,29 @@ class Job:
 
     Attributes:
         system: system prompt (``None``: the chat template's default).
-        history: messages before the last user message.
-        user: the last user message's text.
+        messages: the conversation after the system prompt: it ends with the message to
+            reply to, or with an assistant message to continue (a prefill), or is empty.
         emit: called from the worker thread with each :data:`Item`; must be thread-safe
             and must not block.
         sampling: how to pick tokens.
         max_tokens: most tokens in the reply (at least 1).
         stop: strings that end the reply (not shown).
+        logits_processors: per-step hooks for this reply (structured output, penalties,
+            logprobs; see :data:`runtime.LogitsProcessor`), made for this job alone.
     """
 
     system: str | None
-    history: list[Message]
-    user: str
+    messages: list[Message]
     emit: Callable[[Item], None]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
+    logits_processors: tuple = ()
     id: str = ""
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def conversation(self) -> list[Message]:
-        return [Message("system", self.system or "")] + self.history + [Message("user", self.user)]
+        return [Message("system", self.system or "")] + self.messages
 
 
 class Engine:
@@ -281,15 +285,15 @@ class Engine:
     def _run(self, job: Job) -> None:
         session = self._session_for(job)
         session.settings = replace(self.settings, sampling=job.sampling, max_new_tokens=job.max_tokens,
-                                   stop_strings=job.stop)
+                                   stop_strings=job.stop, logits_processors=job.logits_processors)
         session.system_prompt = job.system
         # A reply the client sends back exactly as this session wrote it keeps the session's
         # token ids (Message equality is role and text), so it is not re-tokenized.
         mine = session.messages
-        session.messages = [mine[i] if i < len(mine) and mine[i] == m else m for i, m in enumerate(job.history)]
+        session.messages = [mine[i] if i < len(mine) and mine[i] == m else m for i, m in enumerate(job.messages)]
         with self._lock:
             self._running = (job, session)
-            events = session.send(job.user)  # clears the session's cancel flag ...
+            events = session.reply()  # clears the session's cancel flag ...
         if job.cancelled.is_set():  # ... so a cancel that came first is applied again
             session.cancel()
         started = False
@@ -306,13 +310,14 @@ class Engine:
                     if not started and ev.reason == "context":
                         # The "stop" policy refuses a prompt that fills the context.
                         n, limit = ev.stats.prompt_tokens, session.context_limit
+                        session.messages = list(job.messages)  # no empty reply left behind
                         raise ContextOverflowError(
                             f"the conversation needs {n} tokens but the context holds {limit}; "
                             "shorten the messages", prompt_tokens=n, context_limit=limit)
                     with self._lock:  # idle before the client hears, so stats never lag
                         self._running = None
                     self._record(job, ev.reason, ev.stats)
-                    self._send(job, Done(ev.reason, ev.text, ev.stats))
+                    self._send(job, Done(ev.reason, ev.text, ev.stats, ev.token_ids))
         except ContextOverflowError as e:  # the session and its cache are unchanged
             self._count("failed")
             self._send(job, Failed(e))

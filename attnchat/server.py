@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,10 +27,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from attnchat import completions, tools
 from attnchat.serve_engine import MAX_QUEUED, Delta, Done, Engine, Failed, Item, Job, QueueFullError, Started
 from attnchat.server_guard import Guard, normalize_origin
 from models.catalog import CATALOG
 from runtime import ContextOverflowError, GenerationSettings, Message, Model, SamplingParams
+from runtime.logits_processors import LogprobsRecorder, PenaltyProcessor
+from runtime.session import TEXT_ROLE
 
 log = logging.getLogger("attnchat.serve")
 
@@ -112,6 +115,9 @@ class _Message(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     role: str
     content: str | list[_Part] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 class _StreamOptions(BaseModel):
@@ -128,7 +134,7 @@ class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     model: str
     messages: list[_Message]
-    stream: bool = False
+    stream: bool | None = None
     stream_options: _StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -141,13 +147,18 @@ class ChatRequest(BaseModel):
     min_p: float | None = Field(None, ge=0, lt=1)
     repetition_penalty: float | None = Field(None, gt=0)
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
     tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
 
 
 def _text(msg: _Message, i: int) -> str:
     if msg.content is None:
-        if msg.role == "assistant":
+        if msg.role == "assistant" or msg.tool_calls:
             return ""
         raise APIError(400, f"messages[{i}] has no content.", param=f"messages[{i}].content", code="invalid_value")
     if isinstance(msg.content, str):
@@ -161,38 +172,78 @@ def _text(msg: _Message, i: int) -> str:
     return "".join(texts)
 
 
-def _conversation(req: ChatRequest) -> tuple[str | None, list[Message], str]:
-    """(system prompt, history, last user text), or :class:`APIError` for a bad conversation."""
+def _conversation(req: ChatRequest) -> tuple[str | None, list[Message]]:
+    """(system prompt, the messages after it), or :class:`APIError` for a bad conversation.
+
+    As OpenAI, a list of system messages only is answered; as llama-server and Ollama,
+    a last message from the assistant is continued (the reply starts from its text).
+    """
     if not req.messages:
         raise APIError(400, "'messages' must hold at least one message.", param="messages", code="invalid_value")
     msgs = []
+    call_names: dict[str, str] = {}  # tool_call_id -> function name, from earlier calls
     for i, m in enumerate(req.messages):
+        if m.role == "tool":  # a tool's result: read by the model as a user message
+            msgs.append(Message("user", tools.render_result(call_names.get(m.tool_call_id or "", m.name),
+                                                            _text(m, i))))
+            continue
         role = ROLES.get(m.role)
         if role is None:
-            what = "is not supported by this server" if m.role in ("tool", "function") else "is not a known role"
-            raise APIError(400, f"messages[{i}].role '{m.role}' {what}; use system, user or assistant.",
-                           param=f"messages[{i}].role", code="invalid_value")
-        msgs.append(Message(role, _text(m, i)))
-    if msgs[-1].role != "user":
-        raise APIError(400, f"The last message must come from the user; it has role '{req.messages[-1].role}'.",
-                       param="messages", code="invalid_value")
+            raise APIError(400, f"messages[{i}].role '{m.role}' is not a known role; use system, user, "
+                                "assistant or tool.", param=f"messages[{i}].role", code="invalid_value")
+        text = _text(m, i)
+        for call in m.tool_calls or []:
+            fn = call.get("function") or {}
+            call_names[str(call.get("id"))] = fn.get("name")
+            text += tools.render_call(str(fn.get("name")), fn.get("arguments") or {})
+        msgs.append(Message(role, text))
+    if msgs[-1].role == "assistant" and not msgs[-1].content:
+        msgs.pop()  # an empty prefill: nothing to continue, a plain reply
     system = []
     while msgs and msgs[0].role == "system":
         system.append(msgs.pop(0).content)
-    return ("\n\n".join(system) if system else None), msgs[:-1], msgs[-1].content
+    return ("\n\n".join(system) if system else None), msgs
 
 
 def _unsupported(req: ChatRequest) -> None:
     if req.n not in (None, 1):
         raise APIError(400, f"This server makes one choice per request; 'n' must be 1 (got {req.n}).",
                        param="n", code="invalid_value")
-    if req.logprobs:
-        raise APIError(400, "This server does not return logprobs.", param="logprobs", code="invalid_value")
-    if req.tools:
-        raise APIError(400, "This server does not call tools.", param="tools", code="invalid_value")
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise APIError(400, "This server answers in plain text only; 'response_format' must be 'text'.",
-                       param="response_format", code="invalid_value")
+    if req.top_logprobs and not req.logprobs:
+        raise APIError(400, "'top_logprobs' needs 'logprobs': true.", param="top_logprobs", code="invalid_value")
+    kind = (req.response_format or {}).get("type", "text")
+    if kind not in ("text", "json_object", "json_schema"):
+        raise APIError(400, f"Invalid value for 'response_format.type': {kind!r}; use 'text', 'json_object' "
+                            "or 'json_schema'.", param="response_format", code="invalid_value")
+
+
+async def _tools_grammar(model: Model, offered: list, forced: str | None):
+    """The grammar of a reply that may (or must) call one of ``offered``."""
+    from runtime.constrained import GrammarError, compiler_for
+
+    try:
+        compiler = await asyncio.to_thread(compiler_for, model)
+        return await asyncio.to_thread(compiler.lark, tools.grammar_source(offered, forced))
+    except GrammarError as e:
+        raise APIError(400, f"Invalid 'tools': a function's parameters cannot be used ({e}).", param="tools",
+                       code="invalid_value") from None
+
+
+async def _response_grammar(model: Model, response_format: dict[str, Any] | None):
+    """The :class:`runtime.constrained.Grammar` a ``response_format`` asks for, or ``None``.
+
+    Compiled off the event loop: the first one builds the tokenizer's index (seconds)."""
+    if not response_format or response_format.get("type", "text") == "text":
+        return None
+    from runtime.constrained import GrammarError, compiler_for, schema_of
+
+    try:
+        schema = schema_of(response_format)
+        compiler = await asyncio.to_thread(compiler_for, model)
+        return await asyncio.to_thread(compiler.json_schema, schema)
+    except GrammarError as e:
+        raise APIError(400, f"Invalid 'response_format': {e}.", param="response_format",
+                       code="invalid_value") from None
 
 
 def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -264,7 +315,8 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
         model: the loaded model; one engine thread runs it.
         api_key: when set, every ``/v1`` request needs ``Authorization: Bearer <api_key>``.
         model_id: the id clients name in ``model`` (default: the model's name).
-        settings: the sessions' context, cache dtype and overflow policy.
+        settings: the sessions' context, cache dtype and overflow policy (default: the
+            model's context, overflow ``stop``).
         sessions: conversations that keep their KV cache between requests.
         default_temperature: for requests without ``temperature`` (0 = greedy, as ``attnchat chat``).
         default_max_tokens: for requests without ``max_tokens`` (tokens).
@@ -286,7 +338,10 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
     # name and, for a catalog model, the catalog's id and name.
     aliases = {model_id.lower(), model.name.lower(), model.path.name.lower()}
     aliases |= {n.lower() for e in CATALOG if e.filename == model.path.name for n in (e.id, e.name)}
-    engine = Engine(model, settings=settings, sessions=sessions, max_queued=max_queued)
+    # API clients manage their own context: by default a conversation too long is refused
+    # (400, as OpenAI), never cut silently.
+    engine = Engine(model, settings=settings or GenerationSettings(overflow="stop"), sessions=sessions,
+                    max_queued=max_queued)
     created = int(time.time())
 
     @asynccontextmanager
@@ -314,7 +369,7 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
         return {"id": model_id, "object": "model", "created": created, "owned_by": "attnchat",
                 "context_length": engine.context_limit}
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": model_id}
 
@@ -339,7 +394,16 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
         if req.model.lower() not in aliases:
             raise _no_model(req.model, model_id)
         _unsupported(req)
-        system, history, user = _conversation(req)
+        system, messages = _conversation(req)
+        try:
+            offered, forced = tools.parse_tools(req.tools, req.tool_choice)
+        except tools.ToolError as e:
+            raise APIError(400, e.args[1], param=e.args[0], code="invalid_value") from None
+        if offered and (req.response_format or {}).get("type", "text") != "text":
+            raise APIError(400, "Send either 'tools' or a JSON 'response_format', not both.",
+                           param="response_format", code="invalid_value")
+        if offered:
+            system = "\n\n".join(x for x in (system, tools.system_prompt(offered)) if x)
         try:
             temperature = default_temperature if req.temperature is None else req.temperature
             sampling = SamplingParams(
@@ -354,12 +418,83 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
             param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
             raise APIError(400, f"'{param}' is too large: {max_tokens}. This server answers with at most "
                                 f"{max_tokens_limit} tokens (--max-tokens-limit).", param=param, code="invalid_value")
+        grammar = await (_tools_grammar(model, offered, forced) if offered
+                         else _response_grammar(model, req.response_format))
+        recorder = LogprobsRecorder(req.top_logprobs or 0) if req.logprobs else None
+        processors = _processors(req.frequency_penalty, req.presence_penalty, grammar, recorder)
+        job = Job(system=system, messages=messages, sampling=sampling, logits_processors=processors,
+                  max_tokens=min(max_tokens, engine.context_limit), stop=_stops(req.stop),
+                  emit=None, id=f"chatcmpl-{uuid.uuid4().hex}")
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return await answer(
+            request, job, bool(req.stream),
+            lambda items: _stream(items, engine, job, _ChatChunks(job, model_id,
+                                                                  _LogprobsFormat(model.tokenizer, recorder),
+                                                                  bool(offered), forced is not None),
+                                  include_usage),
+            lambda item: {
+                "id": job.id, "object": "chat.completion", "created": int(time.time()), "model": model_id,
+                "system_fingerprint": None,
+                "choices": [{"index": 0, **_message(item, bool(offered)),
+                             "logprobs": _LogprobsFormat(model.tokenizer, recorder).rest(item.token_ids)}],
+                "usage": _usage(item.stats),
+                "attnchat": _extension(item.reason, item.stats),
+            })
+
+    @v1.post("/completions")
+    async def text_completions(request: Request) -> Response:
+        try:
+            req = completions.CompletionRequest.model_validate_json(await _read_body(request, max_body_bytes))
+        except ValidationError as e:
+            raise _from_validation(e.errors()) from None
+        if req.model.lower() not in aliases:
+            raise _no_model(req.model, model_id)
+        try:
+            prompt = completions.prompt_text(req)
+        except ValueError as e:
+            param, message = e.args
+            raise APIError(400, message, param=param, code="invalid_value") from None
+        try:
+            sampling = SamplingParams(
+                temperature=default_temperature if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else max(req.top_p, 1e-9),
+                top_k=req.top_k or 0, min_p=req.min_p or 0.0,
+                repetition_penalty=req.repetition_penalty or 1.0, seed=req.seed)
+        except ValueError as e:
+            raise APIError(400, str(e), code="invalid_value") from None
+        recorder = LogprobsRecorder(req.logprobs) if req.logprobs is not None else None
+        processors = _processors(req.frequency_penalty, req.presence_penalty, None, recorder)
+        max_tokens = req.max_tokens or completions.DEFAULT_MAX_TOKENS
+        if max_tokens > max_tokens_limit:
+            raise APIError(400, f"'max_tokens' is too large: {max_tokens}. This server answers with at most "
+                                f"{max_tokens_limit} tokens (--max-tokens-limit).", param="max_tokens",
+                           code="invalid_value")
+        job = Job(system=None, messages=[Message(TEXT_ROLE, prompt)], sampling=sampling,
+                  logits_processors=processors, max_tokens=min(max_tokens, engine.context_limit),
+                  stop=_stops(req.stop), emit=None, id=f"cmpl-{uuid.uuid4().hex}")
+        echo = prompt if req.echo else ""
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+        def whole(item: Done) -> dict[str, Any]:
+            lp = completions.logprobs_block(model.tokenizer, recorder.finish(item.token_ids), len(echo)) \
+                if recorder is not None else None
+            return completions.response(job.id, model_id, echo + item.text, FINISH_REASONS[item.reason],
+                                        _usage(item.stats), lp, _extension(item.reason, item.stats))
+
+        return await answer(
+            request, job, bool(req.stream),
+            lambda items: _stream(items, engine, job, _CompletionChunks(job, model_id, model.tokenizer, recorder,
+                                                                        echo), include_usage),
+            whole)
+
+    async def answer(request: Request, job: Job, stream: bool,
+                     streamer: Callable[[asyncio.Queue], AsyncIterator[str]],
+                     whole: Callable[[Done], dict[str, Any]]) -> Response:
+        """Run ``job`` on the engine; its reply as server-sent events from ``streamer`` or
+        as the JSON object ``whole`` makes of the :class:`Done` item."""
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[Item | None] = asyncio.Queue()
-        job = Job(system=system, history=history, user=user, sampling=sampling,
-                  max_tokens=min(max_tokens, engine.context_limit), stop=_stops(req.stop),
-                  emit=lambda item: loop.call_soon_threadsafe(items.put_nowait, item),
-                  id=f"chatcmpl-{uuid.uuid4().hex}")
+        job.emit = lambda item: loop.call_soon_threadsafe(items.put_nowait, item)
         try:
             engine.submit(job)
         except QueueFullError:
@@ -375,11 +510,9 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
                 return Response(status_code=499)  # the client left; nobody reads this
             if not isinstance(item, Started):
                 return _failure(item)
-            if req.stream:
+            if stream:
                 watcher.cancel()
-                include_usage = bool(req.stream_options and req.stream_options.include_usage)
-                return StreamingResponse(_stream(items, engine, job, model_id, include_usage),
-                                         media_type="text/event-stream",
+                return StreamingResponse(streamer(items), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             while not isinstance(item, (Done, Failed)):
                 item = await items.get()
@@ -389,14 +522,7 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
             watcher.cancel()
         if isinstance(item, Failed) or item.reason == "cancelled":
             return _failure(item)
-        return JSONResponse({
-            "id": job.id, "object": "chat.completion", "created": int(time.time()), "model": model_id,
-            "system_fingerprint": None,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": item.text},
-                         "logprobs": None, "finish_reason": FINISH_REASONS[item.reason]}],
-            "usage": _usage(item.stats),
-            "attnchat": _extension(item.reason, item.stats),
-        })
+        return JSONResponse(whole(item))
 
     app.include_router(v1)
     app.add_middleware(Guard, hosts=allowed_hosts, cors_origins=cors_origins)
@@ -415,6 +541,15 @@ def _parse(body: bytes) -> ChatRequest:
         raise _from_validation(e.errors()) from None
 
 
+def overflow_error(e: ContextOverflowError, what: str = "messages") -> APIError:
+    """400 ``context_length_exceeded`` worded as OpenAI words it (litellm and langchain match
+    "maximum context length" to raise their context-window errors), then our own advice."""
+    text = str(e)
+    return APIError(400, f"This model's maximum context length is {e.context_limit} tokens. However, your "
+                         f"{what} resulted in {e.prompt_tokens} tokens. Please reduce the length of the {what}. "
+                         f"({text[:1].upper() + text[1:]}.)", param=what, code="context_length_exceeded")
+
+
 def _no_model(name: str, model_id: str) -> APIError:
     return APIError(404, f"The model '{name}' does not exist; this server serves '{model_id}' (GET /v1/models).",
                     param="model", code="model_not_found")
@@ -422,9 +557,7 @@ def _no_model(name: str, model_id: str) -> APIError:
 
 def _failure(item: Item) -> JSONResponse:
     if isinstance(item, Failed) and isinstance(item.error, ContextOverflowError):
-        text = str(item.error)
-        return APIError(400, text[:1].upper() + text[1:] + ".",
-                        param="messages", code="context_length_exceeded").response()
+        return overflow_error(item.error).response()
     if isinstance(item, Failed):
         return APIError(500, f"The server failed to answer: {type(item.error).__name__}: {item.error}",
                         type="server_error").response()
@@ -440,19 +573,116 @@ async def _watch_disconnect(request: Request, engine: Engine, job: Job, items: a
     items.put_nowait(None)
 
 
-async def _stream(items: asyncio.Queue, engine: Engine, job: Job, model_id: str,
+def _processors(frequency_penalty: float | None, presence_penalty: float | None, grammar,
+                recorder: LogprobsRecorder | None) -> tuple:
+    """A reply's logits processors, in order: penalties, the grammar's mask, the logprobs
+    recorder (which so sees the distribution really sampled from). None when unused."""
+    out = []
+    if frequency_penalty or presence_penalty:
+        out.append(PenaltyProcessor(frequency_penalty or 0.0, presence_penalty or 0.0))
+    if grammar is not None:
+        out.append(grammar.processor())
+    if recorder is not None:
+        out.append(recorder)
+    return tuple(out)
+
+
+class _LogprobsFormat:
+    """A :class:`LogprobsRecorder`'s entries in OpenAI's chat shape, handed out once each."""
+
+    def __init__(self, tokenizer: Any, recorder: LogprobsRecorder | None):
+        self.tokenizer, self.recorder, self.sent = tokenizer, recorder, 0
+
+    def _entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        text = self.tokenizer.decode([token_id])
+        return {"token": text, "logprob": max(logprob, -9999.0), "bytes": list(text.encode("utf-8"))}
+
+    def _take(self, tokens: list) -> dict[str, Any] | None:
+        if self.recorder is None:
+            return None
+        new, self.sent = tokens[self.sent:], len(tokens)
+        return {"content": [{**self._entry(t.token_id, t.logprob),
+                             "top_logprobs": [self._entry(i, lp) for i, lp in t.top]} for t in new],
+                "refusal": None}
+
+    def ready(self) -> dict[str, Any] | None:
+        """Entries of tokens whose step has closed since the last call (``None``: not asked)."""
+        return self._take(list(self.recorder.tokens)) if self.recorder is not None else None
+
+    def rest(self, token_ids: tuple[int, ...]) -> dict[str, Any] | None:
+        """The remaining entries, the reply's last token included."""
+        return self._take(self.recorder.finish(token_ids)) if self.recorder is not None else None
+
+
+def _message(done: Done, with_tools: bool) -> dict[str, Any]:
+    """The choice's ``message`` and ``finish_reason``: a tool call when the reply is one."""
+    calls = tools.parse_reply(done.text) if with_tools and done.reason == "stop" else None
+    if calls:
+        return {"message": {"role": "assistant", "content": None, "tool_calls": calls},
+                "finish_reason": "tool_calls"}
+    return {"message": {"role": "assistant", "content": done.text}, "finish_reason": FINISH_REASONS[done.reason]}
+
+
+class _ChatChunks:
+    """Chat completion chunks (``chat.completion.chunk``) for :func:`_stream`.
+
+    With tools, a reply that starts with ``<`` is a call (see :mod:`attnchat.tools`): its
+    text is held back and sent as one ``tool_calls`` delta when it is complete.
+    """
+
+    def __init__(self, job: Job, model_id: str, logprobs: _LogprobsFormat, with_tools: bool = False,
+                 forced: bool = False):
+        self.job, self.model_id, self.logprobs, self.created = job, model_id, logprobs, int(time.time())
+        self.with_tools = with_tools
+        self.calling: bool | None = True if forced else (None if with_tools else False)
+        self.held = ""
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, lp: dict | None = None, **extra: Any) -> str:
+        return _sse({"id": self.job.id, "object": "chat.completion.chunk", "created": self.created,
+                     "model": self.model_id, "system_fingerprint": None,
+                     "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}], **extra})
+
+    def first(self) -> str:
+        return self._chunk({"role": "assistant", "content": ""})
+
+    def text(self, text: str) -> str:
+        if self.calling is None:
+            stripped = (self.held + text).lstrip()
+            if not stripped:
+                self.held += text
+                return ""
+            self.calling = stripped.startswith("<")
+        if self.calling:
+            self.held += text
+            return ""
+        text, self.held = self.held + text, ""
+        return self._chunk({"content": text}, lp=self.logprobs.ready())
+
+    def end(self, done: Done) -> str:
+        shaped = _message(done, self.with_tools)
+        out = ""
+        if shaped["finish_reason"] == "tool_calls":
+            deltas = [{"index": i, **c} for i, c in enumerate(shaped["message"]["tool_calls"])]
+            out = self._chunk({"tool_calls": deltas}, lp=self.logprobs.ready())
+        elif self.held:  # text held back while it could have been a call
+            out = self._chunk({"content": self.held}, lp=self.logprobs.ready())
+        return out + self._chunk({}, shaped["finish_reason"], lp=self.logprobs.rest(done.token_ids),
+                                 attnchat=_extension(done.reason, done.stats))
+
+    def usage(self, done: Done) -> str:
+        return _sse({"id": self.job.id, "object": "chat.completion.chunk", "created": self.created,
+                     "model": self.model_id, "system_fingerprint": None, "choices": [], "usage": _usage(done.stats)})
+
+
+async def _stream(items: asyncio.Queue, engine: Engine, job: Job, chunks: Any,
                   include_usage: bool) -> AsyncIterator[str]:
-    """The reply as OpenAI chunks; Starlette cancels this generator when the client leaves."""
-    created = int(time.time())
-
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
-        return _sse({"id": job.id, "object": "chat.completion.chunk", "created": created, "model": model_id,
-                     "system_fingerprint": None,
-                     "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra})
-
+    """The reply as chunks (``chunks`` shapes them: :class:`_ChatChunks`, a completion's);
+    Starlette cancels this generator when the client leaves."""
     finished = False
     try:
-        yield chunk({"role": "assistant", "content": ""})
+        first = chunks.first()
+        if first:
+            yield first
         while not finished:
             batch = [await items.get()]
             while not items.empty():  # send what piled up as one chunk
@@ -461,7 +691,9 @@ async def _stream(items: asyncio.Queue, engine: Engine, job: Job, model_id: str,
                 return
             text = "".join(i.text for i in batch if isinstance(i, Delta))
             if text:
-                yield chunk({"content": text})
+                out = chunks.text(text)
+                if out:
+                    yield out
             end = next((i for i in batch if isinstance(i, (Done, Failed))), None)
             if end is None:
                 continue
@@ -470,15 +702,45 @@ async def _stream(items: asyncio.Queue, engine: Engine, job: Job, model_id: str,
                 body = _failure(end).body
                 yield f"data: {body.decode()}\n\n"
                 return
-            yield chunk({}, FINISH_REASONS[end.reason], attnchat=_extension(end.reason, end.stats))
+            yield chunks.end(end)
             if include_usage:
-                yield _sse({"id": job.id, "object": "chat.completion.chunk", "created": created, "model": model_id,
-                            "system_fingerprint": None, "choices": [], "usage": _usage(end.stats)})
+                yield chunks.usage(end)
             yield "data: [DONE]\n\n"
     finally:
         if not finished:  # the client disconnected (or the server is stopping)
             log.info("client left during %s; cancelling it", job.id)
             engine.cancel(job)
+
+
+class _CompletionChunks:
+    """Text completion chunks (``text_completion``) for :func:`_stream`; ``echo`` first."""
+
+    def __init__(self, job: Job, model_id: str, tokenizer: Any, recorder: LogprobsRecorder | None, echo: str):
+        self.job, self.model_id, self.tokenizer, self.recorder = job, model_id, tokenizer, recorder
+        self.echo, self.created, self.sent, self.offset = echo, int(time.time()), 0, len(echo)
+
+    def _lp(self, entries: list) -> dict | None:
+        if self.recorder is None:
+            return None
+        new, self.sent = entries[self.sent:], len(entries)
+        block = completions.logprobs_block(self.tokenizer, new, self.offset)
+        self.offset += sum(len(t) for t in block["tokens"])
+        return block
+
+    def first(self) -> str | None:
+        return completions.chunk(self.job.id, self.model_id, self.created, self.echo) if self.echo else None
+
+    def text(self, text: str) -> str:
+        lp = self._lp(list(self.recorder.tokens)) if self.recorder else None
+        return completions.chunk(self.job.id, self.model_id, self.created, text, logprobs=lp)
+
+    def end(self, done: Done) -> str:
+        lp = self._lp(self.recorder.finish(done.token_ids)) if self.recorder else None
+        return completions.chunk(self.job.id, self.model_id, self.created, "", FINISH_REASONS[done.reason], lp,
+                                 attnchat=_extension(done.reason, done.stats))
+
+    def usage(self, done: Done) -> str:
+        return completions.usage_chunk(self.job.id, self.model_id, self.created, _usage(done.stats))
 
 
 async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:

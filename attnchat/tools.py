@@ -1,0 +1,124 @@
+"""Tool calls for the chat endpoint: OpenAI's ``tools`` and ``tool_choice``.
+
+The tools are described to the model by a fallback prompt (below, :func:`system_prompt`),
+appended to the system prompt, for every model: no catalog model's chat template
+renders tools today. A call is written ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+and generated under a grammar (:func:`grammar`) built from the functions' JSON schemas,
+so it always parses and its arguments validate:
+
+- ``auto``: the reply is free text (not starting with ``<``) or exactly one call;
+- ``required`` or a named function: the reply is one call (of that function);
+- ``none`` (or no tools): plain text, no tools in the prompt.
+
+Earlier calls (assistant ``tool_calls``) and results (``role: "tool"``) are rendered in
+the same format, as an assistant message and a user message. One call per reply
+(``parallel_tool_calls`` is accepted and has no effect). Must not import Qt.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_CALL = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.S)
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class ToolError(ValueError):
+    """A bad ``tools`` or ``tool_choice`` value: ``args`` are (param, message)."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+def parse_tools(tools: list[Any] | None, tool_choice: Any) -> tuple[list[Tool], str | None]:
+    """(the tools offered for this reply, the function the reply must call or ``"*"`` for any
+    of them, ``None`` when the model may answer in text).
+
+    Raises:
+        ToolError: a malformed tool, a duplicate or bad name, an unknown ``tool_choice``.
+    """
+    parsed: list[Tool] = []
+    for i, t in enumerate(tools or []):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict):
+            raise ToolError(f"tools[{i}]", f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}.")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ToolError(f"tools[{i}].function.name", f"tools[{i}].function.name must be 1-64 letters, digits, "
+                                                          f"'_', '.' or '-' (got {name!r}).")
+        if any(p.name == name for p in parsed):
+            raise ToolError(f"tools[{i}].function.name", f"Two tools are named {name!r}; names must differ.")
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(params, dict):
+            raise ToolError(f"tools[{i}].function.parameters", f"tools[{i}].function.parameters must be a JSON schema object.")
+        parsed.append(Tool(name, str(fn.get("description") or ""), params))
+    choice = "auto" if tool_choice is None else tool_choice
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+        if not any(t.name == name for t in parsed):
+            raise ToolError("tool_choice", f"tool_choice names the function {name!r}, which is not in 'tools'.")
+        return [t for t in parsed if t.name == name], name
+    if choice not in ("auto", "none", "required"):
+        raise ToolError("tool_choice", f"tool_choice must be 'auto', 'none', 'required' or "
+                                       f"{{'type': 'function', 'function': {{'name': ...}}}} (got {choice!r}).")
+    if choice == "none" or not parsed:
+        if choice == "required":
+            raise ToolError("tool_choice", "tool_choice is 'required' but no tools were given.")
+        return [], None
+    return parsed, ("*" if choice == "required" else None)
+
+
+def system_prompt(tools: list[Tool]) -> str:
+    """The fallback prompt that describes ``tools`` (appended to the system prompt)."""
+    listing = "\n".join(json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters},
+                                   ensure_ascii=False) for t in tools)
+    return ("You can call functions. To call one, reply with only " + OPEN
+            + '{"name": <function name>, "arguments": <arguments as a JSON object>}' + CLOSE
+            + " and nothing else. Otherwise answer normally. The functions:\n" + listing)
+
+
+def grammar_source(tools: list[Tool], forced: str | None) -> str:
+    """The llguidance Lark grammar of a reply: one call, or (``forced`` None) text or one call."""
+    calls = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+              "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
+    schema = {"anyOf": calls, "x-guidance": {"whitespace_flexible": False}}
+    call = f'call: "{OPEN}" body "{CLOSE}"\nbody: %json {json.dumps(schema)}\n'
+    if forced is not None:
+        return "start: call\n" + call
+    # Free text may not start with "<": the first character tells a call from an answer.
+    return "start: text | call\n" + call + "text: /[^<][\\s\\S]*/\n"
+
+
+def render_call(name: str, arguments: str | dict) -> str:
+    """An earlier call as the model writes one (arguments re-encoded compactly)."""
+    try:
+        args = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        args = arguments
+    return OPEN + json.dumps({"name": name, "arguments": args}, ensure_ascii=False, separators=(",", ":")) + CLOSE
+
+
+def render_result(name: str | None, content: str) -> str:
+    """A tool's result as the user message the model reads."""
+    return f"<tool_response{f' name={json.dumps(name)}' if name else ''}>\n{content}\n</tool_response>"
+
+
+def parse_reply(text: str) -> list[dict[str, Any]] | None:
+    """The OpenAI ``tool_calls`` in a reply, or ``None`` when it is plain text (or a call cut short)."""
+    m = _CALL.search(text)
+    if m is None or text.lstrip()[: len(OPEN)] != OPEN:
+        return None
+    try:
+        call = json.loads(m.group(1))
+    except ValueError:
+        return None
+    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+             "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}]

@@ -1,0 +1,71 @@
+"""``POST /v1/completions`` through the official ``openai`` client: a prompt continued
+without the chat template, streamed or not, with ``echo``, ``stop`` and ``logprobs``;
+``suffix`` refused clearly."""
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.server.conftest import API_KEY
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model_id(client) -> str:
+    return client.models.list().data[0].id
+
+
+@pytest.fixture(scope="module")
+def paris(client, model_id):
+    return client.completions.create(model=model_id, prompt=PROMPT, temperature=0, max_tokens=6, logprobs=2)
+
+
+def test_prompt_is_continued_as_text(paris):
+    choice = paris.choices[0]
+    assert paris.object == "text_completion"
+    assert choice.text.lstrip().startswith("Paris"), choice.text
+    assert choice.finish_reason in ("stop", "length")
+    # No chat template around it: the prompt is its own tokens only (SmolLM2 adds no BOS).
+    assert paris.usage.prompt_tokens == 5
+    lp = choice.logprobs
+    assert "".join(lp.tokens) == choice.text and len(lp.tokens) == paris.usage.completion_tokens
+    assert lp.text_offset[0] == 0 and all(len(t) == 2 for t in lp.top_logprobs)
+    assert all(x <= 0 for x in lp.token_logprobs)
+
+
+def test_stream_and_echo(client, model_id, paris):
+    chunks = list(client.completions.create(model=model_id, prompt=PROMPT, temperature=0, max_tokens=6,
+                                            stream=True, echo=True))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == PROMPT + paris.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == paris.choices[0].finish_reason
+
+
+def test_stop(client, model_id, paris):
+    word = paris.choices[0].text.split()[0]
+    r = client.completions.create(model=model_id, prompt=PROMPT, temperature=0, max_tokens=6, stop=[word])
+    assert r.choices[0].text == paris.choices[0].text[: paris.choices[0].text.index(word)]
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_default_max_tokens_is_openais_16(client, model_id):
+    r = client.completions.create(model=model_id, prompt="Once upon a time", temperature=0)
+    assert r.usage.completion_tokens <= 16
+
+
+@pytest.mark.parametrize("extra, param", [({"suffix": " and that is all."}, "suffix"),
+                                          ({"n": 2}, "n"), ({"prompt": ["a", "b"]}, "prompt")])
+def test_refused_fields(client, model_id, extra, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(**{"model": model_id, "prompt": PROMPT, "max_tokens": 2, **extra})
+    assert e.value.param == param
+    if param == "suffix":
+        assert "fill-in-the-middle" in e.value.message

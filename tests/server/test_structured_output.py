@@ -1,0 +1,70 @@
+"""``response_format`` through the official ``openai`` client: JSON mode, a JSON schema,
+``chat.completions.parse`` into a pydantic model, and schemas the server refuses."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel
+
+from tests.server.conftest import API_KEY
+
+pytestmark = pytest.mark.slow
+
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                         "country": {"enum": ["France", "Spain", "Italy"]}},
+        "required": ["city", "country"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model_id(client) -> str:
+    return client.models.list().data[0].id
+
+
+ASK = [{"role": "user", "content": "Which city is the capital of France? Answer in JSON."}]
+
+
+def test_json_schema_reply_validates(client, model_id):
+    r = client.chat.completions.create(
+        model=model_id, messages=ASK, max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}})
+    assert r.choices[0].finish_reason == "stop"
+    value = json.loads(r.choices[0].message.content)
+    jsonschema.validate(value, CITY)
+    assert value["country"] == "France"
+
+
+def test_json_object_mode_streams_an_object(client, model_id):
+    chunks = client.chat.completions.create(model=model_id, messages=ASK, max_tokens=40, stream=True,
+                                            response_format={"type": "json_object"})
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert isinstance(json.loads(text), dict), text
+
+
+class City(BaseModel):
+    city: str
+    country: str
+
+
+def test_parse_into_a_pydantic_model(client, model_id):
+    r = client.chat.completions.parse(model=model_id, messages=ASK, max_tokens=40, response_format=City)
+    city = r.choices[0].message.parsed
+    assert isinstance(city, City) and city.city
+
+
+@pytest.mark.parametrize("fmt", [
+    {"type": "xml"},
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#/no"}}}}},
+    {"type": "json_schema", "json_schema": "nope"},
+])
+def test_bad_response_format_is_a_400(client, model_id, fmt):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model_id, messages=ASK, max_tokens=4, response_format=fmt)
+    assert e.value.param == "response_format" and e.value.code == "invalid_value"
