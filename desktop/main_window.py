@@ -35,6 +35,10 @@ PANEL_SLOTS = {"kvCachePanel": "KV-cache memory", "attentionPanel": "Attention"}
 TITLE_CHARS = 48
 
 
+#: A dock panel's starting width at least (px): its charts and tabs stay readable.
+PANEL_MIN_WIDTH = 270
+
+
 class MainWindow(QMainWindow):
     """The chat window.
 
@@ -78,7 +82,7 @@ class MainWindow(QMainWindow):
         self.splitter.setStretchFactor(0, 0)
         self.splitter.setStretchFactor(1, 1)
         self.sidebar.setMinimumWidth(170)  # titles stay readable when the docks take the width
-        self.splitter.setSizes([240, 760])
+        self.splitter.setSizes([230, 770])
         self.setCentralWidget(self.splitter)
         self.setStatusBar(status := ChatStatusBar())
         self.status = status
@@ -193,6 +197,9 @@ class MainWindow(QMainWindow):
         # (it must come before addDockWidget, which would otherwise win).
         if not self.restoreDockWidget(dock):
             self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, dock)
+            # The chat keeps the middle and most of the width (as in LM Studio, Jan, GPT4All):
+            # a new panel starts at about a quarter of the window, resizable and remembered.
+            self.resizeDocks([dock], [max(PANEL_MIN_WIDTH, self.width() * 26 // 100)], Qt.Orientation.Horizontal)
             if not visible:
                 dock.hide()
         old = self.panel_actions.pop(name, None)

@@ -33,3 +33,22 @@ def test_the_empty_chat_repaints_when_the_model_has_loaded(qtbot, make_window):
     seen = counter.paints
     w.chat.placeholder = ASK
     qtbot.waitUntil(lambda: counter.paints > seen, timeout=2000)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("size", [(1100, 720), (1366, 768)])
+def test_the_chat_takes_at_least_half_the_width(qtbot, make_window, size):
+    w = make_window()
+    w.resize(*size)
+    qtbot.waitUntil(lambda: w.width() == size[0], timeout=2000)
+    qtbot.wait(100)
+    docks = [d for d in w.panels.values() if d.isVisible()]
+    assert docks, "the panels are shown beside the chat by default"
+    chat = w.stack.width()
+    print("chat", chat, "sidebar", w.sidebar.width(), "docks", [d.width() for d in docks],
+          [d.minimumSizeHint().width() for d in docks], [d.widget().minimumSizeHint().width() for d in docks])
+    assert chat >= size[0] / 2
+    assert all(d.width() >= 260 for d in docks)   # the panels stay usable beside it
+    assert w.sidebar.width() >= 170              # and conversation titles readable
