@@ -97,6 +97,9 @@ class MainWindow(QMainWindow):
         self.page = ChatPage()
         p = self.page
         self.chat, self.input, self.notice, self.edit_banner = p.chat, p.input, p.notice, p.edit_banner
+        self.notice.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
+        self.notice.linkActivated.connect(self._on_notice_link)
+        self._sent: tuple[int, int, str] | None = None   # the last message sent: (conv, id, text)
         self.send_button, self.stop_button = p.send_button, p.stop_button
         self.regen_button, self.edit_button = p.regen_button, p.edit_button
         self.chat.setModel(self.messages)
@@ -265,6 +268,32 @@ class MainWindow(QMainWindow):
             self.chat.placeholder = "No model is loaded. Use File > Open model, or download the default model."
             self.chat.viewport().update()
         self._sync()
+
+    #: Said in the chat when the "stop" overflow policy finds the context full before a reply.
+    CONTEXT_FULL = ('The context is full: <a href="new" style="color: white">start a new chat</a>, or '
+                    '<a href="overflow" style="color: white">switch the overflow policy</a> to drop the oldest turns.')
+
+    def _context_full(self, conv: int, message_id: int, text: str) -> None:
+        """No reply fits: the message goes back to the box (not stored without a reply) and the
+        banner offers the two ways on."""
+        try:
+            self.store.delete_last_message(conv, message_id)
+        except (sqlite3.Error, OSError):
+            log.warning("could not drop the message that got no reply", exc_info=True)
+        if not self.input.toPlainText().strip():
+            self.input.setPlainText(text)
+        self.show_error(self.CONTEXT_FULL)
+        self.status.showMessage("The context is full", 8000)
+
+    def _on_notice_link(self, link: str) -> None:
+        self.notice.hide()
+        if link == "new":
+            self.new_conversation()
+        elif link == "overflow":
+            self.settings.set("generation/overflow", "truncate-middle")
+            self.status.showMessage("Overflow policy: truncate-middle (the oldest turns are dropped); "
+                                    "send the message again", 8000)
+        self.input.setFocus()
 
     def show_error(self, message: str) -> None:
         """One line for the user, in the window (never a traceback)."""
@@ -450,6 +479,7 @@ class MainWindow(QMainWindow):
             self.messages.append("user", text, id=msg.id)
             request = self.engine.send(conv, history, text, self.generation())
             kind = "send"
+            self._sent = (conv, msg.id, text)
         if self.conversations.title(conv) == DEFAULT_TITLE:
             first = text.strip().splitlines()[0]
             try:
@@ -525,6 +555,9 @@ class MainWindow(QMainWindow):
             return
         self._reply = None
         conv, text, reason, stats = r["conv_id"], result["text"], result["reason"], result["stats"]
+        sent, self._sent = getattr(self, "_sent", None), None
+        if reason == "context" and not text and r["kind"] == "send" and sent and sent[0] == conv:
+            self._context_full(conv, sent[1], sent[2])
         saved = unsaved = None
         if text and self.store.conversation(conv) is not None:
             entry = {"conv_id": conv, "kind": r["kind"], "text": text, "reason": reason, "stats": stats,

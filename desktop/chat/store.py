@@ -225,6 +225,16 @@ class Store:
                 self._db.execute("DELETE FROM messages WHERE conversation_id=? AND id>=?", (conv_id, row[0]))
             return self._insert(conv_id, "user", content, None, None)
 
+    def delete_last_message(self, conv_id: int, message_id: int) -> bool:
+        """Drop message ``message_id`` when it is still the conversation's last (a message
+        that got no reply because the context was full); returns whether it was dropped."""
+        with self._tx():
+            row = self._db.execute("SELECT MAX(id) FROM messages WHERE conversation_id=?", (conv_id,)).fetchone()
+            if row[0] != message_id:
+                return False
+            self._db.execute("DELETE FROM messages WHERE id=?", (message_id,))
+            return True
+
     def _drop_trailing(self, conv_id: int, roles: tuple[str, ...]) -> None:
         while True:
             row = self._db.execute(

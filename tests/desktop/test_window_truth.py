@@ -52,3 +52,32 @@ def test_the_chat_takes_at_least_half_the_width(qtbot, make_window, size):
     assert chat >= size[0] / 2
     assert all(d.width() >= 260 for d in docks)   # the panels stay usable beside it
     assert w.sidebar.width() >= 170              # and conversation titles readable
+
+
+def test_a_full_context_says_so_and_stores_no_orphan_message(qtbot, make_window, tmp_path_factory):
+    """Overflow "stop" and a full context: a banner with the two ways on, the message back in
+    the box, nothing stored without a reply (a real tiny model on the real worker)."""
+    from runtime import load_model
+    from tests.runtime.tiny_models import make_tiny_model
+
+    from desktop.worker import EngineWorker
+
+    tiny = load_model(make_tiny_model(tmp_path_factory.mktemp("tiny"), "llama"), device="cpu", dtype="float32")
+    w = make_window(worker=EngineWorker(load_fn=lambda source, device: tiny))
+    w.generation_overrides = {"max_new_tokens": 40, "temperature": 0.0, "overflow": "stop", "context": 40}
+    with qtbot.waitSignal(w.reply_finished, timeout=30_000):
+        w.submit("the cat")   # the reply fills the 40-token context
+    conv = w.current_conversation
+    stored = [(m.role, m.content) for m in w.store.messages(conv)]
+    with qtbot.waitSignal(w.reply_finished, timeout=30_000) as done:
+        w.submit("and the dog")
+    assert done.args[0]["reason"] == "context" and done.args[0]["text"] == ""
+    assert [(m.role, m.content) for m in w.store.messages(conv)] == stored   # no orphan "You" message
+    assert w.messages.rowCount() == len(stored)
+    assert w.notice.isVisible() and "The context is full" in w.notice.text()
+    assert w.input.toPlainText() == "and the dog"
+    w.notice.linkActivated.emit("overflow")
+    assert w.settings.get("generation/overflow") == "truncate-middle" and not w.notice.isVisible()
+    w._context_full(conv, -1, "x")
+    w.notice.linkActivated.emit("new")
+    assert w.current_conversation != conv and w.messages.rowCount() == 0
