@@ -11,7 +11,9 @@ A causal query block is aligned to the END of the keys: query ``i`` of ``Tq`` se
 """
 from __future__ import annotations
 
+import contextlib
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +21,7 @@ import torch.nn.functional as F
 __all__ = [
     "attention", "attention_reference", "attention_fast", "causal_mask",
     "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend",
+    "GQA_STRATEGIES", "AttentionKernels",
 ]
 
 #: ``"fast"``: torch SDPA (the default); ``"reference"``: the readable formula, step by step.
@@ -47,6 +50,56 @@ def get_attention_backend() -> str:
     return _backend
 
 
+#: How the fast path serves grouped-query attention: ``"sdpa"`` hands SDPA the KV heads
+#: with ``enable_gqa``; ``"fold"`` (one query token only) folds each group's query heads
+#: into the query-length axis, ``(B, Hkv, G, D)``, so a kernel without GQA support reads
+#: every key/value head once. Both equal the reference path (tests).
+GQA_STRATEGIES = ("sdpa", "fold")
+
+
+@dataclass(frozen=True)
+class AttentionKernels:
+    """Which kernels the fast path uses: chosen per device by
+    :func:`runtime.device.attention_kernels` and passed as an argument, so every
+    choice runs (and is tested) on the CPU too.
+
+    Attributes:
+        decode_gqa: one of :data:`GQA_STRATEGIES`, for a single query token.
+        sdpa_backends: names of ``torch.nn.attention.SDPBackend`` members SDPA may use
+            (in that order of preference), or ``None`` for torch's own choice. On CUDA
+            we leave out cuDNN attention: it builds a plan for every new shape, and a
+            chat's prefill shapes are all new (hundreds of ms each, measured on an H200).
+    """
+
+    decode_gqa: str = "sdpa"
+    sdpa_backends: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.decode_gqa not in GQA_STRATEGIES:
+            raise ValueError(f"unknown GQA strategy {self.decode_gqa!r}; use one of {', '.join(GQA_STRATEGIES)}")
+        if self.sdpa_backends is not None:
+            from torch.nn.attention import SDPBackend
+
+            unknown = [b for b in self.sdpa_backends if not hasattr(SDPBackend, b)]
+            if unknown or not self.sdpa_backends:
+                raise ValueError(f"unknown SDPA backends {unknown or '(none given)'}; use SDPBackend names such as MATH")
+
+    def sdpa_context(self):
+        """A context manager restricting SDPA to :attr:`sdpa_backends` (a no-op without)."""
+        if self.sdpa_backends is None:
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backends = [getattr(SDPBackend, b) for b in self.sdpa_backends]
+        try:
+            return sdpa_kernel(backends, set_priority=True)
+        except TypeError:  # torch before 2.6: no priority order, the set alone
+            return sdpa_kernel(backends)
+
+
+DEFAULT_KERNELS = AttentionKernels()
+
+
 def causal_mask(tq: int, tk: int, device: torch.device | str | None = None) -> torch.Tensor:
     """Boolean mask ``(Tq, Tk)``: True where query ``i`` may see key ``j`` (``j <= Tk - Tq + i``)."""
     rows = torch.arange(tq, device=device).unsqueeze(1)  # (Tq, 1)
@@ -67,6 +120,17 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"more queries ({q.shape[2]}) than keys ({k.shape[2]}): the keys must include the queries' own tokens")
 
 
+def _key_mask(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The boolean mask the scores get (True = may attend), broadcastable to ``(B, H, Tq, Tk)``."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    if mask is not None and mask.dtype != torch.bool:
+        raise ValueError(f"mask must be boolean (True = may attend); got {mask.dtype}")
+    if causal:
+        cm = causal_mask(Tq, Tk, q.device)
+        return cm if mask is None else cm & mask
+    return mask
+
+
 def attention_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -74,8 +138,13 @@ def attention_reference(
     *,
     causal: bool = True,
     scale: float | None = None,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The formula step by step: scores, scale, mask, softmax, mix.
+
+    ``mask`` (boolean, True = may attend, broadcastable to ``(B, H, Tq, Tk)``) is
+    combined with the causal mask. A masked key gets weight exactly 0; its value must
+    still be finite (0 x NaN is NaN), which the KV cache's zero-filled buffers ensure.
 
     Returns:
         (output ``(B, H, Tq, D)`` in q's dtype, weights ``(B, H, Tq, Tk)`` in float32).
@@ -89,8 +158,9 @@ def attention_reference(
     v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, D)
     scores = q.float() @ k.float().transpose(-2, -1)  # (B, H, Tq, Tk)
     scores = scores * scale
-    if causal:
-        scores = scores.masked_fill(~causal_mask(Tq, Tk, q.device), float("-inf"))
+    allowed = _key_mask(q, k, causal, mask)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
     weights = torch.softmax(scores, dim=-1)  # (B, H, Tq, Tk), rows sum to 1
     out = weights @ v.float()  # (B, H, Tq, D)
     return out.to(q.dtype), weights
@@ -103,16 +173,22 @@ def attention_fast(
     *,
     causal: bool = True,
     scale: float | None = None,
+    mask: torch.Tensor | None = None,
+    kernels: AttentionKernels = DEFAULT_KERNELS,
 ) -> torch.Tensor:
     """Same result as :func:`attention_reference` through torch's fused SDPA kernels.
 
-    Grouped-query attention never copies K/V per query head:
-    - one query token (decode) on CUDA/MPS: the query heads of each group are folded
-      into the query-length axis, ``(B, Hkv, G, D)``, and attend to their shared K/V head;
-    - everything else: SDPA's ``enable_gqa`` maps each query head to its KV head. On
-      the CPU this is also faster for decode than folding: the kernel splits its work
-      by head, and 9 query heads share 2 cores better than 3 folded groups (118 against
-      134 us per layer at 1,024 keys for the default model, measured here).
+    Grouped-query attention never copies K/V per query head (``kernels.decode_gqa``):
+    - ``"sdpa"``: SDPA's ``enable_gqa`` maps each query head to its KV head. On the
+      CPU this is faster for decode than folding: the kernel splits its work by head,
+      and 9 query heads share 2 cores better than 3 folded groups (118 against 134 us
+      per layer at 1,024 keys for the default model, measured on an AMD EPYC Zen 4).
+    - ``"fold"``, one query token: the query heads of each group are folded into the
+      query-length axis, ``(B, Hkv, G, D)``, and attend to their shared K/V head.
+
+    ``kernels.sdpa_backends`` restricts SDPA's backends. ``mask`` as in
+    :func:`attention_reference`; masked slots must hold finite values (the KV cache
+    zero-fills its buffers) since fused kernels may still multiply them by 0.
 
     Returns:
         output ``(B, H, Tq, D)`` in q's dtype.
@@ -123,20 +199,23 @@ def attention_fast(
     G = H // Hkv
     if k.dtype != q.dtype:
         k, v = k.to(q.dtype), v.to(q.dtype)
-    if Tq == 1 and q.device.type != "cpu":
-        # A single query sees every key (it is the newest token), so no mask either way.
-        qg = q.view(B, Hkv, G, D)  # (B, Hkv, G, D): heads of one group side by side
-        out = F.scaled_dot_product_attention(qg, k, v, scale=scale)  # (B, Hkv, G, D)
-        return out.view(B, H, 1, D)
     gqa = G > 1
-    if not causal or Tq == 1:  # a single query is the newest token: it sees every key
-        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
-    if Tq == Tk:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
-    # A block of new queries after cached keys: SDPA's is_causal aligns to the top-left,
-    # ours to the end of the keys, so pass the mask explicitly.
-    mask = causal_mask(Tq, Tk, q.device)  # (Tq, Tk)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    with kernels.sdpa_context():
+        if Tq == 1 and gqa and kernels.decode_gqa == "fold":
+            # A single query sees every key (it is the newest token): only ``mask`` applies.
+            qg = q.reshape(B, Hkv, G, D)  # (B, Hkv, G, D): heads of one group side by side
+            if mask is not None and mask.dim() >= 3 and mask.shape[-3] != 1:
+                raise ValueError("a per-head mask cannot be folded; use decode_gqa='sdpa'")
+            out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)  # (B, Hkv, G, D)
+            return out.reshape(B, H, 1, D)  # reshape: the kernel's output may not be contiguous
+        if mask is None and (not causal or Tq == 1):  # a single query is the newest token: it sees every key
+            return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
+        if mask is None and Tq == Tk:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+        # A block of new queries after cached keys: SDPA's is_causal aligns to the top-left,
+        # ours to the end of the keys, so pass the mask explicitly.
+        allowed = _key_mask(q, k, causal and Tq > 1, mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=gqa)
 
 
 def attention(
@@ -146,7 +225,9 @@ def attention(
     *,
     causal: bool = True,
     scale: float | None = None,
+    mask: torch.Tensor | None = None,
     return_weights: bool = False,
+    kernels: AttentionKernels = DEFAULT_KERNELS,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention, causal and grouped-query aware.
 
@@ -157,18 +238,22 @@ def attention(
         causal: mask keys after each query; the query block is aligned to the end
             of the keys (query ``i`` sees keys ``<= Tk - Tq + i``).
         scale: multiplies the scores; defaults to ``1 / sqrt(D)``.
+        mask: optional boolean mask (True = may attend), broadcastable to
+            ``(B, H, Tq, Tk)``, combined with the causal one (the static decode step
+            attends over a fixed-capacity buffer and masks the slots past the length).
         return_weights: also return the attention weights (uses the reference path).
             Otherwise the path is the one :func:`set_attention_backend` chose.
+        kernels: the fast path's kernel choices (:class:`AttentionKernels`).
 
     Returns:
         output ``(B, H, Tq, D)`` in q's dtype, and with ``return_weights`` also the
         weights ``(B, H, Tq, Tk)`` (float32, rows sum to 1).
 
     Raises:
-        ValueError: shapes that do not fit the contract above.
+        ValueError: shapes that do not fit the contract above; a non-boolean mask.
     """
     if return_weights:
-        return attention_reference(q, k, v, causal=causal, scale=scale)
+        return attention_reference(q, k, v, causal=causal, scale=scale, mask=mask)
     if _backend == "reference":
-        return attention_reference(q, k, v, causal=causal, scale=scale)[0]
-    return attention_fast(q, k, v, causal=causal, scale=scale)
+        return attention_reference(q, k, v, causal=causal, scale=scale, mask=mask)[0]
+    return attention_fast(q, k, v, causal=causal, scale=scale, mask=mask, kernels=kernels)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from runtime.attention import AttentionKernels
 from runtime.dtypes import parse_cache_dtype
 from runtime.errors import DeviceError
 
@@ -95,3 +96,37 @@ def compute_dtype(device: torch.device | str, weight_dtype: torch.dtype | str) -
     if dev_type == "cpu" and weight_dtype == torch.float16:
         return torch.float32
     return weight_dtype
+
+
+def attention_kernels(device: torch.device | str) -> AttentionKernels:
+    """The attention fast path's kernel choices on ``device`` (every choice also runs on
+    the CPU when passed explicitly; the tests do).
+
+    - CPU: SDPA's ``enable_gqa`` for decode (faster than folding on 2 cores, see
+      :func:`runtime.attention.attention_fast`), torch's own backend choice.
+    - CUDA: decode folds each group's query heads onto the query axis, so the static
+      step's masked single-query attention is plain multi-head attention that the
+      memory-efficient kernel runs in one launch; SDPA may use flash, memory-efficient
+      or math attention but not cuDNN's, which builds a plan per new shape (a chat's
+      prefill shapes are all new: the follow-up turn on an H200 took 631 ms).
+    - MPS: the fold (as before; enable_gqa support there varies with the macOS version).
+    """
+    dev_type = torch.device(device).type
+    if dev_type == "cuda":
+        return AttentionKernels(decode_gqa="fold", sdpa_backends=("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"))
+    if dev_type == "mps":
+        return AttentionKernels(decode_gqa="fold")
+    return AttentionKernels()
+
+
+def decode_mode(device: torch.device | str) -> str:
+    """How one token is decoded on ``device`` (:data:`runtime.decode_step.DECODE_MODES`).
+
+    - CUDA: ``"graph"``: eager decode is launch-bound on a GPU (739 kernels a step, about
+      17 ms of launches against 1.8 ms of GPU work on an H200, 15 tok/s); the captured
+      static step replays them in one launch (1.7 ms a step measured before fusing).
+    - CPU and MPS: ``"eager"``: on the CPU the step's time is the matrix products and
+      ~1,500 small operations; the static step's whole-buffer attention costs more than
+      it saves there (``attnchat bench`` measures both).
+    """
+    return "graph" if torch.device(device).type == "cuda" else "eager"

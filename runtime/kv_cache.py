@@ -157,8 +157,11 @@ class KVCache:
             if i < len(self.k) and self.k[i].shape[2] >= new_cap:
                 continue
             try:
-                new_k = torch.empty(shape, dtype=self.dtype, device=self.device)
-                new_v = torch.empty(shape, dtype=self.dtype, device=self.device)
+                # Zero-filled: the static decode step attends over the whole buffer and
+                # masks the unused slots, and a masked slot holding NaN would still poison
+                # the output (weight 0 x NaN).
+                new_k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                new_v = torch.zeros(shape, dtype=self.dtype, device=self.device)
             except (torch.OutOfMemoryError, RuntimeError) as e:  # RuntimeError: CPU allocator
                 raise CacheLimitError(
                     f"out of memory allocating a {new_cap}-token KV cache "
@@ -188,6 +191,22 @@ class KVCache:
         kb[:, :, t0:t1].copy_(k)
         vb[:, :, t0:t1].copy_(v)
         return kb[:, :, :t1], vb[:, :, :t1]
+
+    @torch.inference_mode()
+    def write_at(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write one token's keys/values ``(B, Hkv, 1, D)`` at slot ``pos`` (a ``(1,)``
+        int64 tensor on the cache's device) of one layer: the static decode step's write,
+        whose shapes and addresses do not depend on the position.
+
+        The caller must have called :meth:`reserve` and calls :meth:`advance` after.
+
+        Returns:
+            all ``capacity`` slots of that layer's keys and values, ``(B, Hkv, capacity, D)``.
+        """
+        kb, vb = self.k[layer][:, :, : self.capacity], self.v[layer][:, :, : self.capacity]
+        kb.index_copy_(2, pos, k.to(kb.dtype))
+        vb.index_copy_(2, pos, v.to(vb.dtype))
+        return kb, vb
 
     def advance(self, n: int) -> None:
         """Mark ``n`` more tokens as valid (after every layer has written them)."""

@@ -23,7 +23,9 @@ from typing import Any, Sequence
 import torch
 
 from runtime.config import ModelConfig
-from runtime.device import compute_dtype, default_dtype, resolve_device
+from runtime.attention import AttentionKernels
+from runtime.decode_step import DECODE_MODES, DecodeStep
+from runtime.device import attention_kernels, compute_dtype, decode_mode, default_dtype, resolve_device
 from runtime.errors import ModelLoadError, UnsupportedModelError
 from runtime.kv_cache import KVCache, parse_cache_dtype
 from runtime.model import Decoder
@@ -51,6 +53,7 @@ class Model:
             :func:`runtime.device.compute_dtype`.
         decoder: our :class:`runtime.model.Decoder`.
         load_seconds: wall time of :func:`load_model` (seconds).
+        decode_mode: how :meth:`decode_next` runs one token (:data:`runtime.decode_step.DECODE_MODES`).
     """
 
     tokenizer: Any
@@ -62,6 +65,8 @@ class Model:
     compute_dtype: torch.dtype = torch.float32
     load_seconds: float = 0.0
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+    decode_mode: str = "eager"
+    _step: DecodeStep | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -128,6 +133,19 @@ class Model:
         if ids.numel() == 0:
             raise ValueError("input_ids is empty")
         return self.decoder(ids, cache, last_only=last_only)
+
+    def decode_next(self, token: int | torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Float32 logits ``(1, 1, V)`` of one new token appended to ``cache``, through
+        :attr:`decode_mode` (the eager path whenever an attention observer is set).
+        In ``"graph"`` mode the result is valid until the next call.
+
+        Raises:
+            CacheLimitError: the cache cannot take the token.
+            ValueError: a position past the model's maximum.
+        """
+        if self._step is None or self._step.mode != self.decode_mode:
+            self._step = DecodeStep(self.decoder, self.decode_mode)
+        return self._step(token, cache)
 
     def encode(self, text: str) -> list[int]:
         """Text -> token ids (no special tokens added)."""
@@ -515,7 +533,14 @@ def _resolve_source(source: str | os.PathLike | None) -> Path:
     return path
 
 
-def load_model(source: str | os.PathLike | None = None, *, device: str = "auto", dtype: str | torch.dtype | None = None) -> Model:
+def load_model(
+    source: str | os.PathLike | None = None,
+    *,
+    device: str = "auto",
+    dtype: str | torch.dtype | None = None,
+    decode: str | None = None,
+    kernels: AttentionKernels | None = None,
+) -> Model:
     """Load a model for our decoder.
 
     Args:
@@ -524,6 +549,9 @@ def load_model(source: str | os.PathLike | None = None, *, device: str = "auto",
         device: ``"auto"`` (CUDA, then Apple MPS, then CPU), ``"cpu"``, ``"cuda"``,
             ``"cuda:N"`` or ``"mps"``.
         dtype: weight dtype; default per device (see :func:`runtime.device.default_dtype`).
+        decode: the decode mode (:data:`runtime.decode_step.DECODE_MODES`); default per
+            device (:func:`runtime.device.decode_mode`). ``"graph"`` needs CUDA.
+        kernels: the attention kernels; default per device (:func:`runtime.device.attention_kernels`).
 
     Raises:
         ModelLoadError: missing, empty, truncated, non-GGUF or pickled files; no tokenizer.
@@ -533,6 +561,11 @@ def load_model(source: str | os.PathLike | None = None, *, device: str = "auto",
     """
     t0 = time.perf_counter()
     dev = resolve_device(device)
+    mode = decode or decode_mode(dev)
+    if mode not in DECODE_MODES:
+        raise ValueError(f"unknown decode mode {mode!r}; use one of {', '.join(DECODE_MODES)}")
+    if mode == "graph" and dev.type != "cuda":
+        raise ValueError("decode mode 'graph' needs CUDA; use eager, static or compile")
     try:
         wdtype = parse_cache_dtype(dtype) if dtype is not None else default_dtype(dev)
     except ValueError:
@@ -550,10 +583,11 @@ def load_model(source: str | os.PathLike | None = None, *, device: str = "auto",
         decoder = Decoder(cfg)
     cdtype = compute_dtype(dev, wdtype)
     decoder.load_weights({k: v.to(dev) for k, v in state.items()}, compute_dtype=cdtype)
+    decoder.set_attention_kernels(kernels or attention_kernels(dev))
     decoder.eval()
     return Model(
         tokenizer=tokenizer, path=path, config=cfg, device=dev, dtype=wdtype, decoder=decoder, compute_dtype=cdtype,
-        load_seconds=time.perf_counter() - t0, stop_token_ids=_stop_ids(tokenizer, cfg),
+        load_seconds=time.perf_counter() - t0, stop_token_ids=_stop_ids(tokenizer, cfg), decode_mode=mode,
     )
 
 

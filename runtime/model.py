@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from runtime.attention import attention
+from runtime.attention import DEFAULT_KERNELS, AttentionKernels, attention
 from runtime.config import ModelConfig
 from runtime.kv_cache import KVCache
 
@@ -33,30 +33,34 @@ from runtime.kv_cache import KVCache
 AttentionObserver = Callable[[int, torch.Tensor], None]
 
 
-def _probe_onednn_linear():
+def _probe_onednn_linear(dtype: torch.dtype = torch.float32):
     """``torch.ops.mkldnn._linear_pointwise`` when this torch build has it and it computes
-    a known product right, else None."""
+    a known product right in ``dtype`` on this CPU, else None.
+
+    Per dtype: oneDNN builds without a bfloat16 inner product for some CPUs ("could not
+    create a primitive descriptor", seen on an Intel Xeon with AMX) while float32 works.
+    """
     try:
         if not torch.backends.mkldnn.is_available():
             return None
         op = torch.ops.mkldnn._linear_pointwise
         with torch.inference_mode():
-            out = op(torch.ones(1, 2), torch.ones(3, 2), None, "none", [None], "")
-        return op if torch.equal(out, torch.full((1, 3), 2.0)) else None
+            out = op(torch.ones(1, 2, dtype=dtype), torch.ones(3, 2, dtype=dtype), None, "none", [None], "")
+        return op if torch.equal(out.float(), torch.full((1, 3), 2.0)) else None
     except (AttributeError, RuntimeError):
         return None
 
 
-#: oneDNN's linear op, None without it; False until first needed (nothing runs at import).
-_ONEDNN_LINEAR = False
+#: oneDNN's linear op per dtype (None where it does not work); probed on first use
+#: (nothing runs at import).
+_ONEDNN_LINEAR: dict[torch.dtype, object] = {}
 
 
-def _onednn_linear_op():
-    """The op (probed once, on first use) or None."""
-    global _ONEDNN_LINEAR
-    if _ONEDNN_LINEAR is False:
-        _ONEDNN_LINEAR = _probe_onednn_linear()
-    return _ONEDNN_LINEAR
+def _onednn_linear_op(dtype: torch.dtype = torch.float32):
+    """The op for ``dtype`` (probed once, on first use) or None."""
+    if dtype not in _ONEDNN_LINEAR:
+        _ONEDNN_LINEAR[dtype] = _probe_onednn_linear(dtype)
+    return _ONEDNN_LINEAR[dtype]
 
 
 _ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
@@ -102,9 +106,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                 out = F.linear(x.to(torch.float16), weight).to(torch.float32)
                 return out if bias is None else out + bias
             weight = _widened(weight)
-        op = _ONEDNN_LINEAR if _ONEDNN_LINEAR is not False else _onednn_linear_op()
-        if op is not None and x.dtype in _ONEDNN_DTYPES and weight.dtype == x.dtype:
-            return op(x, weight, bias, "none", [None], "")
+        if x.dtype in _ONEDNN_DTYPES and weight.dtype == x.dtype:
+            op = _ONEDNN_LINEAR[x.dtype] if x.dtype in _ONEDNN_LINEAR else _onednn_linear_op(x.dtype)
+            if op is not None:
+                return op(x, weight, bias, "none", [None], "")
     return F.linear(x, weight.to(x.dtype), bias)
 
 
@@ -164,6 +169,7 @@ class Attention(nn.Module):
         # Edits the heads' outputs (B, H, T, D) before o_proj: runtime.ablation sets it while
         # heads are knocked out; None (one attribute check per layer) otherwise.
         self.head_edit: Callable[[int, torch.Tensor], torch.Tensor] | None = None
+        self.kernels: AttentionKernels = DEFAULT_KERNELS  # set by Decoder.set_attention_kernels
 
     def project(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
@@ -189,23 +195,31 @@ class Attention(nn.Module):
         cache: KVCache | None,
         layer: int,
         observer: AttentionObserver | None = None,
+        pos: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
         q, k, v = self.project(x, rope)
-        if cache is not None:
-            k, v = cache.update(layer, k, v)  # (B, Hkv, Tcached + T, D)
-        if observer is not None and getattr(observer, "last_row_only", False):
-            # Only the newest query's weights are wanted (the live view): the fast path
-            # for the output, the formula for one row (it sees every key: no mask).
-            y = attention(q, k, v, causal=True)
-            _, weights = attention(q[:, :, -1:], k, v, causal=True, return_weights=True)  # (B, H, 1, Tk)
-            observer(layer, weights)
-        elif observer is not None:
-            y, weights = attention(q, k, v, causal=True, return_weights=True)
-            observer(layer, weights)
+        if pos is not None:
+            # The static decode step: write at a tensor position, attend over the whole
+            # fixed-capacity buffer with ``mask`` hiding the slots past the position.
+            k, v = cache.write_at(layer, pos, k, v)  # (B, Hkv, capacity, D)
+            y = attention(q, k, v, causal=False, mask=mask, kernels=self.kernels)
         else:
-            y = attention(q, k, v, causal=True)  # (B, H, T, D)
+            if cache is not None:
+                k, v = cache.update(layer, k, v)  # (B, Hkv, Tcached + T, D)
+            if observer is not None and getattr(observer, "last_row_only", False):
+                # Only the newest query's weights are wanted (the live view): the fast path
+                # for the output, the formula for one row (it sees every key: no mask).
+                y = attention(q, k, v, causal=True, kernels=self.kernels)
+                _, weights = attention(q[:, :, -1:], k, v, causal=True, return_weights=True)  # (B, H, 1, Tk)
+                observer(layer, weights)
+            elif observer is not None:
+                y, weights = attention(q, k, v, causal=True, return_weights=True)
+                observer(layer, weights)
+            else:
+                y = attention(q, k, v, causal=True, kernels=self.kernels)  # (B, H, T, D)
         if self.head_edit is not None:
             y = self.head_edit(layer, y)
         y = y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H D)
@@ -260,8 +274,8 @@ class Block(nn.Module):
         self.mlp_norm = Norm(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, rope, cache, layer, observer=None):
-        x = x + self.attn(self.attn_norm(x), rope, cache, layer, observer)
+    def forward(self, x, rope, cache, layer, observer=None, pos=None, mask=None):
+        x = x + self.attn(self.attn_norm(x), rope, cache, layer, observer, pos, mask)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -349,6 +363,43 @@ class Decoder(nn.Module):
         x = self.final_norm(x)
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight
         return linear(x, head).float()  # (B, T, V)
+
+    def set_attention_kernels(self, kernels: AttentionKernels) -> None:
+        """Use ``kernels`` (see :class:`runtime.attention.AttentionKernels`) in every layer."""
+        for block in self.blocks:
+            block.attn.kernels = kernels
+
+    def decode_static(self, token: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One decode step at fixed shapes (what :mod:`runtime.decode_step` captures or compiles).
+
+        The same blocks as :meth:`forward`, but nothing depends on the position's value
+        on the host: RoPE rows and learned positions are gathered at ``pos``, the new
+        keys and values written there (``index_copy_``), and attention reads the cache's
+        whole ``capacity`` with a mask row (key ``j`` visible iff ``j <= pos``). The
+        caller reserves the slot before and advances the cache after.
+
+        Args:
+            token: ``(B, 1)`` int64 token ids, on the model's device.
+            pos: ``(1,)`` int64, the new token's position (= ``cache.length``), on the device.
+            cache: a cache with ``capacity > pos``; its buffers must hold finite values
+                (they are zero-filled on allocation).
+
+        Returns:
+            float32 logits ``(B, 1, V)``.
+        """
+        x = self.embed(token).to(self.compute_dtype)  # (B, 1, C)
+        rope = None
+        if self.pos_embed is not None:
+            x = x + self.pos_embed.weight.index_select(0, pos).to(self.compute_dtype)
+        else:
+            rope = (self.rope_cos.index_select(0, pos), self.rope_sin.index_select(0, pos))  # (1, D) each
+        slots = torch.arange(cache.capacity, device=pos.device)
+        mask = (slots <= pos).view(1, 1, 1, cache.capacity)  # (1, 1, 1, capacity)
+        for i, block in enumerate(self.blocks):
+            x = block(x, rope, cache, i, None, pos, mask)
+        x = self.final_norm(x)
+        head = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return linear(x, head).float()  # (B, 1, V)
 
     @torch.inference_mode()
     def shift_key_positions(self, cache: KVCache, start: int, end: int, delta: int) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "make_generator",
     "min_p_filter",
     "sample_next",
+    "sample_next_tensor",
     "top_k_filter",
     "top_p_filter",
 ]
@@ -88,13 +89,22 @@ def apply_repetition_penalty(
     makes the token less likely. Source: CTRL, Keskar et al. 2019, arXiv:1909.05858, §4.1
     (the sign rule is the one transformers' RepetitionPenaltyLogitsProcessor uses, since
     dividing a negative logit would raise it). Raises ValueError on ids outside [0, V).
+
+    Ids given as a Python sequence are checked on the host, so on a GPU nothing waits
+    for the device; ids already in a tensor are checked there (one sync).
     """
-    ids = torch.as_tensor(previous_ids, dtype=torch.long, device=logits.device).reshape(-1)
-    if penalty == 1.0 or ids.numel() == 0:
+    if penalty == 1.0 or len(previous_ids) == 0:
         return logits
-    ids = torch.unique(ids)  # sorted: the first and last are the extremes
-    if int(ids[0]) < 0 or int(ids[-1]) >= logits.shape[-1]:
-        raise ValueError(f"previous_ids must lie in [0, {logits.shape[-1]}), got {ids.tolist()[:8]}...")
+    V = logits.shape[-1]
+    if isinstance(previous_ids, torch.Tensor):
+        ids = torch.unique(previous_ids.to(device=logits.device, dtype=torch.long).reshape(-1))
+        bad = ids.numel() and (int(ids[0]) < 0 or int(ids[-1]) >= V)
+    else:
+        distinct = sorted(set(int(i) for i in previous_ids))
+        bad = distinct[0] < 0 or distinct[-1] >= V
+        ids = torch.tensor(distinct, dtype=torch.long).to(logits.device, non_blocking=True)
+    if bad:
+        raise ValueError(f"previous_ids must lie in [0, {V}), got {torch.as_tensor(previous_ids).tolist()[:8]}...")
     seen = logits[ids]
     seen = torch.where(seen > 0, seen / penalty, seen * penalty)
     out = logits.clone()
@@ -172,6 +182,42 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     return generator
 
 
+def sample_next_tensor(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    *,
+    generator: torch.Generator | None = None,
+    previous_ids: TokenIds | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sample_next` without leaving the logits' device: nothing here waits for it.
+
+    Returns:
+        (the token id, a 0-d int64 tensor; a 0-d bool tensor, True when the logits were
+        valid: finite or -inf, no NaN, at least one finite entry), both on the logits'
+        device, so that one small copy brings both to the host.
+    """
+    if logits.dim() != 1:
+        raise ValueError(f"logits must have shape (V,), got {tuple(logits.shape)}.")
+    x = logits.float()
+    # One reduction checks everything: max is NaN if any entry is NaN, +inf if any is
+    # +inf, and -inf only if all are -inf.
+    top, top_id = torch.max(x, dim=0)
+    valid = torch.isfinite(top)
+    penalize = previous_ids is not None and params.repetition_penalty != 1.0
+    if penalize:
+        x = apply_repetition_penalty(x, previous_ids, params.repetition_penalty)
+    if params.greedy:
+        return (torch.argmax(x) if penalize else top_id), valid
+    x = apply_temperature(x, params.temperature)
+    x = top_k_filter(x, params.top_k)
+    x = top_p_filter(x, params.top_p)
+    x = min_p_filter(x, params.min_p)
+    # Invalid logits would make multinomial fail on the device: draw from a harmless
+    # row instead and let the caller raise on ``valid``.
+    probs = torch.softmax(torch.where(valid, x, 0.0), dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[0], valid
+
+
 def sample_next(
     logits: torch.Tensor,
     params: SamplingParams,
@@ -183,28 +229,16 @@ def sample_next(
 
     Greedy (temperature 0) is the argmax after the repetition penalty. Otherwise:
     repetition penalty -> temperature -> top-k -> top-p -> min-p -> softmax ->
-    torch.multinomial(generator). Returns an int in [0, V) whose logit survived every
-    filter. Raises ValueError if logits is not 1-D, holds NaN or +inf, or is all -inf.
+    torch.multinomial(generator). Runs on the logits' device (a GPU's logits are
+    sampled there: :func:`sample_next_tensor`) and brings the id to the host in one
+    small copy. Returns an int in [0, V) whose logit survived every filter. Raises
+    ValueError if logits is not 1-D, holds NaN or +inf, or is all -inf.
     """
-    if logits.dim() != 1:
-        raise ValueError(f"logits must have shape (V,), got {tuple(logits.shape)}.")
-    x = logits.float()
-    # One reduction checks everything: max is NaN if any entry is NaN, +inf if any is
-    # +inf, and -inf only if all are -inf. (Per token, this runs at every decode step.)
-    top, top_id = torch.max(x, dim=0)
-    if not math.isfinite(float(top)):
+    token, valid = sample_next_tensor(logits, params, generator=generator, previous_ids=previous_ids)
+    token_id, ok = torch.stack((token, valid.long())).tolist()  # the one device -> host copy
+    if not ok:
         raise ValueError("logits must be finite or -inf (no NaN, no +inf) with at least one finite entry.")
-    penalize = previous_ids is not None and params.repetition_penalty != 1.0
-    if penalize:
-        x = apply_repetition_penalty(x, previous_ids, params.repetition_penalty)
-    if params.greedy:
-        return int(torch.argmax(x)) if penalize else int(top_id)
-    x = apply_temperature(x, params.temperature)
-    x = top_k_filter(x, params.top_k)
-    x = top_p_filter(x, params.top_p)
-    x = min_p_filter(x, params.min_p)
-    probs = torch.softmax(x, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return int(token_id)
 
 
 class Sampler:

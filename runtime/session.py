@@ -309,7 +309,10 @@ class ChatSession:
     def _feed(self, ids: list[int], *, last_only: bool) -> torch.Tensor:
         """Run ``ids`` through the model, appending them to the cache."""
         base = len(self._stream)
-        logits = self.model.logits(ids, self.cache, last_only=last_only)
+        if len(ids) == 1:  # a decode step: the model's decode mode (a CUDA graph on a GPU)
+            logits = self.model.decode_next(ids[0], self.cache)
+        else:
+            logits = self.model.logits(ids, self.cache, last_only=last_only)
         self._slots.extend(range(base, base + len(ids)))
         self._stream.extend(ids)
         return logits

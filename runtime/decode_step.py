@@ -1,0 +1,158 @@
+"""The decode step: one new token, run eagerly, at static shapes, as a CUDA graph, or compiled.
+
+Must not import Qt.
+
+Eager decode (:meth:`runtime.model.Decoder.forward` with a cache) slices the cache to
+its length, so every step has a new key length. That is fine on the CPU, but on a GPU
+a step is ~740 small kernels launched from Python (about 7 us each on an H200, against
+~1.8 ms of GPU work) and a new shape each time cannot be captured. The static step
+(:meth:`runtime.model.Decoder.decode_static`) has the same shapes at every position
+within a capacity bucket of the KV cache: the position is a device tensor, the new key
+and value are written with ``index_copy_``, and attention reads the whole buffer with
+a mask row. The modes (:data:`DECODE_MODES`):
+
+- ``"eager"``: :meth:`Decoder.forward`, the readable reference (and the only mode that
+  serves the attention capture: an observer or a hook is Python, called per layer).
+- ``"static"``: the static step run as it is (what the graph records; tests check it
+  equals the reference on the CPU).
+- ``"graph"``: the static step captured once per capacity bucket as a CUDA graph
+  (``torch.cuda.CUDAGraph``) and replayed: one launch per token (CUDA only).
+- ``"compile"``: the static step through ``torch.compile`` (inductor fuses the norms,
+  RoPE and activations; CPU and CUDA).
+
+Every mode writes the same cache and returns the same logits (to rounding): a session
+can change modes between tokens, and falls back to ``"eager"`` whenever the step
+would need Python per layer.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from runtime.kv_cache import KVCache
+
+log = logging.getLogger(__name__)
+
+DECODE_MODES = ("eager", "static", "graph", "compile")
+
+
+class DecodeStep:
+    """Decodes one token into a KV cache in the chosen mode.
+
+    Args:
+        decoder: a :class:`runtime.model.Decoder` with weights loaded.
+        mode: one of :data:`DECODE_MODES`.
+        warmup: runs of the static step before a CUDA graph is captured (kernels pick
+            their algorithms and allocate workspaces outside the capture).
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+
+    def __init__(self, decoder, mode: str = "eager", *, warmup: int = 2):
+        if mode not in DECODE_MODES:
+            raise ValueError(f"unknown decode mode {mode!r}; use one of {', '.join(DECODE_MODES)}")
+        self.decoder = decoder
+        self.mode = mode
+        self.warmup = warmup
+        self._token: torch.Tensor | None = None  # (1, 1) int64 on the device: the step's input
+        self._pos: torch.Tensor | None = None  # (1,) int64 on the device
+        self._graph = None
+        self._graph_key: tuple | None = None  # (capacity, buffer address) the graph was captured for
+        self._graph_out: torch.Tensor | None = None
+        self._pool = None
+        self._compiled = None
+        self.captures = 0  # CUDA graphs captured so far (one per capacity bucket)
+
+    def _inputs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._token is None or self._token.device != device:
+            with torch.inference_mode():
+                self._token = torch.zeros((1, 1), dtype=torch.long, device=device)
+                self._pos = torch.zeros((1,), dtype=torch.long, device=device)
+        return self._token, self._pos
+
+    @torch.inference_mode()
+    def __call__(self, token: int | torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Logits of ``token`` at position ``cache.length``, appended to ``cache``.
+
+        Args:
+            token: the token id (an int, or a 0-d / ``(1,)`` / ``(1, 1)`` int64 tensor on
+                the model's device: it is copied there without a host round trip).
+            cache: the conversation's KV cache (batch 1).
+
+        Returns:
+            float32 logits ``(1, 1, V)`` on the model's device. In ``"graph"`` mode this is
+            the graph's output buffer: valid until the next call.
+
+        Raises:
+            CacheLimitError: the cache cannot take one more token.
+            ValueError: a position past the model's maximum context.
+        """
+        decoder = self.decoder
+        if self.mode == "eager" or decoder.observer is not None or any(b.attn.head_edit is not None for b in decoder.blocks):
+            # Python per layer (the attention capture, a head knock-out): a graph or a
+            # compiled step would bake in what it saw at capture time.
+            ids = token.reshape(1, 1) if isinstance(token, torch.Tensor) else torch.tensor([[token]], device=cache.device)
+            return decoder(ids, cache, last_only=True)
+        if cache.length + 1 > decoder.cfg.max_position_embeddings:
+            raise ValueError(
+                f"{cache.length + 1} tokens pass the model's maximum context of {decoder.cfg.max_position_embeddings}"
+            )
+        cache.reserve(1)
+        tok, pos = self._inputs(cache.device)
+        if isinstance(token, torch.Tensor):
+            tok.copy_(token.reshape(1, 1))
+        else:
+            tok.fill_(int(token))
+        pos.fill_(cache.length)
+        if self.mode == "graph":
+            out = self._replay(tok, pos, cache)
+        elif self.mode == "compile":
+            if self._compiled is None:
+                self._compiled = torch.compile(decoder.decode_static, fullgraph=True)
+            out = self._compiled(tok, pos, cache)
+        else:
+            out = decoder.decode_static(tok, pos, cache)
+        cache.advance(1)
+        return out
+
+    # ---- CUDA graphs ---------------------------------------------------------------------
+    def _replay(self, tok: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Replay the graph of this capacity bucket, capturing it first if the cache's
+        buffers changed (a new bucket reallocates them)."""
+        key = (cache.capacity, cache.k[0].data_ptr(), cache.v[-1].data_ptr(), cache.dtype)
+        if key != self._graph_key:
+            self._capture(tok, pos, cache)
+            self._graph_key = key
+        self._graph.replay()
+        return self._graph_out
+
+    def _capture(self, tok: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> None:
+        """Warm up on a side stream, then capture the static step (CUDA only).
+
+        The warm-up runs write this token's keys and values at ``pos``: the same values
+        the replay writes right after, so they change nothing.
+        """
+        decoder = self.decoder
+        self._graph = None  # free the old bucket's graph before capturing the new one
+        self._graph_out = None
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(device=cache.device)
+        stream.wait_stream(torch.cuda.current_stream(cache.device))
+        with torch.cuda.stream(stream):
+            for _ in range(self.warmup):
+                decoder.decode_static(tok, pos, cache)
+        torch.cuda.current_stream(cache.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = decoder.decode_static(tok, pos, cache)
+        self._graph, self._graph_out = graph, out
+        self.captures += 1
+        log.info("captured a CUDA graph for a %d-token KV cache", cache.capacity)
+
+    def reset(self) -> None:
+        """Drop captured graphs and compiled code (after the weights or kernels change)."""
+        self._graph = self._graph_out = self._graph_key = None
+        self._compiled = None
