@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test model clean lint package package-smoke
+.PHONY: venv run test model clean lint package package-smoke gpu-check
 
 venv: $(STAMP)
 
@@ -47,3 +47,12 @@ package-smoke:
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# On a machine with an NVIDIA GPU: the GPU checks and the GPU benchmark in one command
+# (under 5 minutes, nothing from the network). It runs with the Python that has torch
+# there (PYTHON=...), and with random weights of the default model's shape when the
+# model file is absent. See attnchat/gpu_check.py.
+gpu-check:
+	@$(PYTHON) -c "import torch, transformers, safetensors, platformdirs, numpy" || \
+	  { echo "gpu-check needs torch, transformers, safetensors, platformdirs and numpy importable by $(PYTHON)"; exit 2; }
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m attnchat.gpu_check

@@ -18,14 +18,22 @@ import time
 from typing import Any
 
 #: The options the report records (the global ones of the app are left out).
-SETTINGS = ("model", "quick", "repeats", "engines", "dtype", "depths", "decode_tokens", "prefill_tokens",
-            "followup_context", "followup_tokens", "json", "plot")
+SETTINGS = ("model", "quick", "repeats", "engines", "dtype", "device", "random_weights", "depths", "decode_tokens",
+            "prefill_tokens", "followup_context", "followup_tokens", "json", "plot")
 FIGURES = ("load_s", "ttft_s", "prefill_tokens_per_s", "followup_ttft_s", "peak_rss_bytes")
 #: Report name -> (bench_worker engine, whether it runs at ``--dtype``). ``ours-default`` is
 #: our engine as the app runs it (runtime.device.default_dtype: on the CPU, float16
 #: weights computing in float32); llama.cpp always runs the GGUF's own quantized weights.
-ENGINES = {"ours": ("ours", True), "ours-default": ("ours", False), "transformers": ("transformers", True),
+ENGINES = {"ours": ("ours", True), "ours-default": ("ours", False), "ours-eager": ("ours-eager", True),
+           "transformers": ("transformers", True), "transformers-compiled": ("transformers-compiled", True),
            "llamacpp": ("llamacpp", False)}
+#: The engines run without ``--engines``, per device. On a GPU: ours as the app decodes
+#: there (a CUDA graph) and eagerly, against transformers eager and with a static cache
+#: compiled by torch.compile (its fastest decode).
+DEFAULT_ENGINES = {"cpu": ("ours", "ours-default", "transformers", "llamacpp"),
+                   "cuda": ("ours", "ours-eager", "ours-default", "transformers", "transformers-compiled")}
+#: ``--dtype``'s default per device: the dtype both sides run like for like.
+DEFAULT_DTYPE = {"cpu": "float32", "cuda": "float16"}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -36,8 +44,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, metavar="N", help="repetitions per engine (default 3)")
     p.add_argument("--engines", default=None,
                    help="comma-separated: ours,ours-default,transformers,llamacpp (default: all available)")
-    p.add_argument("--dtype", default="float32",
-                   help="weights' dtype for ours and transformers, compared like for like (default float32)")
+    p.add_argument("--dtype", default=None,
+                   help="weights' dtype for ours and transformers, compared like for like (default float32 on the CPU, float16 on CUDA)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where every engine runs (default cpu)")
+    p.add_argument("--random-weights", action="store_true",
+                   help="seeded random weights of the model's shape (the default model's without a file): speed only")
     p.add_argument("--depths", default=None, help="comma-separated decode depths (overrides --quick)")
     p.add_argument("--decode-tokens", type=int, default=32, metavar="N")
     p.add_argument("--prefill-tokens", type=int, default=512, metavar="N")
@@ -65,7 +76,7 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _machine() -> dict:
+def _machine(device: str = "cpu") -> dict:
     info = {"platform": platform.platform(), "processor": _cpu_name(),
             "cpus": os.cpu_count(), "python": platform.python_version()}
     try:
@@ -73,6 +84,9 @@ def _machine() -> dict:
 
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()
+        if device == "cuda" and torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name()
+            info["cuda"] = torch.version.cuda
     except ImportError:
         pass
     return info
@@ -89,8 +103,15 @@ def _check_args(args: argparse.Namespace) -> str:
     for name in ("prefill_tokens", "followup_context", "followup_tokens"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1 token")
-    if args.decode_tokens < 2:
-        raise ValueError("--decode-tokens must be at least 2 (a rate needs two timestamps)")
+    if args.decode_tokens < 3:
+        raise ValueError("--decode-tokens must be at least 3 (the rate is timed from the second decoded token)")
+    if args.dtype is None:
+        args.dtype = DEFAULT_DTYPE[args.device]
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: CUDA is not available here; run on a machine with an NVIDIA GPU or use --device cpu")
     depths = args.depths or ("128,1024" if args.quick else "128,1024,4096")
     try:
         values = [int(d) for d in depths.split(",")]
@@ -126,7 +147,11 @@ def _check_lengths(model: str, args: argparse.Namespace, depths: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     depths = _check_args(args)
-    if args.model is None:
+    if args.random_weights:
+        from attnchat.bench_worker import random_model_folder
+
+        model = random_model_folder(args.model)
+    elif args.model is None:
         from models import fetch
 
         model = str(fetch.ensure_default())
@@ -134,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         model = str(args.model)
         if not os.path.exists(model):
             raise ValueError(f"{model} does not exist; give a .gguf file or a model folder")
-    engines = args.engines.split(",") if args.engines else list(ENGINES)
+    engines = args.engines.split(",") if args.engines else list(DEFAULT_ENGINES[args.device])
     unknown = set(engines) - set(ENGINES)
     if unknown:
         raise ValueError(f"unknown engine(s) {', '.join(sorted(unknown))}; use {', '.join(ENGINES)}")
@@ -143,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         engines.remove("llamacpp")
         print("llama.cpp: llama-cpp-python is not importable (or the model is not a GGUF); skipped", file=sys.stderr)
     _check_lengths(model, args, depths)
-    common = ["--model", model, "--prefill-tokens", str(args.prefill_tokens), "--depths", depths,
+    common = ["--model", model, "--device", args.device, "--prefill-tokens", str(args.prefill_tokens), "--depths", depths,
               "--decode-tokens", str(args.decode_tokens), "--followup-context", str(args.followup_context),
               "--followup-tokens", str(args.followup_tokens)]
     raw: dict[str, list[dict]] = {e: [] for e in engines}
@@ -164,9 +189,12 @@ def run(args: argparse.Namespace) -> int:
         s["decode_tokens_per_s"] = {d: _summary([r["decode_tokens_per_s"][d] for r in runs]) for d in runs[0]["decode_tokens_per_s"]}
         s["kv_bytes_per_token"] = runs[0]["kv_bytes_per_token"]
         s["dtype"] = runs[0]["dtype"]
+        s["decode_mode"] = runs[0].get("decode_mode")
+        if runs[0].get("peak_gpu_bytes") is not None:
+            s["peak_gpu_bytes"] = _summary([r["peak_gpu_bytes"] for r in runs])
         summary[engine] = s
     ratios = _ratios(summary, depths.split(","))
-    report = {"model": model, "machine": _machine(), "settings": {k: getattr(args, k) for k in SETTINGS},
+    report = {"model": model, "machine": _machine(args.device), "settings": {k: getattr(args, k) for k in SETTINGS},
               "depths": [int(d) for d in depths.split(",")], "raw": raw, "summary": summary, "ratios": ratios}
     _print_table(summary, ratios)
     if args.json:
@@ -204,18 +232,25 @@ def _ratios(summary: dict, depths: list[str]) -> dict:
         # ours as the app runs it against transformers at --dtype
         "default_decode_1k_vs_transformers": div(dflt_dec, tf_dec),
         "default_followup_ttft_vs_transformers": div(tf_fu, dflt_fu),
+        # on a GPU: ours (the app's decode mode) against transformers' compiled static-cache
+        # decode, and against our own eager decode
+        "decode_1k_vs_transformers_compiled": div(ours_dec, med("transformers-compiled", "decode_tokens_per_s", d1k)),
+        "decode_1k_vs_ours_eager": div(ours_dec, med("ours-eager", "decode_tokens_per_s", d1k)),
     }
 
 
 def _print_table(summary: dict, ratios: dict) -> None:
     depths = list(next(iter(summary.values()))["decode_tokens_per_s"])
-    head = ["engine", "load s", "TTFT s", "prefill tok/s"] + [f"decode@{d}" for d in depths] + ["follow-up TTFT s", "peak RSS MB"]
+    gpu = any("peak_gpu_bytes" in s for s in summary.values())
+    head = (["engine", "load s", "TTFT s", "prefill tok/s"] + [f"decode@{d}" for d in depths]
+            + ["follow-up TTFT s", "peak RSS MB"] + (["peak GPU MB"] if gpu else []))
     rows = []
     for engine, s in summary.items():
         rows.append([engine, f"{s['load_s']['median']:.2f}", f"{s['ttft_s']['median']:.3f}",
                      f"{s['prefill_tokens_per_s']['median']:.0f}"]
                     + [f"{s['decode_tokens_per_s'][d]['median']:.1f}" for d in depths]
-                    + [f"{s['followup_ttft_s']['median']:.3f}", f"{s['peak_rss_bytes']['median'] / 1e6:.0f}"])
+                    + [f"{s['followup_ttft_s']['median']:.3f}", f"{s['peak_rss_bytes']['median'] / 1e6:.0f}"]
+                    + ([f"{s['peak_gpu_bytes']['median'] / 1e6:.0f}" if "peak_gpu_bytes" in s else "-"] if gpu else []))
     widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
     for r in [head] + rows:
         print("  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
@@ -230,12 +265,14 @@ def plot(report: dict, path: str) -> None:
 
     app = QApplication.instance() or QApplication([])  # noqa: F841 (keeps Qt alive)
     pg.setConfigOptions(background="w", foreground="k", antialias=True)
-    w = pg.PlotWidget(title=f"decode speed against depth ({report['machine'].get('processor')}, {report['machine'].get('cpus')} CPUs)")
+    where = report["machine"].get("gpu") or f"{report['machine'].get('processor')}, {report['machine'].get('cpus')} CPUs"
+    w = pg.PlotWidget(title=f"decode speed against depth ({where})")
     w.resize(800, 500)
     w.addLegend()
     w.setLabel("bottom", "context depth (tokens)")
     w.setLabel("left", "decode tokens / s")
-    colours = {"ours": "#d62728", "ours-default": "#ff7f0e", "transformers": "#1f77b4", "llamacpp": "#2ca02c"}
+    colours = {"ours": "#d62728", "ours-default": "#ff7f0e", "ours-eager": "#9467bd", "transformers": "#1f77b4",
+               "transformers-compiled": "#17becf", "llamacpp": "#2ca02c"}
     for engine, s in report["summary"].items():
         xs = [int(d) for d in s["decode_tokens_per_s"]]
         ys = [s["decode_tokens_per_s"][d]["median"] for d in s["decode_tokens_per_s"]]

@@ -9,12 +9,19 @@ measured the same way:
 - ``ttft_s`` / ``prefill_tokens_per_s``: a cold prompt of ``--prefill-tokens`` ids to
   its first generated token.
 - ``decode_tokens_per_s[depth]``: after a prompt of ``depth`` ids, ``--decode-tokens``
-  greedy tokens; rate = (tokens - 1) / (time of last - time of first).
+  greedy tokens; the steady rate from the second decoded token on, (tokens - 2) /
+  (time of last - time of second), so one-off costs of the first step (a CUDA graph's
+  capture, a compiled graph's first shape) count in no engine's rate.
 - ``followup_ttft_s``: a conversation of ``--followup-context`` ids already processed,
   then ``--followup-tokens`` more: time to the first token of the reply. Ours reuses
   its KV cache (that is what a chat session does); transformers' ``generate`` and
   llama.cpp re-process the whole conversation, as chat front ends built on them do.
-- ``peak_rss_bytes``: the process's peak resident memory (getrusage).
+- ``peak_rss_bytes``: the process's peak resident memory (getrusage); on CUDA also
+  ``peak_gpu_bytes`` (``torch.cuda.max_memory_allocated``).
+
+``--device cuda`` runs the engines on the GPU; ``--random-weights`` replaces the model
+by seeded random weights of its shape (speed does not depend on the values; the GPU
+machine may not have the model file).
 """
 from __future__ import annotations
 
@@ -46,10 +53,11 @@ def random_ids(vocab_size: int, special: set[int], n: int, seed: int) -> list[in
 class Ours:
     name = "ours"
 
-    def __init__(self, path: str, dtype: str | None):
+    def __init__(self, path: str, dtype: str | None, device: str = "cpu", decode: str | None = None):
         from runtime import load_model
 
-        self.model = load_model(path, device="cpu", dtype=dtype)
+        self.model = load_model(path, device=device, dtype=dtype, decode=decode)
+        self.decode_mode = self.model.decode_mode
         self.vocab = self.model.config.vocab_size
         self.special = set(self.model.tokenizer.all_special_ids)
         weights, compute = (str(d).removeprefix("torch.") for d in (self.model.dtype, self.model.compute_dtype))
@@ -71,8 +79,8 @@ class Ours:
         tok = self._prefill(ids)
         stamps.append(time.perf_counter())
         for _ in range(n - 1):
-            logits = self.model.logits([tok], self.cache, last_only=True)
-            tok = int(logits[0, -1].argmax())
+            logits = self.model.decode_next(tok, self.cache)  # the app's decode mode
+            tok = int(logits[0, -1].argmax())  # the token on the host: a sync, as in a chat
             stamps.append(time.perf_counter())
         return stamps
 
@@ -88,11 +96,15 @@ class Ours:
 class Transformers:
     name = "transformers"
 
-    def __init__(self, path: str, dtype: str | None):
+    def __init__(self, path: str, dtype: str | None, device: str = "cpu", compiled: bool = False):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.torch = torch
+        self.device = device
+        # compiled: a static KV cache, which transformers' generate compiles the forward
+        # pass for (torch.compile, "reduce-overhead": CUDA graphs underneath) on a GPU.
+        self.generate_kwargs = {"cache_implementation": "static"} if compiled else {}
         tdtype = getattr(torch, dtype or "float32")
         if path.endswith(".gguf"):
             from transformers import GgufConfig
@@ -106,7 +118,7 @@ class Transformers:
             self.model = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, attn_implementation="sdpa",
                                                               trust_remote_code=False)
             tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-        self.model.eval()
+        self.model.to(device).eval()
         cfg = self.model.config
         self.vocab = cfg.vocab_size
         self.special = set(tok.all_special_ids)
@@ -132,10 +144,10 @@ class Transformers:
             def end(self):
                 pass
 
-        x = self.torch.tensor([ids])
+        x = self.torch.tensor([ids], device=self.device)
         with self.torch.no_grad():
             self.model.generate(x, attention_mask=self.torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
-                                do_sample=False, streamer=Clock(), pad_token_id=0)
+                                do_sample=False, streamer=Clock(), pad_token_id=0, **self.generate_kwargs)
         return stamps
 
     def followup(self, context: list[int], turn: list[int]) -> float:
@@ -148,7 +160,7 @@ class Transformers:
 class LlamaCpp:
     name = "llamacpp"
 
-    def __init__(self, path: str, dtype: str | None):
+    def __init__(self, path: str, dtype: str | None, device: str = "cpu"):
         from llama_cpp import Llama
 
         self.llm = Llama(model_path=path, n_ctx=8192, n_threads=os.cpu_count() or 2, verbose=False)
@@ -172,12 +184,81 @@ class LlamaCpp:
         return time.perf_counter() - t0
 
 
-ENGINES = {"ours": Ours, "transformers": Transformers, "llamacpp": LlamaCpp}
+ENGINES = {
+    "ours": Ours,
+    "ours-eager": lambda path, dtype, device: Ours(path, dtype, device, decode="eager"),
+    "transformers": Transformers,
+    "transformers-compiled": lambda path, dtype, device: Transformers(path, dtype, device, compiled=True),
+    "llamacpp": LlamaCpp,
+}
+
+
+def random_model_folder(source: str | None, seed: int = 0) -> str:
+    """A folder with seeded random weights of ``source``'s shape (the default model's
+    when None) and its tokenizer, in transformers' layout; made once per shape in the
+    temporary folder. Speed does not depend on the weights' values."""
+    import hashlib
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    from models.catalog import DEFAULT_MODEL
+    from models.store import installed_path
+    from runtime import read_config
+
+    if source is None and installed_path(DEFAULT_MODEL) is None:
+        # No file to read the shape from (a GPU machine without the model): the default
+        # model's shape, SmolLM2-135M-Instruct's config.json.
+        shape = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                     num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+                     rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    else:
+        cfg = read_config(source)
+        if cfg.family != "llama":
+            raise ValueError("--random-weights builds Llama-family shapes only")
+        shape = dict(
+            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+            head_dim=cfg.head_dim, max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.norm_eps,
+            rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_word_embeddings, bos_token_id=cfg.bos_token_id,
+            eos_token_id=list(cfg.eos_token_ids)[0] if cfg.eos_token_ids else None,
+        )
+    key = hashlib.sha1(repr((sorted(shape.items()), seed)).encode()).hexdigest()[:12]
+    folder = os.path.join(tempfile.gettempdir(), f"attnchat-bench-random-{key}")
+    if os.path.exists(os.path.join(folder, "model.safetensors")):
+        return folder
+    hf = LlamaConfig(**shape)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf).float()
+    tmp = folder + f".tmp{os.getpid()}"
+    model.save_pretrained(tmp, safe_serialization=True)
+    if source is not None and os.path.isdir(source):
+        AutoTokenizer.from_pretrained(source).save_pretrained(tmp)
+    else:
+        _stand_in_tokenizer().save_pretrained(tmp)
+    os.replace(tmp, folder)
+    return folder
+
+
+def _stand_in_tokenizer():
+    """A small byte-level tokenizer: the benchmark feeds token ids, never text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<|endoftext|>": 0, **{c: i + 1 for i, c in enumerate(pre_tokenizers.ByteLevel.alphabet())}}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>")
 
 
 def measure(args: argparse.Namespace) -> dict:
+    import torch
+
+    cuda = args.device.startswith("cuda")
     t0 = time.perf_counter()
-    engine = ENGINES[args.engine](args.model, args.dtype)
+    engine = ENGINES[args.engine](args.model, args.dtype, args.device)
     load_s = time.perf_counter() - t0
     ids = random_ids(engine.vocab, engine.special, max([args.prefill_tokens, args.followup_context + args.followup_tokens] + args.depths), args.seed)
     # Warm-up (first-call costs: allocator, kernels), then the figures.
@@ -188,14 +269,16 @@ def measure(args: argparse.Namespace) -> dict:
     decode = {}
     for depth in args.depths:
         stamps = engine.generate(ids[:depth], args.decode_tokens)
-        decode[str(depth)] = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
+        decode[str(depth)] = (len(stamps) - 2) / (stamps[-1] - stamps[1]) if len(stamps) > 2 else 0.0
     followup = engine.followup(ids[: args.followup_context], ids[args.followup_context : args.followup_context + args.followup_tokens])
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
     return {
-        "engine": args.engine, "dtype": engine.dtype, "load_s": load_s, "ttft_s": ttft,
+        "engine": args.engine, "dtype": engine.dtype, "device": args.device,
+        "decode_mode": getattr(engine, "decode_mode", None), "load_s": load_s, "ttft_s": ttft,
         "prefill_tokens_per_s": args.prefill_tokens / ttft if ttft > 0 else 0.0,
         "decode_tokens_per_s": decode, "followup_ttft_s": followup, "peak_rss_bytes": rss,
         "kv_bytes_per_token": engine.kv_bytes_per_token,
+        "peak_gpu_bytes": torch.cuda.max_memory_allocated() if cuda else None,
     }
 
 
@@ -204,6 +287,8 @@ def main(argv=None) -> int:
     p.add_argument("--engine", choices=sorted(ENGINES), required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--dtype", default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--random-weights", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prefill-tokens", type=int, default=512)
     p.add_argument("--depths", type=lambda s: [int(x) for x in s.split(",")], default=[128, 1024])
@@ -211,6 +296,8 @@ def main(argv=None) -> int:
     p.add_argument("--followup-context", type=int, default=1000)
     p.add_argument("--followup-tokens", type=int, default=20)
     args = p.parse_args(argv)
+    if args.random_weights:
+        args.model = random_model_folder(None if args.model == "default" else args.model)
     print(json.dumps(measure(args)))
     return 0
 

@@ -55,7 +55,7 @@ def tiny_folder(tmp_path_factory):
     (["--depths", "abc"], "--depths takes comma-separated token counts"),
     (["--depths", "0"], "--depths must all be at least 1 token"),
     (["--prefill-tokens", "0"], "--prefill-tokens must be at least 1 token"),
-    (["--decode-tokens", "1"], "--decode-tokens must be at least 2"),
+    (["--decode-tokens", "2"], "--decode-tokens must be at least 3"),
     (["--repeats", "0"], "--repeats must be at least 1"),
     (["--json", "/nonexistent/dir/x.json"], "does not exist or is not writable"),
     (["--plot", "/nonexistent/dir/x.png"], "does not exist or is not writable"),
@@ -69,3 +69,34 @@ def test_bad_options_exit_2_before_benchmarking(tiny_folder, extra, message):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert "rep 1/" not in proc.stderr  # nothing ran
+
+
+def test_gpu_bench_engines_run_on_the_cpu(tiny_folder):
+    """The engines `bench --device cuda` adds (ours eager, ours static, transformers with a
+    static cache) and --random-weights, run here on the CPU by the same worker."""
+    from attnchat import bench_worker
+
+    random_folder = bench_worker.random_model_folder(str(tiny_folder), seed=1)
+    import os
+
+    assert random_folder != str(tiny_folder) and os.path.exists(os.path.join(random_folder, "model.safetensors"))
+    assert bench_worker.random_model_folder(str(tiny_folder), seed=1) == random_folder  # made once
+    results = {}
+    for engine in ("ours-eager", "transformers-compiled"):
+        args = bench_worker.argparse.Namespace(
+            engine=engine, model=random_folder, dtype="float32", device="cpu", seed=0, prefill_tokens=16,
+            depths=[16], decode_tokens=5, followup_context=20, followup_tokens=4)
+        results[engine] = bench_worker.measure(args)
+    assert results["ours-eager"]["decode_mode"] == "eager"
+    for r in results.values():
+        assert r["decode_tokens_per_s"]["16"] > 0 and r["peak_gpu_bytes"] is None and r["device"] == "cpu"
+
+
+def test_bench_refuses_cuda_without_a_gpu(tiny_folder):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    proc = subprocess.run([sys.executable, "-m", "attnchat", "bench", "--model", str(tiny_folder), "--device", "cuda"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "CUDA is not available" in proc.stderr and "Traceback" not in proc.stderr

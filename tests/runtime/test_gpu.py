@@ -1,25 +1,24 @@
-"""CUDA: the same model on the GPU agrees with the CPU (skipped without CUDA)."""
+"""CUDA: the same model on the GPU agrees with the CPU and with itself across decode modes
+(skipped without CUDA; `make gpu-check` runs these checks and the GPU benchmark)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+from attnchat import gpu_check
 from runtime import load_model
-from runtime.attention import attention_fast, attention_reference
 from runtime.chat_format import Message, encode_messages
 
 pytestmark = pytest.mark.gpu
 
 
 def test_attention_fast_path_on_cuda_matches_reference():
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 9, 5, 64, generator=g)
-    k = torch.randn(2, 3, 12, 64, generator=g)
-    v = torch.randn(2, 3, 12, 64, generator=g)
-    ref, _ = attention_reference(q, k, v)
-    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
-        out = attention_fast(q.cuda().to(dtype), k.cuda().to(dtype), v.cuda().to(dtype))
-        torch.testing.assert_close(out.float().cpu(), ref, atol=tol, rtol=tol)
+    assert gpu_check.check_attention("cuda")
+
+
+def test_every_dtype_decodes_and_the_graph_equals_eager(default_model_file):
+    """float32, float16 and bfloat16: cached steps = full forward, graph step = eager step."""
+    assert gpu_check.check_model(default_model_file, False, "cuda")
 
 
 def test_default_model_on_cuda_float32_matches_cpu(default_model, default_model_file):
@@ -32,17 +31,5 @@ def test_default_model_on_cuda_float32_matches_cpu(default_model, default_model_
     assert torch.equal(gpu_logits.argmax(-1), cpu_logits.argmax(-1))
 
 
-def test_default_model_on_cuda_bfloat16_answers_paris(default_model_file):
-    gpu = load_model(default_model_file, device="cuda")
-    assert gpu.dtype in (torch.bfloat16, torch.float16)
-    ids = encode_messages(gpu.tokenizer, [Message("user", "What is the capital of France?")])
-    cache = gpu.new_cache(128)
-    logits = gpu.logits(ids, cache, last_only=True)
-    out = []
-    for _ in range(16):
-        t = int(logits[0, -1].argmax())
-        if t in gpu.stop_token_ids:
-            break
-        out.append(t)
-        logits = gpu.logits([t], cache, last_only=True)
-    assert "Paris" in gpu.decode(out)
+def test_default_dtype_on_cuda_answers_paris(default_model_file):
+    assert gpu_check.check_paris(default_model_file, False, "cuda")
