@@ -540,6 +540,7 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     decode: str | None = None,
     kernels: AttentionKernels | None = None,
+    compute: str | torch.dtype | None = None,
 ) -> Model:
     """Load a model for our decoder.
 
@@ -552,6 +553,9 @@ def load_model(
         decode: the decode mode (:data:`runtime.decode_step.DECODE_MODES`); default per
             device (:func:`runtime.device.decode_mode`). ``"graph"`` needs CUDA.
         kernels: the attention kernels; default per device (:func:`runtime.device.attention_kernels`).
+        compute: the activations' dtype; default per device and weight dtype
+            (:func:`runtime.device.compute_dtype`). Passing another device's choice runs
+            its arithmetic here (the CPU tests check the GPU defaults this way).
 
     Raises:
         ModelLoadError: missing, empty, truncated, non-GGUF or pickled files; no tokenizer.
@@ -581,7 +585,10 @@ def load_model(
         raise ModelLoadError(f"{path} does not exist; give a .gguf file or a model folder")
     with torch.device("meta"):
         decoder = Decoder(cfg)
-    cdtype = compute_dtype(dev, wdtype)
+    try:
+        cdtype = parse_cache_dtype(compute) if compute is not None else compute_dtype(dev, wdtype)
+    except ValueError:
+        raise ValueError(f"unknown compute dtype {compute!r}; use float32, bfloat16 or float16") from None
     decoder.load_weights({k: v.to(dev) for k, v in state.items()}, compute_dtype=cdtype)
     decoder.set_attention_kernels(kernels or attention_kernels(dev))
     decoder.eval()

@@ -86,30 +86,40 @@ def _widened(weight: torch.Tensor) -> torch.Tensor:
     return buf[:n].view(weight.shape).copy_(weight)
 
 
+def _rounded(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x`` rounded to the 16-bit ``weight``'s dtype, a 16-bit product (float32
+    accumulation inside the kernel), the result back in float32."""
+    out = F.linear(x.to(weight.dtype), weight).to(torch.float32)
+    return out if bias is None else out + bias
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T + bias``, as ``F.linear``: ``x (..., in)``, ``weight (out, in)`` -> ``(..., out)``
     in ``x``'s dtype.
 
     - CPU, ``x`` and ``weight`` both float32 or both bfloat16: oneDNN's inner product
       (the kernel PyTorch's own compiler uses for CPU linear layers), which keeps both
-      cores busy on a single token.
-    - CPU, float32 ``x`` with float16 ``weight`` (float16 weights computing in float32,
-      see :func:`runtime.device.compute_dtype`): one token goes through torch's float16
-      matrix-vector kernel (float32 accumulation, weights read at about 25 GB/s here)
-      with ``x`` rounded to float16; more tokens widen the weight to float32 for the
-      product (a transient copy of one matrix), so prefill keeps float32 arithmetic.
+      cores busy on a single token (where this CPU's oneDNN has it for the dtype).
+    - float32 ``x`` with 16-bit (float16 or bfloat16) ``weight``: 16-bit weights
+      computing in float32 (see :func:`runtime.device.compute_dtype`). On a GPU, and for
+      one token on the CPU, ``x`` is rounded to the weight's dtype for a 16-bit product
+      (tensor cores; on the CPU torch's float16 matrix-vector kernel reads weights at
+      about 25 GB/s); on the CPU more tokens widen the weight to float32 (a transient
+      copy of one matrix), so prefill keeps float32 arithmetic.
     - Anything else, and anything that needs gradients: ``F.linear``.
     """
+    sixteen = x.dtype == torch.float32 and weight.dtype in (torch.float16, torch.bfloat16)
     if x.device.type == "cpu" and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)):
-        if weight.dtype == torch.float16 and x.dtype == torch.float32:
+        if sixteen:
             if x.numel() == x.shape[-1]:  # one token
-                out = F.linear(x.to(torch.float16), weight).to(torch.float32)
-                return out if bias is None else out + bias
+                return _rounded(x, weight, bias)
             weight = _widened(weight)
         if x.dtype in _ONEDNN_DTYPES and weight.dtype == x.dtype:
             op = _ONEDNN_LINEAR[x.dtype] if x.dtype in _ONEDNN_LINEAR else _onednn_linear_op(x.dtype)
             if op is not None:
                 return op(x, weight, bias, "none", [None], "")
+    elif sixteen and not torch.is_grad_enabled():
+        return _rounded(x, weight, bias)
     return F.linear(x, weight.to(x.dtype), bias)
 
 

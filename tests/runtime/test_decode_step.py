@@ -54,11 +54,14 @@ def test_static_step_equals_eager_float32(tiny_dir, family):
         torch.testing.assert_close(ks[:, :, :n], ke[:, :, :n], atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("dtype,tol", [("float16", 2e-2), ("bfloat16", 1e-1)])
+@pytest.mark.parametrize("dtype,compute,tol", [("float16", None, 2e-2), ("float16", "float16", 2e-2),
+                                               ("bfloat16", None, 2e-2), ("bfloat16", "bfloat16", 1e-1)])
 @pytest.mark.parametrize("gqa", ["sdpa", "fold"])
-def test_static_step_equals_eager_in_16_bit(tiny_dir, dtype, tol, gqa):
-    """float16 and bfloat16 weights, both GQA strategies (the fold is the CUDA default)."""
-    model = load_model(tiny_dir["llama"], device="cpu", dtype=dtype, kernels=AttentionKernels(decode_gqa=gqa))
+def test_static_step_equals_eager_in_16_bit(tiny_dir, dtype, compute, tol, gqa):
+    """16-bit weights computing in float32 (the CPU's way) or in their own dtype (float16
+    is the GPU default), both GQA strategies (the fold is the CUDA default)."""
+    model = load_model(tiny_dir["llama"], device="cpu", dtype=dtype, compute=compute,
+                       kernels=AttentionKernels(decode_gqa=gqa))
     _, rows_e, _ = _decode(model, "eager", 24)
     _, rows_s, _ = _decode(model, "static", 24)
     torch.testing.assert_close(rows_s, rows_e, atol=tol, rtol=tol)

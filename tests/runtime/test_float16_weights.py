@@ -37,7 +37,7 @@ def test_the_cpu_default_is_float16_weights_computing_in_float32(model16, defaul
     cache = model16.new_cache(64)
     assert cache.dtype == torch.float32 and cache.bytes_per_token == 46_080
     assert compute_dtype("cpu", "float16") == torch.float32
-    assert compute_dtype("cpu", "bfloat16") == torch.bfloat16
+    assert compute_dtype("cpu", "bfloat16") == compute_dtype("cuda", "bfloat16") == torch.float32
     assert compute_dtype("cuda", "float16") == torch.float16
 
 
