@@ -18,9 +18,8 @@ __all__ = ["MemoryPlanner", "fmt_mib", "resolve_device"]
 
 MIB = 2**20
 GIB = 2**30
-#: The weights' default dtype per device type when none is chosen (runtime.device.default_dtype;
-#: CUDA says bfloat16 here although pre-Ampere GPUs get float16: the same bytes).
-DEFAULT_WEIGHT_DTYPE = {"cpu": "float16", "cuda": "bfloat16", "mps": "float16"}
+#: The weights' default dtype per device type when none is chosen (runtime.device.default_dtype).
+DEFAULT_WEIGHT_DTYPE = {d: str(runtime.default_dtype(d)).removeprefix("torch.") for d in ("cpu", "cuda", "mps")}
 
 
 def fmt_mib(n: int | float | None) -> str:

@@ -201,3 +201,14 @@ def test_a_cache_limit_in_settings_stops_the_real_session(qtbot, make_window, tm
     assert kv["tokens"] == 81 and kv["allocated_bytes"] <= kv["limit_bytes"]
     session = w.engine.worker._sessions[w.current_conversation]
     assert session.settings.cache_limit_bytes == int(0.04 * MIB) and session.cache.token_limit == 81
+
+
+def test_weight_dtypes_show_their_measured_quality(big_window):
+    """Each weight dtype shows runtime's measured agreement with float32 and the Paris check."""
+    d = dialog(big_window)
+    combo = d.fields["model/weight_dtype"].editor
+    texts = {combo.itemData(i): combo.itemText(i) for i in range(combo.count())}
+    for name, q in runtime.WEIGHT_DTYPE_QUALITY.items():
+        assert f"{q['agreement'] * 100:.1f}\u00a0% same tokens" in texts[name]
+        assert texts[name].endswith("\u2713" if q["paris"] else "\u2717")
+    assert texts["auto"] == "auto (float16)"
