@@ -27,6 +27,7 @@ would need Python per layer.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 
 import torch
 
@@ -45,12 +46,15 @@ class DecodeStep:
         mode: one of :data:`DECODE_MODES`.
         warmup: runs of the static step before a CUDA graph is captured (kernels pick
             their algorithms and allocate workspaces outside the capture).
+        max_graphs: captured graphs kept, most recently used first: one per KV cache
+            and capacity bucket, so the server's pooled conversations do not re-capture
+            each time they take turns.
 
     Raises:
         ValueError: an unknown mode.
     """
 
-    def __init__(self, decoder, mode: str = "eager", *, warmup: int = 2):
+    def __init__(self, decoder, mode: str = "eager", *, warmup: int = 2, max_graphs: int = 4):
         if mode not in DECODE_MODES:
             raise ValueError(f"unknown decode mode {mode!r}; use one of {', '.join(DECODE_MODES)}")
         self.decoder = decoder
@@ -58,10 +62,9 @@ class DecodeStep:
         self.warmup = warmup
         self._token: torch.Tensor | None = None  # (1, 1) int64 on the device: the step's input
         self._pos: torch.Tensor | None = None  # (1,) int64 on the device
-        self._graph = None
-        self._graph_key: tuple | None = None  # (capacity, buffer address) the graph was captured for
-        self._graph_out: torch.Tensor | None = None
-        self._pool = None
+        self.max_graphs = max_graphs
+        # (capacity, dtype, every buffer's address) -> (graph, its output buffer)
+        self._graphs: OrderedDict[tuple, tuple] = OrderedDict()
         self._compiled = None
         self.captures = 0  # CUDA graphs captured so far (one per capacity bucket)
 
@@ -119,26 +122,28 @@ class DecodeStep:
 
     # ---- CUDA graphs ---------------------------------------------------------------------
     def _replay(self, tok: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Replay the graph of this capacity bucket, capturing it first if the cache's
-        buffers changed (a new bucket reallocates them)."""
-        key = (cache.capacity, cache.k[0].data_ptr(), cache.v[-1].data_ptr(), cache.dtype)
-        if key != self._graph_key:
-            self._capture(tok, pos, cache)
-            self._graph_key = key
-        self._graph.replay()
-        return self._graph_out
+        """Replay the graph of this cache's buffers, capturing it first when they are new
+        (another conversation, or a new capacity bucket, which reallocates them)."""
+        key = (cache.capacity, cache.dtype, tuple(t.data_ptr() for t in cache.k), tuple(t.data_ptr() for t in cache.v))
+        entry = self._graphs.get(key)
+        if entry is None:
+            entry = self._capture(tok, pos, cache)
+            self._graphs[key] = entry
+            while len(self._graphs) > self.max_graphs:
+                self._graphs.popitem(last=False)
+        else:
+            self._graphs.move_to_end(key)
+        graph, out = entry
+        graph.replay()
+        return out
 
-    def _capture(self, tok: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> None:
+    def _capture(self, tok: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> tuple:
         """Warm up on a side stream, then capture the static step (CUDA only).
 
         The warm-up runs write this token's keys and values at ``pos``: the same values
         the replay writes right after, so they change nothing.
         """
         decoder = self.decoder
-        self._graph = None  # free the old bucket's graph before capturing the new one
-        self._graph_out = None
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(device=cache.device)
         stream.wait_stream(torch.cuda.current_stream(cache.device))
         with torch.cuda.stream(stream):
@@ -146,13 +151,15 @@ class DecodeStep:
                 decoder.decode_static(tok, pos, cache)
         torch.cuda.current_stream(cache.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # A private memory pool per graph (a step's activations: a few MB): graphs that
+        # share a pool may overwrite each other's outputs when replayed out of order.
+        with torch.cuda.graph(graph):
             out = decoder.decode_static(tok, pos, cache)
-        self._graph, self._graph_out = graph, out
         self.captures += 1
         log.info("captured a CUDA graph for a %d-token KV cache", cache.capacity)
+        return graph, out
 
     def reset(self) -> None:
         """Drop captured graphs and compiled code (after the weights or kernels change)."""
-        self._graph = self._graph_out = self._graph_key = None
+        self._graphs.clear()
         self._compiled = None
