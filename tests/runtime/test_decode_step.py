@@ -140,3 +140,18 @@ def test_compiled_step_equals_eager(tiny_dir):
     ids_c, rows_c, _ = _decode(model, "compile", 12, chunk=256)
     assert ids_c == ids_e
     torch.testing.assert_close(rows_c, rows_e, atol=1e-4, rtol=1e-4)
+
+
+def test_a_chat_session_gives_the_same_replies_in_every_cpu_mode(tiny_dir):
+    """Two turns (prefix reuse, crop, chunked prefill) with sampling: the static step changes nothing."""
+    from runtime import ChatSession, GenerationSettings, SamplingParams
+
+    replies = {}
+    for mode in ("eager", "static"):
+        model = load_model(tiny_dir["qwen2"], device="cpu", dtype="float32", decode=mode)
+        settings = GenerationSettings(sampling=SamplingParams(temperature=0.8, top_k=40, seed=3), max_new_tokens=24,
+                                      prefill_chunk=7)
+        session = ChatSession(model, settings=settings)
+        replies[mode] = [session.run(session.send(text)).text for text in ("the cat and the dog", "which one is it")]
+        assert session.last_stats.reused_tokens > 0
+    assert replies["static"] == replies["eager"]
