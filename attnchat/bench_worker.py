@@ -234,7 +234,7 @@ def random_model_folder(source: str | None, seed: int = 0) -> str:
     tmp = folder + f".tmp{os.getpid()}"
     model.save_pretrained(tmp, safe_serialization=True)
     if source is not None and os.path.isdir(source):
-        AutoTokenizer.from_pretrained(source).save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(source, trust_remote_code=False).save_pretrained(tmp)
     else:
         _stand_in_tokenizer().save_pretrained(tmp)
     os.replace(tmp, folder)
