@@ -70,7 +70,7 @@ class DecodeStep:
 
     def _inputs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self._token is None or self._token.device != device:
-            with torch.inference_mode():
+            with torch.inference_mode(False):  # normal tensors: the compiled step runs outside inference mode
                 self._token = torch.zeros((1, 1), dtype=torch.long, device=device)
                 self._pos = torch.zeros((1,), dtype=torch.long, device=device)
         return self._token, self._pos
@@ -114,7 +114,10 @@ class DecodeStep:
         elif self.mode == "compile":
             if self._compiled is None:
                 self._compiled = torch.compile(decoder.decode_static, fullgraph=True)
-            out = self._compiled(tok, pos, cache)
+            # Outside inference mode (no gradients all the same): compiled code cannot
+            # take views of the tensors it writes while inference mode is on.
+            with torch.inference_mode(False), torch.no_grad():
+                out = self._compiled(tok, pos, cache)
         else:
             out = decoder.decode_static(tok, pos, cache)
         cache.advance(1)

@@ -13,8 +13,9 @@ costs. Why not ``torch.cat`` per token: that copies the whole cache every step
 (O(T^2) bytes over a reply). Growing by ``chunk_tokens`` copies each token at most
 ``capacity / chunk_tokens`` times and keeps every decode step an in-place write.
 
-Every buffer operation runs under ``torch.inference_mode``: the buffers are inference
-tensors (no autograd version counters), writable from any caller.
+Every buffer operation runs under ``torch.inference_mode``; the buffers themselves are
+normal tensors (no autograd history, writable from any caller), since a compiled decode
+step cannot write into views of inference tensors.
 """
 from __future__ import annotations
 
@@ -160,8 +161,11 @@ class KVCache:
                 # Zero-filled: the static decode step attends over the whole buffer and
                 # masks the unused slots, and a masked slot holding NaN would still poison
                 # the output (weight 0 x NaN).
-                new_k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-                new_v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                # Normal tensors, not inference tensors: a compiled decode step
+                # (torch.compile) cannot take views of inference tensors it writes to.
+                with torch.inference_mode(False):
+                    new_k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                    new_v = torch.zeros(shape, dtype=self.dtype, device=self.device)
             except (torch.OutOfMemoryError, RuntimeError) as e:  # RuntimeError: CPU allocator
                 raise CacheLimitError(
                     f"out of memory allocating a {new_cap}-token KV cache "
@@ -192,13 +196,13 @@ class KVCache:
         vb[:, :, t0:t1].copy_(v)
         return kb[:, :, :t1], vb[:, :, :t1]
 
-    @torch.inference_mode()
     def write_at(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write one token's keys/values ``(B, Hkv, 1, D)`` at slot ``pos`` (a ``(1,)``
         int64 tensor on the cache's device) of one layer: the static decode step's write,
         whose shapes and addresses do not depend on the position.
 
-        The caller must have called :meth:`reserve` and calls :meth:`advance` after.
+        The caller must have called :meth:`reserve` and calls :meth:`advance` after. Not
+        wrapped in inference mode (unlike the other writes): it runs inside a compiled step.
 
         Returns:
             all ``capacity`` slots of that layer's keys and values, ``(B, Hkv, capacity, D)``.

@@ -106,9 +106,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
       (tensor cores; on the CPU torch's float16 matrix-vector kernel reads weights at
       about 25 GB/s); on the CPU more tokens widen the weight to float32 (a transient
       copy of one matrix), so prefill keeps float32 arithmetic.
-    - Anything else, and anything that needs gradients: ``F.linear``.
+    - Anything else, anything that needs gradients, and inside ``torch.compile``: ``F.linear``.
     """
     sixteen = x.dtype == torch.float32 and weight.dtype in (torch.float16, torch.bfloat16)
+    if torch.compiler.is_compiling():  # inductor picks (and packs) its own kernels
+        return _rounded(x, weight, bias) if sixteen else F.linear(x, weight.to(x.dtype), bias)
     if x.device.type == "cpu" and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)):
         if sixteen:
             if x.numel() == x.shape[-1]:  # one token
