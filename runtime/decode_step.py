@@ -93,9 +93,10 @@ class DecodeStep:
             ValueError: a position past the model's maximum context.
         """
         decoder = self.decoder
-        if self.mode == "eager" or decoder.observer is not None or any(b.attn.head_edit is not None for b in decoder.blocks):
+        if not self.static_ok(cache):
             # Python per layer (the attention capture, a head knock-out): a graph or a
-            # compiled step would bake in what it saw at capture time.
+            # compiled step would bake in what it saw at capture time. Sliding-window
+            # layers (a bounded buffer that moves) and quantized caches take the eager path.
             ids = token.reshape(1, 1) if isinstance(token, torch.Tensor) else torch.tensor([[token]], device=cache.device)
             return decoder(ids, cache, last_only=True)
         if cache.length + 1 > decoder.cfg.max_position_embeddings:
@@ -122,6 +123,13 @@ class DecodeStep:
             out = decoder.decode_static(tok, pos, cache)
         cache.advance(1)
         return out
+
+    def static_ok(self, cache: KVCache) -> bool:
+        """Whether this step may run at static shapes on ``cache`` (else it runs eagerly)."""
+        decoder = self.decoder
+        return (self.mode != "eager" and decoder.observer is None
+                and not any(b.attn.head_edit is not None for b in decoder.blocks)
+                and cache.dtype.is_floating_point and not getattr(cache, "sliding", False))
 
     # ---- CUDA graphs ---------------------------------------------------------------------
     def _replay(self, tok: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
