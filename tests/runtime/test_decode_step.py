@@ -155,3 +155,23 @@ def test_a_chat_session_gives_the_same_replies_in_every_cpu_mode(tiny_dir):
         replies[mode] = [session.run(session.send(text)).text for text in ("the cat and the dog", "which one is it")]
         assert session.last_stats.reused_tokens > 0
     assert replies["static"] == replies["eager"]
+
+
+def test_python_hooks_take_the_eager_path(tiny_dir):
+    """An attention observer (the Live tab) or a head knock-out runs Python per layer: a
+    graph would bake in what it saw at capture time, so the step falls back to eager."""
+    model = load_model(tiny_dir["llama"], device="cpu", dtype="float32")
+    step, cache = DecodeStep(model.decoder, "static"), model.new_cache(64)
+    assert step.static_ok(cache)
+    model.decoder.blocks[1].attn.head_edit = lambda layer, y: y * 0
+    assert not step.static_ok(cache)
+    model.logits(PROMPT, cache)
+    knocked = step(7, cache)[0, -1]
+    cache.crop(len(PROMPT))
+    eager = DecodeStep(model.decoder, "eager")(7, cache)[0, -1]
+    assert torch.equal(knocked, eager)
+    model.decoder.blocks[1].attn.head_edit = None
+    model.decoder.observer = lambda layer, weights: None
+    assert not step.static_ok(cache)
+    model.decoder.observer = None
+    assert step.static_ok(cache) and not DecodeStep(model.decoder, "eager").static_ok(cache)
