@@ -106,7 +106,7 @@ def test_permutation_equals_attention_replaced_by_hand(tiny, monkeypatch):
     for perm in perms:
         calls = []
 
-        def by_hand(q, k, v, causal=True, perm=perm, calls=calls):
+        def by_hand(q, k, v, causal=True, perm=perm, calls=calls, **_kernels):
             calls.append(1)
             out, w = attention_reference(q, k, v, causal=causal)  # (1, H, t, D), (1, H, t, t)
             if len(calls) - 1 == layer:  # layers run in order
