@@ -85,6 +85,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="requests that may wait behind the running one; more get 429 with Retry-After (default 16)")
     p.add_argument("--max-connections", type=_count, default=64, metavar="N",
                    help="open connections at most; requests past them get 503 (default 64)")
+    p.add_argument("--pool-mib", type=_count, default=256, metavar="M",
+                   help="KV-cache MiB the idle sessions may keep; the least recently used caches are freed "
+                        "past it (default 256)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--dtype", default=None, help="weight dtype: float32, bfloat16, float16 (default per device: float16 on the CPU, computing in float32)")
     p.set_defaults(func=run)
@@ -192,7 +195,7 @@ def _serve(args: argparse.Namespace, settings, sock: socket.socket) -> int:
                      default_max_tokens=args.max_tokens, max_tokens_limit=args.max_tokens_limit,
                      max_queued=args.max_queued,
                      allowed_hosts=[args.host, *args.allowed_host],
-                     cors_origins=args.cors_origin)
+                     cors_origins=args.cors_origin, pool_bytes=args.pool_mib << 20)
     # log_config=None: uvicorn's records go to attnchat's log file, not the terminal.
     # limit_concurrency: past it uvicorn answers 503 at once; half-sent requests hold a
     # connection only until HEADER_TIMEOUT_S (server_guard.HeaderDeadline).

@@ -45,6 +45,10 @@ log = logging.getLogger("attnchat.serve")
 
 #: Requests remembered for ``/v1/attnchat/stats``.
 HISTORY = 16
+#: Default KV-cache bytes the idle pooled sessions may keep (``attnchat serve --pool-mib``):
+#: 256 MiB holds ~5,800 tokens of the default model's float32 cache (46,080 bytes per token).
+POOL_BYTES = 256 << 20
+
 #: Requests that may wait behind the running one; more are refused (the server answers 429).
 #: Each holds its whole conversation (up to the 1 MiB body limit) until it runs.
 MAX_QUEUED = 16
@@ -129,16 +133,23 @@ class Engine:
         settings: the sessions' settings (context, cache dtype, overflow policy);
             each job's ``settings`` replace them for its reply.
         sessions: how many conversations keep their KV cache (at least 1).
+        pool_bytes: KV-cache bytes the sessions may keep allocated between requests;
+            after each reply the least recently used caches are freed (their
+            conversations re-prefilled if they come back) until the pool fits.
+        on_reply: called on the worker thread with (finish reason, stats) of each reply.
     """
 
     def __init__(self, model: Model, *, settings: GenerationSettings | None = None, sessions: int = 4,
-                 max_queued: int = MAX_QUEUED):
+                 max_queued: int = MAX_QUEUED, pool_bytes: int = POOL_BYTES,
+                 on_reply: Callable[[str, TurnStats], None] | None = None):
         if sessions < 1:
             raise ValueError(f"the server needs at least 1 session; got {sessions}")
         self.model = model
         self.settings = settings or GenerationSettings()
         self.pool_size = sessions
         self.max_queued = max_queued
+        self.pool_bytes = pool_bytes
+        self.on_reply = on_reply
         self._pool: list[ChatSession] = []  # most recently used last
         # Waiting jobs (None: the stop sign). A deque, not a queue.Queue, so a cancelled
         # job leaves it at once instead of holding its conversation until its turn.
@@ -230,6 +241,7 @@ class Engine:
             "queued": queued,
             "busy": busy,
             "sessions": len(self._pool),
+            **self.memory(),
             "last": last,
         }
 
@@ -254,6 +266,25 @@ class Engine:
             finally:
                 with self._lock:
                     self._running = None
+                self._trim_pool()
+
+    def _trim_pool(self) -> None:
+        """Free the least recently used sessions' caches until the pool's allocated bytes
+        fit :attr:`pool_bytes` (a long request's cache is not kept for ever)."""
+        total = sum(s.cache.allocated_bytes for s in self._pool)
+        for s in self._pool:  # least recently used first
+            if total <= self.pool_bytes:
+                break
+            if s.cache.allocated_bytes:
+                total -= s.cache.allocated_bytes
+                s.reset()
+                s.cache.release()
+
+    def memory(self) -> dict[str, int]:
+        """KV-cache bytes of the pooled sessions: ``kv_used_bytes``, ``kv_allocated_bytes``."""
+        pool = list(self._pool)
+        return {"kv_used_bytes": sum(s.cache.used_bytes for s in pool),
+                "kv_allocated_bytes": sum(s.cache.allocated_bytes for s in pool)}
 
     def _finish_unrun(self, job: Job) -> None:
         self._record(job, "cancelled", TurnStats())
@@ -331,6 +362,11 @@ class Engine:
 
     def _record(self, job: Job, reason: str, stats: TurnStats) -> None:
         self._count(f"finish_{reason}")
+        if self.on_reply is not None:
+            try:
+                self.on_reply(reason, stats)
+            except Exception:  # metrics must never break a reply
+                log.exception("on_reply failed")
         entry = {
             "id": job.id, "finish_reason": reason, "time": time.time(),
             "prompt_tokens": stats.prompt_tokens, "reused_tokens": stats.reused_tokens,

@@ -28,7 +28,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnchat import completions, tools
-from attnchat.serve_engine import MAX_QUEUED, Delta, Done, Engine, Failed, Item, Job, QueueFullError, Started
+from attnchat.metrics import CONTENT_TYPE as METRICS_TYPE
+from attnchat.metrics import Metrics
+from attnchat.serve_engine import (
+    MAX_QUEUED,
+    POOL_BYTES,
+    Delta,
+    Done,
+    Engine,
+    Failed,
+    Item,
+    Job,
+    QueueFullError,
+    Started,
+)
 from attnchat.server_guard import Guard, normalize_origin
 from models.catalog import CATALOG
 from runtime import ContextOverflowError, GenerationSettings, Message, Model, SamplingParams
@@ -308,7 +321,7 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
                settings: GenerationSettings | None = None, sessions: int = 4,
                default_temperature: float = 0.0, default_max_tokens: int = 1024, max_tokens_limit: int = 4096,
                max_body_bytes: int = MAX_BODY_BYTES, max_queued: int = MAX_QUEUED, allowed_hosts: Sequence[str] = (),
-               cors_origins: Sequence[str] = ()) -> FastAPI:
+               cors_origins: Sequence[str] = (), pool_bytes: int = POOL_BYTES) -> FastAPI:
     """The HTTP app serving ``model``.
 
     Args:
@@ -327,6 +340,7 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
         allowed_hosts: ``Host`` names answered besides the loopback names (the bound
             address, ``--allowed-host``); see :mod:`attnchat.server_guard`.
         cors_origins: web origins whose pages may call the API (``--cors-origin``).
+        pool_bytes: KV-cache bytes idle pooled sessions may keep (``--pool-mib``).
 
     Raises:
         ValueError: settings the model cannot take (a context past its maximum, ...),
@@ -340,8 +354,10 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
     aliases |= {n.lower() for e in CATALOG if e.filename == model.path.name for n in (e.id, e.name)}
     # API clients manage their own context: by default a conversation too long is refused
     # (400, as OpenAI), never cut silently.
+    metrics = Metrics(lambda: {k: float(v) for k, v in engine.stats().items() if k != "last"
+                               and isinstance(v, (int, float))})
     engine = Engine(model, settings=settings or GenerationSettings(overflow="stop"), sessions=sessions,
-                    max_queued=max_queued)
+                    max_queued=max_queued, pool_bytes=pool_bytes, on_reply=metrics.reply)
     created = int(time.time())
 
     @asynccontextmanager
@@ -368,6 +384,17 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
     def model_card() -> dict[str, Any]:
         return {"id": model_id, "object": "model", "created": created, "owned_by": "attnchat",
                 "context_length": engine.context_limit}
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=METRICS_TYPE)
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next):
+        response = await call_next(request)
+        route = request.scope.get("route")
+        metrics.requests.labels(getattr(route, "path", "unknown"), str(response.status_code)).inc()
+        return response
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict[str, Any]:
@@ -542,12 +569,13 @@ def _parse(body: bytes) -> ChatRequest:
 
 
 def overflow_error(e: ContextOverflowError, what: str = "messages") -> APIError:
-    """400 ``context_length_exceeded`` worded as OpenAI words it (litellm and langchain match
-    "maximum context length" to raise their context-window errors), then our own advice."""
+    """400 ``context_length_exceeded`` worded as OpenAI words it (litellm matches "maximum
+    context length"), then the code and our own advice (langchain-openai matches the code
+    in the text, which the openai client reduces to the message)."""
     text = str(e)
     return APIError(400, f"This model's maximum context length is {e.context_limit} tokens. However, your "
                          f"{what} resulted in {e.prompt_tokens} tokens. Please reduce the length of the {what}. "
-                         f"({text[:1].upper() + text[1:]}.)", param=what, code="context_length_exceeded")
+                         f"(context_length_exceeded: {text}.)", param=what, code="context_length_exceeded")
 
 
 def _no_model(name: str, model_id: str) -> APIError:
