@@ -26,7 +26,7 @@ def tiny(tmp_path_factory):
 
 def _job(user: str, history=(), max_tokens: int = 2, emit=None) -> tuple[Job, list]:
     items: list = []
-    job = Job(system=None, history=list(history), user=user, emit=emit or items.append,
+    job = Job(system=None, messages=[*history, Message("user", user)], emit=emit or items.append,
               sampling=SamplingParams(temperature=0), max_tokens=max_tokens)
     return job, items
 
