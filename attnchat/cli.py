@@ -143,8 +143,8 @@ def _run_chat(args: argparse.Namespace) -> int:
     from runtime.session import ChatSession
 
     if not model.has_chat_template:
-        print(f"attnchat: note: {model.name} has no chat template; using a plain "
-              f"'User: ... Assistant:' format", file=sys.stderr)
+        print(f"attnchat: note: {model.name} has no chat template; it runs as plain text "
+              f"completion (it continues the prompt)", file=sys.stderr)
     session = ChatSession(model, system_prompt=args.system, settings=settings)
     if not args.prompt:
         return _interactive(session)

@@ -68,6 +68,16 @@ def run(args: argparse.Namespace) -> int:
         ("KV bytes per token", f"{result.kv_bytes_per_token:,} ({result.cache_dtype})"),
         (f"KV bytes at {result.context:,} tokens", f"{result.kv_bytes:,} ({result.kv_bytes / MIB:,.1f} MiB)"),
     ]
+    if any(t["kind"] == "sliding" for t in result.layer_types):
+        for t in result.layer_types:
+            what = "full-attention layers" if t["window"] is None else f"sliding layers (window {t['window']:,})"
+            rows.append((f"  {t['layers']} {what}",
+                         f"{t['bytes_per_token']:,} B per token, {t['tokens']:,} tokens each: {t['used_bytes']:,} B "
+                         f"({t['used_bytes'] / MIB:,.1f} MiB)"))
+    for v in result.variants:
+        label = v["name"] + (f" ({v['kv_heads']} KV heads" + (f", window {v['window']:,} on {v['windowed_layers']} layers)" if v["window"] else ")"))
+        mark = "  <- this model" if v["this_model"] else ""
+        rows.append((f"  {label}", f"{v['bytes_per_token']:,} B per token, {v['bytes_at_context'] / MIB:,.1f} MiB at {result.context:,}{mark}"))
     if result.weights_bytes is not None:
         rows.append(("weights bytes", f"{result.weights_bytes:,} ({result.weights_bytes / MIB:,.1f} MiB, {result.weights_dtype})"))
     if result.max_context_in_budget is not None:

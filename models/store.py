@@ -53,6 +53,7 @@ class ModelInfo:
         installed: whether it can be loaded now.
         size_bytes: size on disk in bytes (the download size when not installed).
         source: ``"catalog"`` or ``"imported"``.
+        license: the weights' license or terms (catalog models; "" when unknown).
     """
 
     id: str
@@ -61,6 +62,7 @@ class ModelInfo:
     installed: bool
     size_bytes: int
     source: Literal["catalog", "imported"]
+    license: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``path`` as a string or None)."""
@@ -127,7 +129,7 @@ def list_models() -> list[ModelInfo]:
     rows: list[ModelInfo] = []
     for entry in CATALOG:
         path = installed_path(entry)
-        rows.append(ModelInfo(entry.id, entry.name, path, path is not None, entry.size_bytes, "catalog"))
+        rows.append(ModelInfo(entry.id, entry.name, path, path is not None, entry.size_bytes, "catalog", entry.license))
     catalog_files = {entry.filename for entry in CATALOG}
     for child in sorted(folder.iterdir(), key=lambda p: p.name.lower()):
         if child.name.startswith(".") or child.name in catalog_files:

@@ -8,6 +8,12 @@ Shapes: q ``(B, H, Tq, D)``; k, v ``(B, Hkv, Tk, D)`` with ``H % Hkv == 0`` (gro
 attention, Ainslie et al. 2023: query head ``h`` reads key/value head ``h // (H // Hkv)``).
 A causal query block is aligned to the END of the keys: query ``i`` of ``Tq`` sees keys
 ``0 .. Tk - Tq + i`` (so a block of new tokens attends to everything cached before it).
+
+Sliding-window (local) attention (Beltagy et al. 2020, "Longformer"; Mistral, Gemma 2/3):
+with ``window = W`` query ``i`` also sees only the ``W`` newest of those keys, itself
+included (key ``j`` with ``Tk - Tq + i - j < W``, transformers' ``sliding_window``).
+Attention logit soft-capping (Gemma 2): scores become ``c * tanh(scores / c)`` before the
+mask.
 """
 from __future__ import annotations
 
@@ -100,14 +106,20 @@ class AttentionKernels:
 DEFAULT_KERNELS = AttentionKernels()
 
 
-def causal_mask(tq: int, tk: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """Boolean mask ``(Tq, Tk)``: True where query ``i`` may see key ``j`` (``j <= Tk - Tq + i``)."""
-    rows = torch.arange(tq, device=device).unsqueeze(1)  # (Tq, 1)
+def causal_mask(tq: int, tk: int, device: torch.device | str | None = None, window: int | None = None) -> torch.Tensor:
+    """Boolean mask ``(Tq, Tk)``: True where query ``i`` may see key ``j`` (``j <= Tk - Tq + i``,
+    and with a ``window`` also ``Tk - Tq + i - j < window``)."""
+    rows = torch.arange(tq, device=device).unsqueeze(1) + (tk - tq)  # (Tq, 1): each query's own key
     cols = torch.arange(tk, device=device).unsqueeze(0)  # (1, Tk)
-    return cols <= rows + (tk - tq)
+    mask = cols <= rows
+    if window is not None:
+        mask &= cols > rows - window
+    return mask
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None) -> None:
+    if window is not None and window < 1:
+        raise ValueError(f"a sliding window must hold at least 1 token; got {window}")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be 4-D (B, H, T, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if k.shape != v.shape:
@@ -120,13 +132,14 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"more queries ({q.shape[2]}) than keys ({k.shape[2]}): the keys must include the queries' own tokens")
 
 
-def _key_mask(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Tensor | None) -> torch.Tensor | None:
+def _key_mask(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Tensor | None,
+              window: int | None = None) -> torch.Tensor | None:
     """The boolean mask the scores get (True = may attend), broadcastable to ``(B, H, Tq, Tk)``."""
     Tq, Tk = q.shape[2], k.shape[2]
     if mask is not None and mask.dtype != torch.bool:
         raise ValueError(f"mask must be boolean (True = may attend); got {mask.dtype}")
     if causal:
-        cm = causal_mask(Tq, Tk, q.device)
+        cm = causal_mask(Tq, Tk, q.device, window)
         return cm if mask is None else cm & mask
     return mask
 
@@ -139,8 +152,10 @@ def attention_reference(
     causal: bool = True,
     scale: float | None = None,
     mask: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The formula step by step: scores, scale, mask, softmax, mix.
+    """The formula step by step: scores, scale, (soft-cap), mask, softmax, mix.
 
     ``mask`` (boolean, True = may attend, broadcastable to ``(B, H, Tq, Tk)``) is
     combined with the causal mask. A masked key gets weight exactly 0; its value must
@@ -149,7 +164,7 @@ def attention_reference(
     Returns:
         (output ``(B, H, Tq, D)`` in q's dtype, weights ``(B, H, Tq, Tk)`` in float32).
     """
-    _check(q, k, v)
+    _check(q, k, v, window)
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -158,7 +173,9 @@ def attention_reference(
     v = v.repeat_interleave(H // Hkv, dim=1)  # (B, H, Tk, D)
     scores = q.float() @ k.float().transpose(-2, -1)  # (B, H, Tq, Tk)
     scores = scores * scale
-    allowed = _key_mask(q, k, causal, mask)
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    allowed = _key_mask(q, k, causal, mask, window)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     weights = torch.softmax(scores, dim=-1)  # (B, H, Tq, Tk), rows sum to 1
@@ -175,8 +192,14 @@ def attention_fast(
     scale: float | None = None,
     mask: torch.Tensor | None = None,
     kernels: AttentionKernels = DEFAULT_KERNELS,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Same result as :func:`attention_reference` through torch's fused SDPA kernels.
+
+    A sliding ``window`` first drops the keys no query of the block can see (so decode
+    reads at most ``window`` keys), then masks. Soft-capping has no SDPA kernel: the
+    reference formula computes it.
 
     Grouped-query attention never copies K/V per query head (``kernels.decode_gqa``):
     - ``"sdpa"``: SDPA's ``enable_gqa`` maps each query head to its KV head. On the
@@ -193,10 +216,22 @@ def attention_fast(
     Returns:
         output ``(B, H, Tq, D)`` in q's dtype.
     """
-    _check(q, k, v)
+    _check(q, k, v, window)
+    if softcap:
+        return attention_reference(q, k, v, causal=causal, scale=scale, mask=mask, window=window, softcap=softcap)[0]
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     G = H // Hkv
+    if causal and window is not None and Tk > Tq + window - 1:
+        # The oldest query of the block sees back to key Tk - Tq - window + 1: older keys are out of every window.
+        first = Tk - Tq - window + 1
+        k, v = k[:, :, first:], v[:, :, first:]
+        if mask is not None and mask.shape[-1] != 1:
+            mask = mask[..., first:]
+        Tk = k.shape[2]
+    if causal and window is not None and Tq > 1 and window < Tk:
+        # A band: pass it (with any given mask) explicitly.
+        mask = _key_mask(q, k, True, mask, window)
     if k.dtype != q.dtype:
         k, v = k.to(q.dtype), v.to(q.dtype)
     gqa = G > 1
@@ -228,6 +263,8 @@ def attention(
     mask: torch.Tensor | None = None,
     return_weights: bool = False,
     kernels: AttentionKernels = DEFAULT_KERNELS,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention, causal and grouped-query aware.
 
@@ -244,6 +281,9 @@ def attention(
         return_weights: also return the attention weights (uses the reference path).
             Otherwise the path is the one :func:`set_attention_backend` chose.
         kernels: the fast path's kernel choices (:class:`AttentionKernels`).
+        window: sliding window in tokens (each query sees itself and the ``window - 1``
+            keys before it); None: every earlier key. Only with ``causal``.
+        softcap: soft-capping of the scaled scores, ``c * tanh(s / c)`` (Gemma 2); None: none.
 
     Returns:
         output ``(B, H, Tq, D)`` in q's dtype, and with ``return_weights`` also the
@@ -253,7 +293,7 @@ def attention(
         ValueError: shapes that do not fit the contract above; a non-boolean mask.
     """
     if return_weights:
-        return attention_reference(q, k, v, causal=causal, scale=scale, mask=mask)
+        return attention_reference(q, k, v, causal=causal, scale=scale, mask=mask, window=window, softcap=softcap)
     if _backend == "reference":
-        return attention_reference(q, k, v, causal=causal, scale=scale, mask=mask)[0]
-    return attention_fast(q, k, v, causal=causal, scale=scale, mask=mask, kernels=kernels)
+        return attention_reference(q, k, v, causal=causal, scale=scale, mask=mask, window=window, softcap=softcap)[0]
+    return attention_fast(q, k, v, causal=causal, scale=scale, mask=mask, kernels=kernels, window=window, softcap=softcap)

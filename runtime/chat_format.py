@@ -1,15 +1,18 @@
 """Conversation -> prompt token ids, through the model's chat template.
 
-Must not import Qt. transformers renders the template (Jinja, sandboxed); a model
-without one gets a plain "System:/User:/Assistant:" format and a stop string.
+Must not import Qt. transformers renders the template (Jinja, sandboxed). A model
+without one (a base model such as Gemma 3 270M) runs as plain text completion: the
+conversation is one text, the messages joined as they are (a system prompt and a blank
+line first), which the model continues; the tokenizer adds its own start token (BOS),
+as transformers does for ``tokenizer(text)``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-#: Stop string that ends a reply in the plain fallback format.
-PLAIN_STOP = "\nUser:"
+#: Between a system prompt and the text, in plain completion.
+PLAIN_SYSTEM_SEPARATOR = "\n\n"
 
 
 @dataclass(frozen=True)
@@ -30,17 +33,15 @@ class Message:
     token_ids: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
 
 
-def _plain(messages: Sequence[Message], add_generation_prompt: bool, continue_final: bool = False) -> str:
-    names = {"system": "System", "user": "User", "assistant": "Assistant"}
-    text = "".join(f"{names.get(m.role, m.role.title())}: {m.content}\n" for m in messages)
-    if continue_final:
-        return text[:-1]  # the last message stays open: no newline after it
-    return text + ("Assistant:" if add_generation_prompt else "")
+def _plain(messages: Sequence[Message]) -> str:
+    """Plain completion: the messages' texts joined as they are, a system prompt first."""
+    system = "".join(m.content + PLAIN_SYSTEM_SEPARATOR for m in messages if m.role == "system")
+    return system + "".join(m.content for m in messages if m.role != "system")
 
 
 def render(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt: bool = True,
            continue_final: bool = False) -> str:
-    """The prompt text for ``messages`` (the model's chat template, else a plain format).
+    """The prompt text for ``messages`` (the model's chat template, else plain completion).
 
     With ``continue_final`` the last message is left open (no end-of-turn after it, no
     generation prompt), so what the model generates continues its text: a reply
@@ -56,7 +57,7 @@ def render(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt
             continue_final_message=continue_final,
             tokenize=False,
         )
-    return _plain(messages, add_generation_prompt, continue_final)
+    return _plain(messages)
 
 
 #: Inserted after the first character of a control-token string found in a message, so
@@ -133,6 +134,8 @@ def encode_conversation(tokenizer: Any, messages: Sequence[Message], *,
     def encode(t: str) -> list[int]:
         return list(tokenizer.encode(t, add_special_tokens=False)) if t else []
 
+    start = _plain_start(tokenizer) if text else []  # plain completion: the tokenizer's BOS
+
     spliced = [i for i, m in enumerate(safe) if m.role == "assistant" and m.token_ids is not None]
     if spliced:
         marked = [replace(m, content=_marker(i)) if i in spliced else m for i, m in enumerate(safe)]
@@ -141,7 +144,7 @@ def encode_conversation(tokenizer: Any, messages: Sequence[Message], *,
         for i in spliced:
             verbatim = verbatim.replace(_marker(i), safe[i].content)
         if verbatim == text and all(mtext.count(_marker(i)) == 1 for i in spliced):
-            ids: list[int] = []
+            ids: list[int] = list(start)
             rest = mtext
             for i in spliced:
                 before, rest = rest.split(_marker(i), 1)
@@ -151,7 +154,19 @@ def encode_conversation(tokenizer: Any, messages: Sequence[Message], *,
                         if m.role == "assistant" and i not in spliced)
             return EncodedPrompt(ids, retok)
     retok = sum(len(encode(m.content)) for m in safe if m.role == "assistant")
-    return EncodedPrompt(encode(text), retok)
+    return EncodedPrompt(start + encode(text), retok)
+
+
+def _plain_start(tokenizer: Any) -> list[int]:
+    """``[bos]`` when the model has no chat template and its tokenizer starts a plain text
+    with BOS (Gemma, Llama), as ``tokenizer(text)`` does; else ``[]`` (a template carries
+    its own special tokens)."""
+    if getattr(tokenizer, "chat_template", None):
+        return []
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return []
+    return [bos] if list(tokenizer.encode("a", add_special_tokens=True))[:1] == [bos] else []
 
 
 def encode_messages(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt: bool = True,

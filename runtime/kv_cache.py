@@ -13,11 +13,27 @@ costs. Why not ``torch.cat`` per token: that copies the whole cache every step
 (O(T^2) bytes over a reply). Growing by ``chunk_tokens`` copies each token at most
 ``capacity / chunk_tokens`` times and keeps every decode step an in-place write.
 
+Sliding-window layers (Mistral, Gemma 2/3, Phi-3): a layer whose queries see only the
+``window`` newest keys keeps a bounded buffer with an offset. ``start[i]`` is the
+absolute position of its slot 0; it holds positions ``start[i] .. length-1`` and needs
+at most the last ``window`` of them. When a write would overflow its buffer, the
+tokens before ``length - window`` are dropped (the rest moved to the front), so the
+buffer stays at about ``window + chunk_tokens`` tokens however long the conversation:
+memory per token shrinks to the full-attention layers' share once the window is full.
+A bounded buffer (not a ring) keeps keys in position order, so attention and the
+attention view read a plain slice, and a crop back a few tokens stays possible as long
+as the buffer still holds the window before the crop point (:meth:`KVCache.crop_point`).
+
+Byte counts are per layer (``layer_bytes_per_token``, one figure for every layer today;
+a per-layer storage dtype would change only that method).
+
 Every buffer operation runs under ``torch.inference_mode``; the buffers themselves are
 normal tensors (no autograd history, writable from any caller), since a compiled decode
 step cannot write into views of inference tensors.
 """
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 
@@ -38,7 +54,7 @@ def _free_bytes(device: torch.device) -> int | None:
 
 
 class KVCache:
-    """Per-layer K/V buffers ``(B, Hkv, capacity, D)`` with an explicit ``length``.
+    """Per-layer K/V buffers ``(B, Hkv, capacity_i, D)`` with an explicit ``length``.
 
     Args:
         n_layers, n_kv_heads, head_dim: the model's shape.
@@ -46,11 +62,13 @@ class KVCache:
         dtype: element dtype of the buffers.
         device: where the buffers live.
         batch: batch size ``B``.
-        limit_bytes: optional cap on ``allocated_bytes``; ``None`` = no cap.
+        limit_bytes: optional cap on the bytes the cache needs (:meth:`bytes_at`); ``None`` = no cap.
         chunk_tokens: capacity grows in multiples of this many tokens.
+        windows: per layer, the sliding window in tokens or None (full attention);
+            default: every layer full.
 
     Raises:
-        ValueError: non-positive sizes.
+        ValueError: non-positive sizes, a window list of the wrong length.
         CacheLimitError: ``limit_bytes`` smaller than one token.
     """
 
@@ -66,12 +84,18 @@ class KVCache:
         batch: int = 1,
         limit_bytes: int | None = None,
         chunk_tokens: int = 256,
+        windows: Sequence[int | None] | None = None,
     ):
         if min(n_layers, n_kv_heads, head_dim, batch, chunk_tokens) <= 0:
             raise ValueError("KV cache sizes must be positive")
         if max_tokens <= 0:
             raise ValueError(f"a KV cache must hold at least one token; got max_tokens={max_tokens}")
+        windows = tuple(windows) if windows else (None,) * n_layers
+        if len(windows) != n_layers or any(w is not None and w < 1 for w in windows):
+            raise ValueError(f"windows must give {n_layers} layers a window of at least 1 token or None; got {windows}")
         self.n_layers, self.n_kv_heads, self.head_dim, self.batch = n_layers, n_kv_heads, head_dim, batch
+        # A window as long as the cache is no window.
+        self.windows: tuple[int | None, ...] = tuple(None if w is None or w >= max_tokens else int(w) for w in windows)
         self.dtype = parse_cache_dtype(dtype)
         self.device = torch.device(device)
         self.max_tokens = int(max_tokens)
@@ -83,9 +107,10 @@ class KVCache:
                 f"({self.bytes_per_token} bytes); raise the limit"
             )
         self.length = 0
-        self.capacity = 0
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
+        #: Per layer: the absolute position of buffer slot 0 (0 for full-attention layers).
+        self.start: list[int] = [0] * n_layers
 
     # ---- byte accounting -------------------------------------------------------------
     @property
@@ -93,33 +118,74 @@ class KVCache:
         """Bytes of one element of the buffers' dtype."""
         return self.dtype.itemsize
 
+    def layer_bytes_per_token(self, layer: int) -> int:
+        """Bytes one token takes in one layer: 2 (K and V) x batch x KV heads x head dim x element bytes."""
+        return 2 * self.batch * self.n_kv_heads * self.head_dim * self.element_bytes
+
     @property
     def bytes_per_token(self) -> int:
-        """2 (K and V) x layers x batch x KV heads x head dim x element bytes."""
-        return 2 * self.n_layers * self.batch * self.n_kv_heads * self.head_dim * self.element_bytes
+        """Bytes one token takes in every layer (before any sliding window is full):
+        2 (K and V) x layers x batch x KV heads x head dim x element bytes."""
+        return sum(self.layer_bytes_per_token(i) for i in range(self.n_layers))
+
+    @property
+    def sliding(self) -> bool:
+        """Whether any layer has a sliding window."""
+        return any(w is not None for w in self.windows)
+
+    def layer_tokens(self, layer: int, length: int | None = None) -> int:
+        """Tokens layer ``layer`` needs at ``length`` (default: now): ``min(length, window)``
+        for a sliding layer, ``length`` for a full one."""
+        n = self.length if length is None else length
+        w = self.windows[layer]
+        return n if w is None else min(n, w)
+
+    def bytes_at(self, length: int) -> int:
+        """Bytes the layers need at ``length`` tokens: sum over layers of
+        :meth:`layer_tokens` x :meth:`layer_bytes_per_token` (the planner's formula)."""
+        return sum(self.layer_tokens(i, length) * self.layer_bytes_per_token(i) for i in range(self.n_layers))
 
     @property
     def used_bytes(self) -> int:
-        """Bytes of the valid tokens: ``bytes_per_token * length``."""
-        return self.bytes_per_token * self.length
+        """Bytes of the tokens in use: :meth:`bytes_at` ``(length)``."""
+        return self.bytes_at(self.length)
+
+    @property
+    def capacity(self) -> int:
+        """Tokens every full-attention layer's buffer holds (all sliding: the smallest
+        buffer); 0 until every layer has one."""
+        if len(self.k) < self.n_layers:
+            return 0
+        caps = [self.k[i].shape[2] for i in range(self.n_layers) if self.windows[i] is None]
+        return min(caps or [kb.shape[2] for kb in self.k])
 
     @property
     def allocated_bytes(self) -> int:
-        """Bytes the buffers take: ``bytes_per_token * capacity``."""
-        return self.bytes_per_token * self.capacity
+        """Bytes the buffers take: sum over layers of buffer capacity x layer bytes per token."""
+        return sum(self.k[i].shape[2] * self.layer_bytes_per_token(i) for i in range(len(self.k)))
 
     @property
     def token_limit(self) -> int:
         """The most tokens this cache can ever hold (capacity cap and byte limit)."""
         limit = self.max_tokens
-        if self.limit_bytes is not None:
-            limit = min(limit, self.limit_bytes // self.bytes_per_token)
+        if self.limit_bytes is not None and self.bytes_at(limit) > self.limit_bytes:
+            lo, hi = 0, limit  # bytes_at grows with length: the last length that fits
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if self.bytes_at(mid) <= self.limit_bytes else (lo, mid - 1)
+            limit = lo
         return limit
 
     # ---- growth ----------------------------------------------------------------------
+    def _target(self, layer: int, need: int) -> int:
+        """Buffer tokens for layer ``layer`` to take ``need`` slots, grown in chunks."""
+        cap = -(-need // self.chunk_tokens) * self.chunk_tokens
+        return min(cap, self.token_limit) if self.windows[layer] is None else cap
+
     @torch.inference_mode()
     def reserve(self, n_new: int) -> None:
-        """Make room for ``n_new`` more tokens after ``length`` (grows in chunks).
+        """Make room for ``n_new`` more tokens after ``length`` (grows in chunks; a sliding
+        layer first drops what is out of its window).
 
         Raises:
             CacheLimitError: ``length + n_new`` passes ``max_tokens`` or the byte limit,
@@ -136,27 +202,32 @@ class KVCache:
             raise CacheLimitError(
                 f"{need} tokens would pass {why}; shorten the conversation or raise the limit"
             )
-        if need <= self.capacity:
+        for i, w in enumerate(self.windows):
+            if w is not None and i < len(self.k) and need - self.start[i] > self.k[i].shape[2]:
+                self._drop_before(i, max(self.start[i], self.length - w))
+        grow = {}
+        for i in range(self.n_layers):
+            slots = need - self.start[i]
+            have = self.k[i].shape[2] if i < len(self.k) else 0
+            if slots > have or i >= len(self.k):
+                grow[i] = self._target(i, slots)
+        if not grow:
             return
-        new_cap = min(self.token_limit, -(-need // self.chunk_tokens) * self.chunk_tokens)
         # Layer by layer, the new K and V buffers exist next to that layer's old ones while
         # its tokens are copied over: the growth plus one layer's old buffers at the peak
         # (all layers at once would briefly double the cache).
-        new_bytes = new_cap * self.bytes_per_token
-        need_bytes = (new_cap - self.capacity) * self.bytes_per_token + self.capacity * self.bytes_per_token // self.n_layers
+        old = {i: (self.k[i].shape[2] if i < len(self.k) else 0) for i in grow}
+        need_bytes = sum((cap - old[i]) * self.layer_bytes_per_token(i) for i, cap in grow.items())
+        need_bytes += max(old[i] * self.layer_bytes_per_token(i) for i in grow)
+        new_bytes = sum(cap * self.layer_bytes_per_token(i) for i, cap in grow.items())
         free = _free_bytes(self.device)
         if free is not None and need_bytes > free:
             raise CacheLimitError(
-                f"a {new_cap}-token KV cache needs {need_bytes / 2**20:,.1f} MiB more but {self.device} has "
+                f"a {max(grow.values())}-token KV cache needs {need_bytes / 2**20:,.1f} MiB more but {self.device} has "
                 f"{free / 2**20:,.1f} MiB free; lower the context length or use a smaller cache dtype"
             )
-        shape = (self.batch, self.n_kv_heads, new_cap, self.head_dim)
-        n = self.length
-        for i in range(self.n_layers):
-            # A layer grown before an out-of-memory error keeps its bigger buffers: only
-            # ``capacity`` tokens of each are used, so the cache stays consistent.
-            if i < len(self.k) and self.k[i].shape[2] >= new_cap:
-                continue
+        for i in sorted(grow):
+            shape = (self.batch, self.n_kv_heads, grow[i], self.head_dim)
             try:
                 # Zero-filled: the static decode step attends over the whole buffer and
                 # masks the unused slots, and a masked slot holding NaN would still poison
@@ -167,18 +238,31 @@ class KVCache:
                     new_k = torch.zeros(shape, dtype=self.dtype, device=self.device)
                     new_v = torch.zeros(shape, dtype=self.dtype, device=self.device)
             except (torch.OutOfMemoryError, RuntimeError) as e:  # RuntimeError: CPU allocator
+                # Layers grown before this one keep their bigger buffers: only the slots
+                # in use are read, so the cache stays consistent.
                 raise CacheLimitError(
-                    f"out of memory allocating a {new_cap}-token KV cache "
+                    f"out of memory allocating a {grow[i]}-token KV cache "
                     f"({new_bytes} bytes); lower the context length or use a smaller cache dtype"
                 ) from e
             if i < len(self.k):
+                n = self.length - self.start[i]
                 new_k[:, :, :n].copy_(self.k[i][:, :, :n])
                 new_v[:, :, :n].copy_(self.v[i][:, :, :n])
                 self.k[i], self.v[i] = new_k, new_v
             else:
                 self.k.append(new_k)
                 self.v.append(new_v)
-        self.capacity = new_cap
+
+    def _drop_before(self, layer: int, pos: int) -> None:
+        """Sliding layer: forget positions before ``pos``, moving the rest to slot 0."""
+        drop = pos - self.start[layer]
+        if drop <= 0:
+            return
+        n = self.length - pos
+        for buf in (self.k[layer], self.v[layer]):
+            # clone: source and destination overlap.
+            buf[:, :, :n].copy_(buf[:, :, drop : drop + n].clone())
+        self.start[layer] = pos
 
     @torch.inference_mode()
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -188,9 +272,13 @@ class KVCache:
         :meth:`advance` once after the last layer.
 
         Returns:
-            views of all keys and values of that layer, ``(B, Hkv, length + Tnew, D)``.
+            views of the layer's keys and values for positions ``start[layer] ..
+            length + Tnew - 1``, ``(B, Hkv, length + Tnew - start[layer], D)``: every
+            position for a full layer, at least the window for a sliding one. The new
+            tokens are the last ``Tnew``.
         """
-        t0, t1 = self.length, self.length + k.shape[2]
+        t0 = self.length - self.start[layer]
+        t1 = t0 + k.shape[2]
         kb, vb = self.k[layer], self.v[layer]
         kb[:, :, t0:t1].copy_(k)
         vb[:, :, t0:t1].copy_(v)
@@ -214,48 +302,107 @@ class KVCache:
 
     def advance(self, n: int) -> None:
         """Mark ``n`` more tokens as valid (after every layer has written them)."""
-        if self.length + n > self.capacity:
+        if any(self.length + n - self.start[i] > self.k[i].shape[2] for i in range(len(self.k))) or len(self.k) < self.n_layers:
             raise CacheLimitError("advance past the reserved capacity (call reserve first)")
         self.length += n
 
     # ---- editing ---------------------------------------------------------------------
+    def crop_point(self, n: int) -> int:
+        """The largest ``m <= n`` that :meth:`crop` can keep exactly: ``n`` when every
+        sliding layer still holds the ``window - 1`` tokens before ``n`` (the next
+        token's view), else 0 (the conversation must be prefilled again)."""
+        if not 0 <= n <= self.length:
+            raise ValueError(f"crop point {n} outside 0..{self.length}")
+        for i, w in enumerate(self.windows):
+            if w is not None and self.start[i] > max(0, n - w + 1):
+                return 0
+        return n
+
     def crop(self, n: int) -> None:
         """Keep only the first ``n`` tokens (``0 <= n <= length``); memory stays allocated.
 
         Raises:
-            ValueError: ``n`` outside ``0 .. length``.
+            ValueError: ``n`` outside ``0 .. length``, or a sliding layer that no longer
+                holds the window before ``n`` (ask :meth:`crop_point` first).
         """
         if not 0 <= n <= self.length:
             raise ValueError(f"crop({n}) outside 0..{self.length}")
+        if self.crop_point(n) != n:
+            raise ValueError(
+                f"crop({n}): the sliding-window layers no longer hold the tokens before {n}; crop to 0 and prefill again"
+            )
         self.length = n
+        for i in range(self.n_layers):
+            self.start[i] = min(self.start[i], n)
 
     @torch.inference_mode()
     def evict(self, start: int, end: int) -> None:
         """Remove tokens ``start .. end-1``, shifting later tokens down (in place).
 
         Used by the rolling context policy; the caller re-rotates the shifted keys'
-        positions (see ``runtime.model.Decoder.shift_positions``).
+        positions (see ``runtime.model.Decoder.shift_key_positions``). A sliding layer
+        that holds none of the evicted tokens only relabels its positions.
         """
         if not 0 <= start <= end <= self.length:
             raise ValueError(f"evict({start}, {end}) outside 0..{self.length}")
-        n_shift = self.length - end
-        for buf in (*self.k, *self.v):
-            # clone: source and destination overlap.
-            buf[:, :, start : start + n_shift].copy_(buf[:, :, end : self.length].clone())
-        self.length -= end - start
+        n_evict = end - start
+        for i in range(len(self.k)):
+            s = self.start[i]
+            if s >= end:
+                self.start[i] = s - n_evict
+                continue
+            lo = max(start, s) - s  # first evicted slot
+            hi = end - s  # first kept slot after the evicted ones
+            n_shift = self.length - end
+            for buf in (self.k[i], self.v[i]):
+                # clone: source and destination overlap.
+                buf[:, :, lo : lo + n_shift].copy_(buf[:, :, hi : hi + n_shift].clone())
+            self.start[i] = min(s, start)
+        self.length -= n_evict
+
+    def slots(self, layer: int, start: int, end: int) -> tuple[int, int]:
+        """Buffer slots ``(a, b)`` of layer ``layer`` holding positions ``start .. end-1``
+        (clipped to what the layer holds; ``a == b`` when none)."""
+        s = self.start[layer]
+        a, b = max(start, s) - s, max(min(end, self.length), s) - s
+        return a, max(a, b)
 
     def reset(self) -> None:
         """Forget every token (``length = 0``); memory stays allocated."""
         self.length = 0
+        self.start = [0] * self.n_layers
 
     def release(self) -> None:
         """Free the buffers (``length = capacity = 0``)."""
         self.k, self.v = [], []
-        self.length = self.capacity = 0
+        self.length = 0
+        self.start = [0] * self.n_layers
+
+    def layer_types(self) -> list[dict]:
+        """Per kind of layer (full, then each window): ``window`` (tokens or None),
+        ``layers``, ``bytes_per_token`` (those layers together), ``tokens`` (each holds),
+        ``used_bytes`` and ``allocated_bytes``."""
+        groups: dict[int | None, list[int]] = {}
+        for i, w in enumerate(self.windows):
+            groups.setdefault(w, []).append(i)
+        out = []
+        for w in sorted(groups, key=lambda w: -1 if w is None else w):
+            idx = groups[w]
+            out.append({
+                "kind": "full" if w is None else "sliding",
+                "window": w,
+                "layers": len(idx),
+                "bytes_per_token": sum(self.layer_bytes_per_token(i) for i in idx),
+                "tokens": self.layer_tokens(idx[0]),
+                "used_bytes": sum(self.layer_tokens(i) * self.layer_bytes_per_token(i) for i in idx),
+                "allocated_bytes": sum(self.k[i].shape[2] * self.layer_bytes_per_token(i) for i in idx if i < len(self.k)),
+            })
+        return out
 
     def stats(self) -> dict:
-        """The JSON-ready figures: dtype, bytes_per_token, tokens, used/allocated/limit bytes."""
-        return {
+        """The JSON-ready figures: dtype, bytes_per_token, tokens, used/allocated/limit bytes,
+        and with sliding layers ``layer_types`` (:meth:`layer_types`)."""
+        out = {
             "dtype": dtype_name(self.dtype),
             "bytes_per_token": self.bytes_per_token,
             "tokens": self.length,
@@ -263,6 +410,9 @@ class KVCache:
             "allocated_bytes": self.allocated_bytes,
             "limit_bytes": self.limit_bytes,
         }
+        if self.sliding:
+            out["layer_types"] = self.layer_types()
+        return out
 
     def __repr__(self) -> str:
         return (

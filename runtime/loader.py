@@ -9,7 +9,6 @@ tokenizer is read from the file alone, never from its folder; never unpickle.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import logging
@@ -113,7 +112,7 @@ class Model:
         return KVCache(
             c.n_layers, c.n_kv_heads, c.head_dim, max_tokens,
             dtype=parse_cache_dtype(dtype) if dtype is not None else self.compute_dtype,
-            device=self.device, limit_bytes=limit_bytes,
+            device=self.device, limit_bytes=limit_bytes, windows=c.windows,
         )
 
     @torch.inference_mode()
@@ -260,7 +259,8 @@ def _gguf_cache_dir(path: Path) -> Path | None:
 
 #: Our own config, kept beside the converted tokenizer: reading it needs no transformers
 #: config class (importing one costs about a second: it pulls in torch.distributed).
-CONFIG_FILE = "attnchat-model-config-v1.json"
+#: v2: RoPE variants, sliding windows and the Gemma/Qwen3 pieces (a v1 file lacks them).
+CONFIG_FILE = "attnchat-model-config-v2.json"
 #: Tokenizer classes saved by ``save_pretrained`` of a fast tokenizer (transformers 5 and 4).
 _FAST_TOKENIZER_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
 
@@ -284,9 +284,7 @@ def _cached_model_config(cached: Path | None) -> ModelConfig | None:
     if cached is None or not (cached / CONFIG_FILE).exists():
         return None
     try:
-        fields = json.loads((cached / CONFIG_FILE).read_text(encoding="utf-8"))
-        fields["eos_token_ids"] = tuple(fields.get("eos_token_ids", ()))
-        return ModelConfig(**fields)
+        return ModelConfig.from_dict(json.loads((cached / CONFIG_FILE).read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError):
         log.warning("GGUF cache %s: %s unreadable", cached, CONFIG_FILE, exc_info=True)
         return None
@@ -321,7 +319,7 @@ def _write_model_config(cached: Path | None, cfg: ModelConfig) -> None:
     target = cached / CONFIG_FILE
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     try:
-        tmp.write_text(json.dumps(dataclasses.asdict(cfg)), encoding="utf-8")
+        tmp.write_text(json.dumps(cfg.to_dict()), encoding="utf-8")
         os.replace(tmp, target)
     except OSError:
         log.warning("could not keep the model config", exc_info=True)

@@ -5,10 +5,20 @@ can check a bigger model before fetching it.
 
 KV bytes per token = 2 (K and V) x layers x KV heads x head dim x bytes per element
 (the cache stores one key and one value vector per KV head per layer per token).
+
+With sliding-window layers (Mistral, Gemma 2/3, Phi-3) a layer holds at most its window,
+so the KV cache at a context of ``n`` tokens is, per layer,
+``min(n, window) x 2 x KV heads x head dim x bytes`` (the same count
+:meth:`runtime.kv_cache.KVCache.bytes_at` makes), and the planner reports it per layer
+type. It also compares, for the model's shape, what multi-head (one KV head per query
+head), grouped-query (the model's), multi-query (one KV head, Shazeer 2019, "Fast
+Transformer Decoding: One Write-Head is All You Need") and sliding-window attention would
+cost.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
 
 import torch
 
@@ -34,6 +44,78 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, elem_bytes: in
     return 2 * layers * kv_heads * head_dim * elem_bytes
 
 
+def kv_bytes_at(windows: Sequence[int | None], kv_heads: int, head_dim: int, elem_bytes: int, context: int) -> int:
+    """KV bytes at ``context`` tokens: per layer ``min(context, window)`` tokens (all of them
+    for a full layer) x 2 x KV heads x head dim x bytes per element."""
+    per_layer = 2 * kv_heads * head_dim * elem_bytes
+    return sum(per_layer * (context if w is None else min(context, w)) for w in windows)
+
+
+def _longest_context(windows, kv_heads, head_dim, elem_bytes, budget: int) -> int:
+    """The most tokens whose KV cache fits ``budget`` bytes (sliding layers stop growing at
+    their window; with no full layer, any context that fits the windows: 2**40)."""
+    lo, hi = 0, 1 << 40
+    if kv_bytes_at(windows, kv_heads, head_dim, elem_bytes, hi) <= budget:
+        return hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if kv_bytes_at(windows, kv_heads, head_dim, elem_bytes, mid) <= budget else (lo, mid - 1)
+    return lo
+
+
+def layer_type_figures(windows: Sequence[int | None], kv_heads: int, head_dim: int, elem_bytes: int, context: int) -> list[dict]:
+    """Per kind of layer (full first, then each window): kind, window, layers,
+    bytes_per_token, tokens and used_bytes at ``context`` (the KV cache's
+    ``layer_types()`` fields)."""
+    per_layer = 2 * kv_heads * head_dim * elem_bytes
+    out = []
+    for w in sorted(set(windows), key=lambda w: -1 if w is None else w):
+        n = sum(1 for x in windows if x == w)
+        tokens = context if w is None else min(context, w)
+        out.append({"kind": "full" if w is None else "sliding", "window": w, "layers": n,
+                    "bytes_per_token": n * per_layer, "tokens": tokens, "used_bytes": n * per_layer * tokens})
+    return out
+
+
+#: The window the comparison uses for a model without one (Mistral 7B v0.1's).
+DEFAULT_COMPARISON_WINDOW = 4096
+
+
+def attention_variants(windows: Sequence[int | None], kv_heads: int, head_dim: int, elem_bytes: int, context: int,
+                       *, n_heads: int | None = None) -> list[dict]:
+    """What the KV cache would take under each attention variant, for this shape at ``context``.
+
+    ``multi-head``: one KV head per query head (needs ``n_heads``); ``grouped-query``: the
+    model's KV heads, every layer full (only when between 1 and ``n_heads``);
+    ``multi-query``: one KV head; ``sliding-window``: the model's KV heads, every layer
+    with the model's window (or :data:`DEFAULT_COMPARISON_WINDOW`). The model's own
+    (its KV heads, its windows) is marked ``this_model``.
+    """
+    L = len(windows)
+    window = next((w for w in windows if w is not None), None) or DEFAULT_COMPARISON_WINDOW
+    rows = []
+
+    def row(name, heads, ws):
+        rows.append({
+            "name": name, "kv_heads": heads, "window": next((w for w in ws if w is not None), None),
+            "windowed_layers": sum(1 for w in ws if w is not None),
+            "bytes_per_token": kv_bytes_per_token(L, heads, head_dim, elem_bytes),
+            "bytes_at_context": kv_bytes_at(ws, heads, head_dim, elem_bytes, context),
+            "this_model": heads == kv_heads and tuple(ws) == tuple(windows),
+        })
+
+    full = (None,) * L
+    if n_heads is not None:
+        row("multi-head", n_heads, full)
+    if n_heads is None or 1 < kv_heads < n_heads:
+        row("grouped-query", kv_heads, full)
+    row("multi-query", 1, full)
+    row("sliding-window", kv_heads, (window,) * L)
+    if not any(r["this_model"] for r in rows):
+        row("this model", kv_heads, tuple(windows))
+    return rows
+
+
 def count_parameters(cfg: ModelConfig) -> int:
     """Parameters of a decoder described by ``cfg`` (tied embeddings counted once).
 
@@ -49,6 +131,7 @@ def count_parameters(cfg: ModelConfig) -> int:
     per_layer += C if cfg.o_bias else 0
     if cfg.family == "llama":
         per_layer += 3 * C * I + (2 * I + C if cfg.mlp_bias else 0) + 2 * C
+        per_layer += (2 * D if cfg.qk_norm else 0) + (2 * C if cfg.sandwich_norms else 0)  # Qwen3/Gemma extra norms
         total = V * C + L * per_layer + C
     else:
         per_layer += 2 * C * I + (I + C if cfg.mlp_bias else 0) + 4 * C
@@ -96,6 +179,14 @@ class MemoryPlan:
         device: the device asked about; free_device_bytes its free memory (None if unknown).
         total_bytes: weights + KV at ``context`` (None without a model).
         fits_device: whether total (or KV alone) fits the free memory (None if unknown).
+        layer_types: per kind of layer (full, each window): ``kind``, ``window``,
+            ``layers``, ``bytes_per_token`` (those layers together), ``tokens`` (each
+            holds at ``context``) and ``used_bytes``, as the KV cache counts them.
+        variants: for the model's shape, ``name`` (``multi-head``, ``grouped-query``,
+            ``multi-query``, ``sliding-window``), ``kv_heads``, ``window``,
+            ``bytes_per_token`` (before any window fills), ``bytes_at_context``, and
+            ``this_model`` (the variant this model is). Multi-head needs the query
+            heads: only with a model config.
     """
 
     layers: int
@@ -114,6 +205,8 @@ class MemoryPlan:
     free_device_bytes: int | None = None
     total_bytes: int | None = None
     fits_device: bool | None = None
+    layer_types: list[dict] = field(default_factory=list)
+    variants: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -130,6 +223,7 @@ def plan(
     config: ModelConfig | None = None,
     weights_dtype: str | torch.dtype | None = None,
     device: str | torch.device = "cpu",
+    windows: Sequence[int | None] | None = None,
 ) -> MemoryPlan:
     """Plan the memory of a model at a context length.
 
@@ -142,9 +236,11 @@ def plan(
         weights_dtype: weights' dtype for that figure (default: ``device``'s default,
             :func:`runtime.device.default_dtype`; float16 on the CPU).
         device: whose free memory to report.
+        windows: per layer its sliding window in tokens or None (from ``config`` when
+            given); default every layer full.
 
     Raises:
-        ValueError: non-positive numbers, an unknown dtype.
+        ValueError: non-positive numbers, an unknown dtype, a window list of the wrong length.
     """
     if context <= 0:
         raise ValueError(f"the context must be a positive number of tokens; got {context}")
@@ -152,7 +248,12 @@ def plan(
         raise ValueError(f"the budget must not be negative; got {budget_bytes} bytes")
     eb = element_bytes(cache_dtype)
     per_token = kv_bytes_per_token(layers, kv_heads, head_dim, eb)
-    kv = per_token * context
+    if windows is None and config is not None:
+        windows = config.windows
+    windows = tuple(windows) if windows else (None,) * layers
+    if len(windows) != layers or any(w is not None and w < 1 for w in windows):
+        raise ValueError(f"give {layers} windows (a positive number of tokens or None); got {windows}")
+    kv = kv_bytes_at(windows, kv_heads, head_dim, eb, context)
     params = weights = wdtype = None
     if config is not None:
         params = count_parameters(config)
@@ -169,10 +270,13 @@ def plan(
         layers=layers, kv_heads=kv_heads, head_dim=head_dim,
         cache_dtype=dtype_name(parse_cache_dtype(cache_dtype)), kv_bytes_per_token=per_token,
         context=context, kv_bytes=kv, budget_bytes=budget_bytes,
-        max_context_in_budget=None if budget_bytes is None else budget_bytes // per_token,
+        max_context_in_budget=None if budget_bytes is None else _longest_context(windows, kv_heads, head_dim, eb, budget_bytes),
         weights_bytes=weights, weights_dtype=wdtype, parameters=params, device=str(torch.device(device)),
         free_device_bytes=free, total_bytes=total if config is not None else None,
         fits_device=None if free is None else total <= free,
+        layer_types=layer_type_figures(windows, kv_heads, head_dim, eb, context),
+        variants=attention_variants(windows, kv_heads, head_dim, eb, context,
+                                    n_heads=config.n_heads if config is not None else None),
     )
 
 

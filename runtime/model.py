@@ -1,9 +1,15 @@
-"""The decoder: Llama family (Llama, SmolLM, Mistral, Qwen2) and GPT-2 family, top to bottom.
+"""The decoder: Llama family (Llama, SmolLM, Mistral, Qwen2/3, Phi-3, Gemma 2/3) and GPT-2, top to bottom.
 
-Must not import Qt. Pre-norm blocks, ``Block.forward`` is two residual lines. RoPE tables
-are precomputed once (Su et al. 2021, "RoFormer", in transformers' half-split
-``rotate_half`` layout, which is how transformers hands us the weights). Attention
-is ``runtime.attention``; the KV cache is ``runtime.kv_cache.KVCache``.
+Must not import Qt. Pre-norm blocks, ``Block.forward`` is two residual lines. RoPE and
+its variants are :mod:`runtime.rope` (tables built once per variant, grown as positions
+need them). Attention is ``runtime.attention``; the KV cache is
+``runtime.kv_cache.KVCache``.
+
+Family pieces, each chosen by :class:`runtime.config.ModelConfig`: sliding-window
+layers (Mistral, Phi-3, Gemma), RMSNorm over each query/key head (Qwen3, Gemma 3),
+Gemma's ``(1 + w)`` RMSNorm, ``sqrt(hidden)`` embedding scale, GeGLU, norms after
+attention and MLP ("sandwich"), ``query_pre_attn_scalar`` and soft-capping (Gemma 2),
+separate RoPE bases for local and global layers (Gemma 3).
 
 Fused projections: q/k/v are one matrix and so are the MLP's gate/up. One GEMV
 instead of three (or two) per layer saves dispatch time on the decode path, where
@@ -26,6 +32,9 @@ import torch.nn.functional as F
 from runtime.attention import DEFAULT_KERNELS, AttentionKernels, attention
 from runtime.config import ModelConfig
 from runtime.kv_cache import KVCache
+from runtime.rope import RopeSpec, apply_rope, rope_tables, rotate_half, rotation_by
+
+__all__ = ["Decoder", "Linear", "linear", "apply_rope", "rotate_half"]
 
 #: Called per layer with attention weights ``(B, H, Tq, Tk)`` when set (probe only); an
 #: observer with a true ``last_row_only`` attribute gets the newest query's row only,
@@ -144,37 +153,21 @@ class Embedding(nn.Embedding):
         pass
 
 
-def rope_tables(head_dim: int, max_positions: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables ``(max_positions, head_dim)`` in float32.
-
-    ``inv_freq[i] = theta ** (-2i / head_dim)`` (RoFormer eq. 15), repeated for the
-    two halves of each head (transformers' layout).
-    """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    pos = torch.arange(max_positions, dtype=torch.float64)
-    freqs = torch.outer(pos, inv_freq)  # (T, D/2)
-    emb = torch.cat([freqs, freqs], dim=-1)  # (T, D)
-    return emb.cos().float(), emb.sin().float()
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """``[x1, x2] -> [-x2, x1]`` over the last axis."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x (B, H, T, D)`` by tables ``(T, D)`` already indexed by position."""
-    return x * cos + rotate_half(x) * sin
+#: RoPE tables grow in steps of this many positions (not the whole context at once:
+#: Gemma 3's 32k x 256 float32 tables would take 64 MiB per variant).
+_ROPE_STEP = 4096
 
 
 class Attention(nn.Module):
-    """Multi-head / grouped-query self-attention with a fused q/k/v projection."""
+    """Multi-head / grouped-query / multi-query self-attention with a fused q/k/v projection,
+    full or sliding-window."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.use_rope = cfg.family == "llama"
+        self.window = cfg.window(layer)
+        self.scale = cfg.attn_scale or None
+        self.softcap = cfg.attn_softcap or None
         qkv_out = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, qkv_out, bias=cfg.qkv_bias)
         self.o_proj = Linear(cfg.n_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
@@ -182,12 +175,15 @@ class Attention(nn.Module):
         # heads are knocked out; None (one attribute check per layer) otherwise.
         self.head_edit: Callable[[int, torch.Tensor], torch.Tensor] | None = None
         self.kernels: AttentionKernels = DEFAULT_KERNELS  # set by Decoder.set_attention_kernels
+        self.q_norm = Norm(cfg, cfg.head_dim) if cfg.qk_norm else None
+        self.k_norm = Norm(cfg, cfg.head_dim) if cfg.qk_norm else None
 
     def project(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries ``(B, H, T, D)``, keys and values ``(B, Hkv, T, D)`` of the normed input
-        ``x (B, T, C)``, RoPE applied when ``rope`` (cos, sin tables ``(T, D)``) is given."""
+        ``x (B, T, C)``: q/k head norms when the family has them, then RoPE when ``rope``
+        (cos, sin tables ``(T, R)``) is given."""
         B, T, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)  # (B, T, (H + 2 Hkv) D)
@@ -195,6 +191,8 @@ class Attention(nn.Module):
         q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # RMSNorm over each head's D channels
         if rope is not None:
             cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -213,25 +211,28 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
         q, k, v = self.project(x, rope)
+        first = 0  # position of the first key
+        kw = dict(scale=self.scale, window=self.window, softcap=self.softcap)
         if pos is not None:
             # The static decode step: write at a tensor position, attend over the whole
             # fixed-capacity buffer with ``mask`` hiding the slots past the position.
             k, v = cache.write_at(layer, pos, k, v)  # (B, Hkv, capacity, D)
-            y = attention(q, k, v, causal=False, mask=mask, kernels=self.kernels)
+            y = attention(q, k, v, causal=False, mask=mask, kernels=self.kernels, scale=self.scale, softcap=self.softcap)
         else:
             if cache is not None:
-                k, v = cache.update(layer, k, v)  # (B, Hkv, Tcached + T, D)
+                first = cache.start[layer]
+                k, v = cache.update(layer, k, v)  # (B, Hkv, Tcached + T, D); a sliding layer holds its window
             if observer is not None and getattr(observer, "last_row_only", False):
                 # Only the newest query's weights are wanted (the live view): the fast path
                 # for the output, the formula for one row (it sees every key: no mask).
-                y = attention(q, k, v, causal=True, kernels=self.kernels)
-                _, weights = attention(q[:, :, -1:], k, v, causal=True, return_weights=True)  # (B, H, 1, Tk)
-                observer(layer, weights)
+                y = attention(q, k, v, causal=True, kernels=self.kernels, **kw)
+                _, weights = attention(q[:, :, -1:], k, v, causal=True, return_weights=True, **kw)  # (B, H, 1, Tk)
+                observer(layer, F.pad(weights, (first, 0)))
             elif observer is not None:
-                y, weights = attention(q, k, v, causal=True, return_weights=True)
-                observer(layer, weights)
+                y, weights = attention(q, k, v, causal=True, return_weights=True, **kw)
+                observer(layer, F.pad(weights, (first, 0)))  # keys a sliding layer dropped: weight 0
             else:
-                y = attention(q, k, v, causal=True, kernels=self.kernels)  # (B, H, T, D)
+                y = attention(q, k, v, causal=True, kernels=self.kernels, **kw)  # (B, H, T, D)
         if self.head_edit is not None:
             y = self.head_edit(layer, y)
         y = y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H D)
@@ -239,36 +240,44 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU (llama family: ``down(silu(gate(x)) * up(x))``) or GELU (GPT-2: ``proj(gelu(fc(x)))``)."""
+    """Gated (llama family: ``down(act(gate(x)) * up(x))``, SiLU = SwiGLU, tanh-GELU = Gemma's
+    GeGLU) or GELU (GPT-2: ``proj(gelu(fc(x)))``)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.swiglu = cfg.family == "llama"
+        self.gated = cfg.family == "llama"
         self.intermediate = cfg.intermediate_size
-        if self.swiglu:
-            self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        else:
-            self.gate_up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.gate_up_proj = Linear(cfg.hidden_size, (2 if self.gated else 1) * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
-        self.gelu_approx = "none" if cfg.activation == "gelu" else "tanh"
+        if cfg.activation == "silu":
+            self.act = F.silu
+        else:  # gelu_pytorch_tanh, gelu_new: the tanh approximation; gelu: exact
+            approx = "none" if cfg.activation == "gelu" else "tanh"
+            self.act = lambda t: F.gelu(t, approximate=approx)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.gate_up_proj(x)
-        if self.swiglu:
+        if self.gated:
             gate, up = h.split(self.intermediate, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
-        return self.down_proj(F.gelu(h, approximate=self.gelu_approx))
+            return self.down_proj(self.act(gate) * up)
+        return self.down_proj(self.act(h))
 
 
 class Norm(nn.Module):
-    """RMSNorm (Zhang & Sennrich 2019) for the llama family, LayerNorm for GPT-2."""
+    """RMSNorm (Zhang & Sennrich 2019) for the llama family, LayerNorm for GPT-2.
 
-    def __init__(self, cfg: ModelConfig):
+    Gemma's RMSNorm multiplies by ``1 + w``: :meth:`Decoder.load_weights` folds the
+    offset into the weight once (``weight`` then holds ``1 + w``).
+    """
+
+    def __init__(self, cfg: ModelConfig, dim: int | None = None):
         super().__init__()
+        dim = dim or cfg.hidden_size
         self.rms = cfg.family == "llama"
         self.eps = cfg.norm_eps
-        self.weight = nn.Parameter(torch.ones(cfg.hidden_size))
-        self.bias = None if self.rms else nn.Parameter(torch.zeros(cfg.hidden_size))
+        self.offset = cfg.norm_offset
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = None if self.rms else nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.rms:
@@ -277,26 +286,28 @@ class Norm(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm decoder block."""
+    """Pre-norm decoder block; Gemma adds a norm after attention and after the MLP."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.attn_norm = Norm(cfg)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, layer)
         self.mlp_norm = Norm(cfg)
         self.mlp = MLP(cfg)
+        self.post_attn_norm = Norm(cfg) if cfg.sandwich_norms else nn.Identity()
+        self.post_mlp_norm = Norm(cfg) if cfg.sandwich_norms else nn.Identity()
 
     def forward(self, x, rope, cache, layer, observer=None, pos=None, mask=None):
-        x = x + self.attn(self.attn_norm(x), rope, cache, layer, observer, pos, mask)
-        return x + self.mlp(self.mlp_norm(x))
+        x = x + self.post_attn_norm(self.attn(self.attn_norm(x), rope, cache, layer, observer, pos, mask))
+        return x + self.post_mlp_norm(self.mlp(self.mlp_norm(x)))
 
 
 class Decoder(nn.Module):
     """Token ids -> logits, with an optional KV cache.
 
     Build on the meta device, then :meth:`load_weights` assigns real tensors
-    (no second copy) and builds the RoPE tables. Nothing is randomly initialized:
-    built on a real device, the weights are uninitialized memory until loaded.
+    (no second copy). Nothing is randomly initialized: built on a real device, the
+    weights are uninitialized memory until loaded.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -304,11 +315,14 @@ class Decoder(nn.Module):
         self.cfg = cfg
         self.embed = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.pos_embed = Embedding(cfg.max_position_embeddings, cfg.hidden_size) if cfg.family == "gpt2" else None
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.final_norm = Norm(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rope_cos: torch.Tensor | None = None
-        self.rope_sin: torch.Tensor | None = None
+        #: Per layer, its RoPE variant (None for GPT-2).
+        self.layer_ropes: list[RopeSpec | None] = [
+            cfg.layer_rope(i) if cfg.family == "llama" else None for i in range(cfg.n_layers)
+        ]
+        self._rope_tables: dict[RopeSpec, tuple[torch.Tensor, torch.Tensor]] = {}
         self.observer: AttentionObserver | None = None
         self.compute_dtype: torch.dtype = torch.float32
 
@@ -318,20 +332,56 @@ class Decoder(nn.Module):
         Args:
             state: the weights; matrices (embeddings, projections) keep their dtype.
             compute_dtype: the activations' dtype (default: the embedding's dtype). Norm
-                weights, biases and the RoPE tables are cast to it; :func:`linear` bridges
-                float16 matrices and float32 activations.
+                weights (Gemma's with their ``1 +`` folded in), biases are cast to it;
+                :func:`linear` bridges float16 matrices and float32 activations.
         """
         self.load_state_dict(state, strict=True, assign=True)
         self.compute_dtype = compute_dtype or self.embed.weight.dtype
         for module in self.modules():
             for name in ("weight", "bias") if isinstance(module, Norm) else ("bias",) if isinstance(module, Linear) else ():
                 p = getattr(module, name)
-                if p is not None and p.dtype != self.compute_dtype:
-                    setattr(module, name, nn.Parameter(p.data.to(self.compute_dtype), requires_grad=p.requires_grad))
-        if self.cfg.family == "llama":
-            device = self.embed.weight.device
-            cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_position_embeddings, self.cfg.rope_theta)
-            self.rope_cos, self.rope_sin = cos.to(device, self.compute_dtype), sin.to(device, self.compute_dtype)
+                if p is None:
+                    continue
+                data = p.data.float() + module.offset if isinstance(module, Norm) and name == "weight" and module.offset else p.data
+                if data is not p.data or p.dtype != self.compute_dtype:
+                    setattr(module, name, nn.Parameter(data.to(self.compute_dtype), requires_grad=p.requires_grad))
+        self._rope_tables = {}
+
+    def rope(self, layer: int, start: int, T: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """cos, sin ``(T, R)`` in the compute dtype for layer ``layer``'s positions
+        ``start .. start+T-1`` (None for GPT-2).
+
+        Tables are built once per RoPE variant and grown in steps of 4,096 positions.
+        A length-dependent variant past its trained context (longrope) takes the
+        frequencies of the sequence so far, ``start + T``, as transformers does.
+        """
+        spec = self.layer_ropes[layer]
+        if spec is None:
+            return None
+        end = start + T
+        device = self.embed.weight.device
+        if spec.type == "longrope" and end > spec.original_max_positions:
+            cos, sin = rope_tables(spec, self.cfg.head_dim, start, end, seq_len=end)
+            return cos.to(device, self.compute_dtype), sin.to(device, self.compute_dtype)
+        cos, sin = self._rope_tables.get(spec, (None, None))
+        if cos is None or cos.shape[0] < end:
+            n = min(-(-end // _ROPE_STEP) * _ROPE_STEP, max(self.cfg.max_position_embeddings, end))
+            cos, sin = rope_tables(spec, self.cfg.head_dim, 0, n)
+            cos, sin = cos.to(device, self.compute_dtype), sin.to(device, self.compute_dtype)
+            self._rope_tables[spec] = (cos, sin)
+        return cos[start:end], sin[start:end]
+
+    @property
+    def rope_cos(self) -> torch.Tensor | None:
+        """Layer 0's cos table ``(max_position_embeddings, R)`` (None for GPT-2)."""
+        t = self.rope(0, 0, self.cfg.max_position_embeddings)
+        return None if t is None else t[0]
+
+    @property
+    def rope_sin(self) -> torch.Tensor | None:
+        """Layer 0's sin table ``(max_position_embeddings, R)`` (None for GPT-2)."""
+        t = self.rope(0, 0, self.cfg.max_position_embeddings)
+        return None if t is None else t[1]
 
     def forward(
         self,
@@ -343,7 +393,8 @@ class Decoder(nn.Module):
         """Logits for ``input_ids (B, T)``.
 
         With a cache the tokens take positions ``cache.length ..``, attend to every
-        cached token before them, and are appended to the cache.
+        cached token before them (a sliding layer: to its window), and are appended to
+        the cache.
 
         Returns:
             float32 logits ``(B, T, V)``, or ``(B, 1, V)`` with ``last_only``.
@@ -361,20 +412,26 @@ class Decoder(nn.Module):
         if cache is not None:
             cache.reserve(T)
         x = self.embed(input_ids).to(self.compute_dtype)  # (B, T, C)
-        rope = None
+        if self.cfg.embed_scale != 1.0:
+            x = x * self.cfg.embed_scale
         if self.pos_embed is not None:
             x = x + self.pos_embed.weight[start : start + T].to(self.compute_dtype)
-        else:
-            rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T])  # (T, D) each
+        ropes: dict[RopeSpec | None, tuple[torch.Tensor, torch.Tensor] | None] = {}
         for i, block in enumerate(self.blocks):
-            x = block(x, rope, cache, i, self.observer)
+            spec = self.layer_ropes[i]
+            if spec not in ropes:
+                ropes[spec] = self.rope(i, start, T)  # (T, R) each, one per variant
+            x = block(x, ropes[spec], cache, i, self.observer)
         if cache is not None:
             cache.advance(T)
         if last_only:
             x = x[:, -1:]
         x = self.final_norm(x)
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return linear(x, head).float()  # (B, T, V)
+        logits = linear(x, head).float()  # (B, T, V)
+        if self.cfg.final_softcap:
+            logits = torch.tanh(logits / self.cfg.final_softcap) * self.cfg.final_softcap
+        return logits
 
     def set_attention_kernels(self, kernels: AttentionKernels) -> None:
         """Use ``kernels`` (see :class:`runtime.attention.AttentionKernels`) in every layer."""
@@ -400,6 +457,8 @@ class Decoder(nn.Module):
             float32 logits ``(B, 1, V)``.
         """
         x = self.embed(token).to(self.compute_dtype)  # (B, 1, C)
+        if self.cfg.embed_scale != 1.0:
+            x = x * self.cfg.embed_scale
         rope = None
         if self.pos_embed is not None:
             x = x + self.pos_embed.weight.index_select(0, pos).to(self.compute_dtype)
@@ -411,21 +470,29 @@ class Decoder(nn.Module):
             x = block(x, rope, cache, i, None, pos, mask)
         x = self.final_norm(x)
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return linear(x, head).float()  # (B, 1, V)
+        logits = linear(x, head).float()  # (B, 1, V)
+        if self.cfg.final_softcap:
+            logits = torch.tanh(logits / self.cfg.final_softcap) * self.cfg.final_softcap
+        return logits
 
     @torch.inference_mode()
     def shift_key_positions(self, cache: KVCache, start: int, end: int, delta: int) -> None:
-        """Re-rotate cached keys ``start .. end-1`` by ``delta`` positions (in place).
+        """Re-rotate cached keys at positions ``start .. end-1`` by ``delta`` positions (in place).
 
         RoPE rotations compose: ``R(p + delta) k = R(delta) R(p) k``, so moving keys
         that were rotated at position ``p`` to ``p + delta`` needs one rotation by
-        ``delta`` (used after evicting the middle of the cache). GPT-2's learned
-        absolute positions are added to the embeddings, not the keys: nothing to do.
+        ``delta`` (used after evicting the middle of the cache), each layer with its own
+        variant. GPT-2's learned absolute positions are added to the embeddings, not the
+        keys: nothing to do.
         """
-        if self.rope_cos is None or start >= end or delta == 0:
+        if start >= end or delta == 0:
             return
-        cos, sin = rope_tables(self.cfg.head_dim, abs(delta) + 1, self.cfg.rope_theta)
-        c, s = cos[abs(delta)], sin[abs(delta)] * (1 if delta > 0 else -1)  # (D,)
-        for kb in cache.k:
-            seg = kb[:, :, start:end].float()
-            kb[:, :, start:end] = (seg * c + rotate_half(seg) * s).to(kb.dtype)
+        for i, kb in enumerate(cache.k):
+            spec = self.layer_ropes[i]
+            if spec is None:
+                return
+            c, s = rotation_by(spec, self.cfg.head_dim, delta)  # (R,)
+            a, b = cache.slots(i, start, end)
+            R = c.shape[0]
+            seg = kb[:, :, a:b, :R].float()
+            kb[:, :, a:b, :R] = (seg * c + rotate_half(seg) * s).to(kb.dtype)

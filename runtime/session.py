@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Sequence, Union
 
 import torch
 
-from runtime.chat_format import PLAIN_STOP, Message, encode_conversation, token_counter
+from runtime.chat_format import Message, encode_conversation, token_counter
 from runtime.context import (
     OVERFLOW_POLICIES,
     PromptCancelled,
@@ -264,9 +264,7 @@ class ChatSession:
         return sys_msgs + messages
 
     def _stop_strings(self) -> tuple[str, ...]:
-        raw = bool(self.messages) and self.messages[0].role == TEXT_ROLE
-        extra = () if self.model.has_chat_template or raw else (PLAIN_STOP,)
-        return tuple(s for s in self.settings.stop_strings + extra if s)
+        return tuple(s for s in self.settings.stop_strings if s)
 
     def _encode(self, messages: list[Message]) -> list[int]:
         """Prompt ids: each reply's own token ids spliced in (:func:`runtime.chat_format.encode_conversation`)."""
@@ -290,6 +288,10 @@ class ChatSession:
         """Crop the cache to its longest common prefix with ``ids``; returns reused tokens."""
         n = min(common_prefix_length(self._stream, ids), len(ids) - 1)  # always prefill at least one token to get logits
         keep = sum(1 for p in self._slots if p < n)
+        if self.cache.crop_point(keep) < keep:
+            # A sliding-window layer no longer holds the window before the crop point
+            # (it keeps only the newest tokens): prefill again from the start.
+            n = keep = 0
         # Slots after an eviction gap are valid only if everything before them is.
         self.cache.crop(keep)
         del self._slots[keep:]

@@ -36,7 +36,10 @@ def to_decoder_state(cfg: ModelConfig, sd: dict[str, torch.Tensor], dtype: torch
     """transformers names -> :class:`runtime.model.Decoder` names, cast to ``dtype``.
 
     Llama family: ``model.layers.N.self_attn.{q,k,v}_proj`` fused into
-    ``blocks.N.attn.qkv_proj``; ``mlp.{gate,up}_proj`` into ``blocks.N.mlp.gate_up_proj``.
+    ``blocks.N.attn.qkv_proj``; ``mlp.{gate,up}_proj`` into ``blocks.N.mlp.gate_up_proj``
+    (Phi-3 stores both fused already); Qwen3/Gemma 3 q/k head norms; Gemma's four
+    norms per layer (its ``post_attention_layernorm`` follows attention, Llama's
+    precedes the MLP).
     GPT-2: ``h.N.attn.c_attn`` (a Conv1D, ``(in, out)``) transposed into
     ``qkv_proj``; ``mlp.c_fc`` / ``mlp.c_proj`` into ``gate_up_proj`` / ``down_proj``.
 
@@ -49,20 +52,34 @@ def to_decoder_state(cfg: ModelConfig, sd: dict[str, torch.Tensor], dtype: torch
         out[name] = t.to(dtype).contiguous()
 
     if cfg.family == "llama":
-        sd = _strip_prefix(sd, ("model.",))
+        sd = _strip_prefix(sd, ("model.language_model.", "model."))
         put("embed.weight", _take(sd, "embed_tokens.weight"))
         for i in range(cfg.n_layers):
             p = f"layers.{i}."
             b = f"blocks.{i}."
             put(b + "attn_norm.weight", _take(sd, p + "input_layernorm.weight"))
-            put(b + "mlp_norm.weight", _take(sd, p + "post_attention_layernorm.weight"))
-            put(b + "attn.qkv_proj.weight", torch.cat([_take(sd, p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
+            if cfg.sandwich_norms:  # Gemma: post_attention_layernorm follows attention
+                put(b + "post_attn_norm.weight", _take(sd, p + "post_attention_layernorm.weight"))
+                put(b + "mlp_norm.weight", _take(sd, p + "pre_feedforward_layernorm.weight"))
+                put(b + "post_mlp_norm.weight", _take(sd, p + "post_feedforward_layernorm.weight"))
+            else:  # Llama: post_attention_layernorm is the norm before the MLP
+                put(b + "mlp_norm.weight", _take(sd, p + "post_attention_layernorm.weight"))
+            if p + "self_attn.qkv_proj.weight" in sd:  # Phi-3 stores q/k/v fused, as we do
+                put(b + "attn.qkv_proj.weight", sd[p + "self_attn.qkv_proj.weight"])
+            else:
+                put(b + "attn.qkv_proj.weight", torch.cat([_take(sd, p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
             if cfg.qkv_bias:
                 put(b + "attn.qkv_proj.bias", torch.cat([_take(sd, p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
+            if cfg.qk_norm:
+                put(b + "attn.q_norm.weight", _take(sd, p + "self_attn.q_norm.weight"))
+                put(b + "attn.k_norm.weight", _take(sd, p + "self_attn.k_norm.weight"))
             put(b + "attn.o_proj.weight", _take(sd, p + "self_attn.o_proj.weight"))
             if cfg.o_bias:
                 put(b + "attn.o_proj.bias", _take(sd, p + "self_attn.o_proj.bias"))
-            put(b + "mlp.gate_up_proj.weight", torch.cat([_take(sd, p + "mlp.gate_proj.weight"), _take(sd, p + "mlp.up_proj.weight")]))
+            if p + "mlp.gate_up_proj.weight" in sd:  # Phi-3: gate and up fused, gate first
+                put(b + "mlp.gate_up_proj.weight", sd[p + "mlp.gate_up_proj.weight"])
+            else:
+                put(b + "mlp.gate_up_proj.weight", torch.cat([_take(sd, p + "mlp.gate_proj.weight"), _take(sd, p + "mlp.up_proj.weight")]))
             put(b + "mlp.down_proj.weight", _take(sd, p + "mlp.down_proj.weight"))
             if cfg.mlp_bias:
                 put(b + "mlp.gate_up_proj.bias", torch.cat([_take(sd, p + "mlp.gate_proj.bias"), _take(sd, p + "mlp.up_proj.bias")]))

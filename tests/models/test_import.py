@@ -14,7 +14,7 @@ import pytest
 
 from attnchat import models_cmd
 from models import store
-from models.catalog import DEFAULT_MODEL
+from models.catalog import CATALOG, DEFAULT_MODEL
 from models.store import ImportModelError, import_model, list_models
 
 GGUF_BYTES = b"GGUF" + bytes(range(256)) * 40
@@ -67,8 +67,8 @@ def test_import_gguf_copies_bytes_and_lists_it(folder, src):
     assert names(folder) == ["tiny.gguf"]  # no temp file left
     rows = list_models()
     assert [(r.id, r.source, r.installed) for r in rows] == [
-        (DEFAULT_MODEL.id, "catalog", False), ("tiny.gguf", "imported", True)]
-    assert rows[1].path == path and rows[1].size_bytes == len(GGUF_BYTES) and rows[1].name == "tiny"
+        (DEFAULT_MODEL.id, "catalog", False), ("gemma3-270m", "catalog", False), ("tiny.gguf", "imported", True)]
+    assert rows[2].path == path and rows[2].size_bytes == len(GGUF_BYTES) and rows[2].name == "tiny"
 
 
 def test_import_same_file_twice_is_idempotent_but_a_different_one_is_refused(folder, src):
@@ -160,7 +160,7 @@ def test_import_hf_folder_skips_pickles(folder, src):
     assert names(path) == ["config.json", "model.safetensors", "tokenizer.json"]
     assert (path / "config.json").read_text() == '{"model_type": "llama"}'
     assert names(folder) == ["tiny-llama"]
-    row = list_models()[1]
+    row = list_models()[len(CATALOG)]
     assert (row.id, row.source, row.path) == ("tiny-llama", "imported", path)
     assert row.size_bytes == sum(p.stat().st_size for p in path.iterdir())
     assert "already exists" in one_line_error(import_model, source)
@@ -225,15 +225,18 @@ def test_cli_list_json_and_table(folder, src, capsys):
     assert models_cmd.run(parse("list", "--json")) == 0
     rows = json.loads(capsys.readouterr().out)
     assert rows[0] == {"id": DEFAULT_MODEL.id, "name": DEFAULT_MODEL.name, "path": None,
-                       "installed": False, "size_bytes": DEFAULT_MODEL.size_bytes, "source": "catalog"}
-    assert rows[1]["path"] == str(folder / "tiny.gguf") and rows[1]["installed"] is True
+                       "installed": False, "size_bytes": DEFAULT_MODEL.size_bytes, "source": "catalog",
+                       "license": "Apache-2.0"}
+    assert rows[1]["id"] == "gemma3-270m" and rows[1]["license"] == "Gemma Terms of Use"
+    assert rows[2]["path"] == str(folder / "tiny.gguf") and rows[2]["installed"] is True
 
     assert models_cmd.run(parse("list")) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["ID", "NAME", "SIZE", "STATUS", "SOURCE", "PATH"]
+    assert lines[0].split() == ["ID", "NAME", "SIZE", "STATUS", "SOURCE", "LICENSE", "PATH"]
     assert lines[1].startswith(DEFAULT_MODEL.id) and "not installed" in lines[1] and "93.8 MiB" in lines[1]
-    assert lines[2].startswith("tiny.gguf") and lines[2].endswith(str(folder / "tiny.gguf"))
-    assert len(lines) == 3
+    assert lines[2].startswith("gemma3-270m") and "241.4 MiB" in lines[2] and "Gemma Terms of Use" in lines[2]
+    assert lines[3].startswith("tiny.gguf") and lines[3].endswith(str(folder / "tiny.gguf"))
+    assert len(lines) == 4
 
 
 def test_cli_unusable_models_dir_is_exit_2(tmp_path, monkeypatch, capsys):

@@ -90,3 +90,39 @@ def test_bad_shapes_raise_value_error():
         attention(torch.randn(1, 5, 2, 4), torch.randn(1, 2, 2, 4), torch.randn(1, 2, 2, 4))
     with pytest.raises(ValueError, match="4-D"):
         attention(torch.randn(5, 2, 4), torch.randn(1, 2, 2, 4), torch.randn(1, 2, 2, 4))
+
+
+# ---- sliding window (Mistral, Gemma) and soft-capping (Gemma 2) ---------------------------
+def test_window_mask_is_a_band_aligned_to_the_end_of_the_keys():
+    # 2 new queries after 3 cached keys, window 2: each sees itself and the key before it.
+    assert causal_mask(2, 5, window=2).tolist() == [
+        [False, False, True, True, False],
+        [False, False, False, True, True],
+    ]
+    assert torch.equal(causal_mask(4, 4, window=99), causal_mask(4, 4))
+
+
+@pytest.mark.parametrize("tq,tk,window", [(1, 9, 3), (1, 3, 3), (4, 4, 2), (3, 10, 4), (5, 12, 1), (6, 6, 6), (2, 7, 20)])
+@pytest.mark.parametrize("h,hkv", [(4, 4), (4, 2), (4, 1)])
+def test_window_fast_path_agrees_with_the_reference(tq, tk, window, h, hkv):
+    g = torch.Generator().manual_seed(tq * 100 + tk * 10 + window)
+    q = torch.randn(1, h, tq, 8, generator=g)
+    k, v = torch.randn(1, hkv, tk, 8, generator=g), torch.randn(1, hkv, tk, 8, generator=g)
+    ref, w = attention_reference(q, k, v, window=window)
+    torch.testing.assert_close(attention_fast(q, k, v, window=window), ref, atol=1e-5, rtol=1e-5)
+    # The weights follow the formula: query i (key index tk - tq + i) weighs only its window.
+    for i in range(tq):
+        pos = tk - tq + i
+        seen = (w[0, :, i] > 0).any(0).nonzero().flatten().tolist()
+        assert seen == list(range(max(0, pos - window + 1), pos + 1))
+
+
+def test_softcap_bounds_the_scores_and_both_paths_agree():
+    g = torch.Generator().manual_seed(5)
+    q, k, v = torch.randn(1, 2, 5, 8, generator=g) * 10, torch.randn(1, 1, 5, 8, generator=g) * 10, torch.randn(1, 1, 5, 8, generator=g)
+    out, w = attention_reference(q, k, v, softcap=1.0, window=3)
+    torch.testing.assert_close(attention(q, k, v, softcap=1.0, window=3), out)
+    # Scores within +-1 after the cap: no weight can exceed e^2 times another in the same row.
+    row = w[0, 0, 4, 2:]
+    assert row.max() / row.min() <= math.e ** 2 + 1e-4
+    assert not torch.allclose(out, attention(q, k, v, window=3))

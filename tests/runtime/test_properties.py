@@ -71,6 +71,5 @@ def test_plain_format_without_a_chat_template(texts):
 
     msgs = [Message("system", "be brief")] + conversation(texts)
     out = render(NoTemplate(), msgs)
-    assert out.startswith("System: be brief\nUser: ")
-    assert out.endswith("Assistant:")
-    assert out.count("User: ") >= (len(texts) + 1) // 2
+    # Plain completion: the system prompt, a blank line, then the texts as they are.
+    assert out == "be brief\n\n" + "".join(m.content for m in msgs[1:])

@@ -10,6 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
+#: The families added for issue 16, each with its own piece: Llama 3.1's RoPE scaling,
+#: Qwen3's q/k norms, Gemma 2 (soft-capping, alternating sliding layers), Gemma 3
+#: (multi-query, 2 sliding + 1 global layer with their own RoPE bases), Phi-3 (fused
+#: q/k/v and gate/up, partial rotary), Mistral and Qwen2 with a sliding window.
+MORE_FAMILIES = ("llama3", "qwen3", "gemma2", "gemma3", "phi3", "mistral-window", "qwen2-window")
+#: The sliding window of the tiny windowed models (tokens): shorter than the test inputs.
+WINDOW = 8
 
 #: 64 plain words: the BPE tokenizer's training text.
 WORDS = (
@@ -97,6 +104,8 @@ def _config(family: str, vocab_size: int, eos_id: int, bos_id: int, max_position
     if family == "qwen2":
         # Tied embeddings here, so the tied-head path is tested too.
         return Qwen2Config(**{**llama_like, "tie_word_embeddings": True}, use_sliding_window=False)
+    if family in MORE_FAMILIES:
+        return _more_config(family, llama_like)
     if family == "gpt2":
         return GPT2Config(
             vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=max_positions,
@@ -108,12 +117,46 @@ def _config(family: str, vocab_size: int, eos_id: int, bos_id: int, max_position
     raise ValueError(f"unknown family {family!r}; use one of {FAMILIES}")
 
 
+def _more_config(family: str, llama_like: dict):
+    from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
+
+    base = {k: v for k, v in llama_like.items() if k != "rope_theta"}
+    if family == "llama3":
+        return LlamaConfig(**base, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 32,
+        })
+    if family == "qwen3":
+        return Qwen3Config(**llama_like, use_sliding_window=False)
+    if family == "gemma2":
+        return Gemma2Config(**{**llama_like, "tie_word_embeddings": True}, sliding_window=WINDOW,
+                            layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=24,
+                            attn_logit_softcapping=2.0, final_logit_softcapping=3.0, hidden_activation="gelu_pytorch_tanh")
+    if family == "gemma3":
+        # Multi-query (1 KV head), as Gemma 3 270M; the global layer's RoPE is scaled (linear, as Gemma 3 4B+).
+        return Gemma3TextConfig(**{**base, "num_key_value_heads": 1, "num_hidden_layers": 3, "tie_word_embeddings": True},
+                                sliding_window=WINDOW, query_pre_attn_scalar=24,
+                                layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                                 "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0}})
+    if family == "phi3":
+        return Phi3Config(**{**base, "num_key_value_heads": 4}, partial_rotary_factor=0.5, sliding_window=WINDOW * 2,
+                          original_max_position_embeddings=64,
+                          rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                           "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [1.0, 2.0, 4.0, 8.0]})
+    if family == "mistral-window":
+        return MistralConfig(**llama_like, sliding_window=WINDOW)
+    if family == "qwen2-window":
+        return Qwen2Config(**llama_like, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
+    raise ValueError(family)
+
+
 def make_tiny_model(tmp_dir, family: str, *, max_positions: int = 128) -> Path:
     """Build a tiny seeded random ``family`` model and save it to ``tmp_dir / family``.
 
     Args:
         tmp_dir: a folder (e.g. pytest's ``tmp_path``); the model goes in a subfolder.
-        family: ``"llama"``, ``"mistral"``, ``"qwen2"`` or ``"gpt2"``.
+        family: one of :data:`FAMILIES` or :data:`MORE_FAMILIES`.
         max_positions: the model's maximum context (tokens).
 
     Returns:

@@ -1,0 +1,247 @@
+"""Rotary position embeddings (RoPE) and their context-extension variants.
+
+Must not import Qt. RoPE (Su et al. 2021, "RoFormer", eq. 15) rotates each pair of a
+head's channels by ``position * inv_freq[i]``, ``inv_freq[i] = theta ** (-2i / d)``,
+in transformers' half-split ``rotate_half`` layout (that is how transformers hands us
+the weights). The variants change ``inv_freq`` (and for two of them scale cos/sin):
+
+- ``default``: the plain formula.
+- ``linear``: positions divided by ``factor`` (Chen et al. 2023, "Extending Context
+  Window of Large Language Models via Positional Interpolation"): ``inv_freq / factor``.
+- ``dynamic``: NTK-aware scaling (bloc97, reddit r/LocalLLaMA 2023): past the trained
+  context, the base grows with the sequence length,
+  ``theta * (factor * L / L_max - (factor - 1)) ** (d / (d - 2))``.
+- ``yarn``: Peng et al. 2023, "YaRN" (arXiv:2309.00071): interpolated low frequencies,
+  extrapolated high ones, a linear ramp between (``beta_fast``/``beta_slow``
+  rotations), cos/sin scaled by ``0.1 ln(factor) + 1``.
+- ``longrope``: Phi-3's (Ding et al. 2024, "LongRoPE", arXiv:2402.13753): a rescale
+  factor per frequency, the short set within the trained context, the long set past
+  it; cos/sin scaled by ``sqrt(1 + ln(factor) / ln(L_orig))``.
+- ``llama3``: Llama 3.1's: wavelengths longer than ``L_orig / low_freq_factor`` are
+  divided by ``factor``, shorter than ``L_orig / high_freq_factor`` kept, a smooth
+  blend between.
+
+Formulas as in transformers' ``modeling_rope_utils`` (the reference our tests compare
+with), computed in float64 here and rounded once to float32. ``dynamic`` and
+``longrope`` depend on the sequence length: a forward over positions ``.. end-1`` uses
+``seq_len = end`` for all its tokens, as transformers does.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+
+from runtime.errors import UnsupportedModelError
+
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+#: Variants whose frequencies depend on the sequence length.
+LENGTH_DEPENDENT = ("dynamic", "longrope")
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """One RoPE variant and its parameters (transformers' ``rope_parameters`` names).
+
+    Attributes:
+        type: one of :data:`ROPE_TYPES`.
+        theta: the base.
+        factor: context-extension factor (``linear``, ``dynamic``, ``yarn``, ``llama3``;
+            ``longrope`` derives it when absent: 0 here).
+        original_max_positions: the context the model was first trained for (tokens).
+        max_positions: the model's maximum context (tokens; ``dynamic`` and ``longrope``).
+        low_freq_factor, high_freq_factor: ``llama3``'s band edges.
+        beta_fast, beta_slow: ``yarn``'s ramp, in rotations.
+        attention_factor: cos/sin scale (``yarn``, ``longrope``); 0: derived.
+        mscale, mscale_all_dim: ``yarn``'s DeepSeek form of that scale (0: unused).
+        truncate: ``yarn`` rounds the ramp's ends to whole dimensions.
+        long_factor, short_factor: ``longrope``'s per-frequency factors.
+        partial_rotary_factor: the fraction of each head that is rotated (Phi-4-mini: 0.75).
+    """
+
+    type: str = "default"
+    theta: float = 10000.0
+    factor: float = 0.0
+    original_max_positions: int = 0
+    max_positions: int = 0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float = 0.0
+    mscale: float = 0.0
+    mscale_all_dim: float = 0.0
+    truncate: bool = True
+    long_factor: tuple[float, ...] = ()
+    short_factor: tuple[float, ...] = ()
+    partial_rotary_factor: float = 1.0
+
+    @classmethod
+    def from_hf(cls, params: dict | None, *, max_positions: int, partial_rotary_factor: float = 1.0) -> "RopeSpec":
+        """From one transformers ``rope_parameters`` dict (or the older ``rope_scaling``).
+
+        Raises:
+            UnsupportedModelError: a RoPE type not in :data:`ROPE_TYPES`, or one missing a
+                parameter it needs.
+        """
+        p = dict(params or {})
+        rope_type = p.get("rope_type", p.get("type")) or "default"
+        if rope_type not in ROPE_TYPES:
+            raise UnsupportedModelError(
+                f"RoPE scaling {rope_type!r} is not supported; attnchat runs {', '.join(ROPE_TYPES)}"
+            )
+        orig = p.get("original_max_position_embeddings") or max_positions
+        try:
+            spec = cls(
+                type=rope_type,
+                theta=float(p.get("rope_theta") or 10000.0),
+                factor=float(p.get("factor") or 0.0),
+                original_max_positions=int(orig),
+                max_positions=int(max_positions),
+                low_freq_factor=float(p.get("low_freq_factor", 1.0)),
+                high_freq_factor=float(p.get("high_freq_factor", 4.0)),
+                beta_fast=float(p.get("beta_fast") or 32.0),
+                beta_slow=float(p.get("beta_slow") or 1.0),
+                attention_factor=float(p.get("attention_factor") or 0.0),
+                mscale=float(p.get("mscale") or 0.0),
+                mscale_all_dim=float(p.get("mscale_all_dim") or 0.0),
+                truncate=bool(p.get("truncate", True)),
+                long_factor=tuple(float(x) for x in p.get("long_factor") or ()),
+                short_factor=tuple(float(x) for x in p.get("short_factor") or ()),
+                partial_rotary_factor=float(p.get("partial_rotary_factor", partial_rotary_factor) or 1.0),
+            )
+        except (TypeError, ValueError) as e:
+            raise UnsupportedModelError(f"RoPE parameters {p} could not be read ({e})") from None
+        if rope_type in ("linear", "dynamic", "llama3") and spec.factor <= 0:
+            raise UnsupportedModelError(f"RoPE scaling {rope_type!r} needs a positive factor; the config has none")
+        if rope_type == "longrope" and not (spec.long_factor and spec.short_factor):
+            raise UnsupportedModelError("RoPE scaling 'longrope' needs long_factor and short_factor; the config lacks them")
+        return spec
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RopeSpec":
+        """From :func:`dataclasses.asdict` output (a JSON round trip: lists back to tuples)."""
+        names = {f.name for f in fields(cls)}
+        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in names}
+        return cls(**kw)
+
+    def rotary_dim(self, head_dim: int) -> int:
+        """Channels of a head that are rotated (the rest pass through)."""
+        return int(head_dim * self.partial_rotary_factor)
+
+    @property
+    def length_dependent(self) -> bool:
+        return self.type in LENGTH_DEPENDENT
+
+
+def inverse_frequencies(spec: RopeSpec, head_dim: int, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """``inv_freq`` ``(rotary_dim / 2,)`` float64 (radians per position) and the cos/sin scale.
+
+    ``seq_len``: the length of the sequence so far (``dynamic``, ``longrope``); ``None``
+    means within the trained context.
+    """
+    dim = spec.rotary_dim(head_dim)
+    exponent = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # (dim / 2,)
+    base = spec.theta
+    scale = 1.0
+    if spec.type == "dynamic":
+        L = max(seq_len or 0, spec.max_positions)
+        base = base * ((spec.factor * L / spec.max_positions) - (spec.factor - 1)) ** (dim / (dim - 2))
+    inv_freq = 1.0 / (base ** exponent)
+    if spec.type == "linear":
+        inv_freq = inv_freq / spec.factor
+    elif spec.type == "llama3":
+        inv_freq = _llama3(inv_freq, spec)
+    elif spec.type == "yarn":
+        inv_freq, scale = _yarn(inv_freq, spec, dim)
+    elif spec.type == "longrope":
+        factor = spec.factor or spec.max_positions / spec.original_max_positions
+        long = seq_len is not None and seq_len > spec.original_max_positions
+        ext = torch.tensor(spec.long_factor if long else spec.short_factor, dtype=torch.float64)
+        inv_freq = inv_freq / ext
+        scale = spec.attention_factor or (
+            1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(spec.original_max_positions))
+        )
+    return inv_freq, scale
+
+
+def _llama3(inv_freq: torch.Tensor, spec: RopeSpec) -> torch.Tensor:
+    old = spec.original_max_positions
+    low_wavelen, high_wavelen = old / spec.low_freq_factor, old / spec.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / spec.factor, inv_freq)
+    smooth = (old / wavelen - spec.low_freq_factor) / (spec.high_freq_factor - spec.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / spec.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _yarn(inv_freq: torch.Tensor, spec: RopeSpec, dim: int) -> tuple[torch.Tensor, float]:
+    factor = spec.factor or spec.max_positions / spec.original_max_positions
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attn = spec.attention_factor
+    if not attn:
+        attn = (mscale(factor, spec.mscale) / mscale(factor, spec.mscale_all_dim)
+                if spec.mscale and spec.mscale_all_dim else mscale(factor))
+
+    def correction_dim(rotations: float) -> float:  # the dimension that turns `rotations` times over L_orig
+        return dim * math.log(spec.original_max_positions / (rotations * 2 * math.pi)) / (2 * math.log(spec.theta))
+
+    low, high = correction_dim(spec.beta_fast), correction_dim(spec.beta_slow)
+    if spec.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp  # 1: keep the frequency, 0: interpolate it
+    return (inv_freq / factor) * (1 - extrapolation) + inv_freq * extrapolation, attn
+
+
+def rope_tables(
+    spec: RopeSpec, head_dim: int, start: int, end: int, *, seq_len: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin ``(end - start, rotary_dim)`` float32 for positions ``start .. end-1``.
+
+    Each frequency appears twice (transformers' half-split layout); yarn and longrope
+    tables carry their cos/sin scale.
+    """
+    inv_freq, scale = inverse_frequencies(spec, head_dim, seq_len)
+    pos = torch.arange(start, end, dtype=torch.float64)
+    freqs = torch.outer(pos, inv_freq)  # (T, rotary_dim / 2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (T, rotary_dim)
+    return (emb.cos() * scale).float(), (emb.sin() * scale).float()
+
+
+def rotation_by(spec: RopeSpec, head_dim: int, delta: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin ``(rotary_dim,)`` of a rotation by ``delta`` positions, without the cos/sin scale.
+
+    RoPE rotations compose, ``R(p + delta) = R(delta) R(p)``, when the frequencies do
+    not depend on the position (every type but ``dynamic``/``longrope`` past the trained
+    context, which a cache shift never reaches in practice).
+    """
+    inv_freq, _ = inverse_frequencies(spec, head_dim)
+    emb = torch.cat([inv_freq, inv_freq]) * delta
+    return emb.cos().float(), emb.sin().float()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``[x1, x2] -> [-x2, x1]`` over the last axis."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x (B, H, T, D)`` by tables ``(T, R)`` already indexed by position.
+
+    ``R < D`` (partial rotary): the first ``R`` channels are rotated, the rest pass through.
+    """
+    R = cos.shape[-1]
+    if R == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    rot, rest = x[..., :R], x[..., R:]
+    return torch.cat([rot * cos + rotate_half(rot) * sin, rest], dim=-1)
