@@ -43,7 +43,7 @@ APP_DIR = DIST_DIR / APP_NAME            # PyInstaller's one-folder output
 BUNDLED_MODELS_SUBDIR = "bundled_models"  # must equal models.paths.BUNDLED_MODELS_SUBDIR
 
 #: The families our decoder runs; transformers imports their modules by name.
-TRANSFORMERS_FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
+TRANSFORMERS_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "gpt2")
 #: Imported at module level by transformers.integrations.gguf.gguf_tokenizer_mapping.
 TRANSFORMERS_GGUF_TOKENIZER_FAMILIES = ("gemma", "t5", "qwen3_5")
 #: transformers' own plumbing under transformers/models.

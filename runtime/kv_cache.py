@@ -41,6 +41,7 @@ from runtime import memory
 from runtime.dtypes import CACHE_DTYPES, dtype_name, parse_cache_dtype  # noqa: F401  (re-exported: callers import them from here)
 from runtime.errors import CacheLimitError
 
+
 def _free_bytes(device: torch.device) -> int | None:
     """Bytes a new buffer can take on ``device`` (None if unknown).
 

@@ -156,3 +156,29 @@ def test_policy_sentences():
     assert "the reply stops" in policy_next("stop", 100, 100, 4) and policy_next("stop", 100, 100, 4).startswith("Now")
     assert "drops the oldest turns" in policy_next("truncate-middle", 10, 100, 4)
     assert "evicts the oldest 24 tokens after the first 4" in policy_next("rolling", 10, 100, 4)
+
+
+def test_a_sliding_window_model_bends_the_lines_and_the_used_curve(qtbot):
+    """Gemma 3 270M's shape (15 of 18 layers keep 512 tokens): the theoretical lines bend at
+    512 tokens and the used curve, fed the real KV cache's own stats, bends with them."""
+    from runtime.kv_cache import KVCache
+
+    windows = [None if (i + 1) % 6 == 0 else 512 for i in range(18)]
+    info = {"name": "gemma", "device": "cpu", "dtype": "float32", "context_limit": 32768,
+            "n_layers": 18, "n_kv_heads": 1, "head_dim": 256, "layer_windows": windows}
+    panel = KVPanel()
+    qtbot.addWidget(panel)
+    panel.on_model(info)
+    xs, ys = panel.theory_curve(36_864, 2000)  # float32: 2 x 18 x 1 x 256 x 4 bytes per token
+    assert xs == [0, 512, 2000]
+    assert ys[1] * MIB == 36_864 * 512 and (ys[2] - ys[1]) * MIB == 6_144 * (2000 - 512)
+    cache = KVCache(18, 1, 256, 4096, windows=windows)
+    while cache.length < 2048:
+        cache.reserve(64)
+        cache.advance(64)
+        panel.on_stats({"conv_id": 1, "context_limit": 4096, "kv_cache": cache.stats()})
+    panel.redraw()
+    s = panel.series
+    slope = lambda a, b: (s.used[s.tokens.index(b)] - s.used[s.tokens.index(a)]) / (b - a)  # noqa: E731
+    assert slope(64, 512) == 36_864 and slope(1024, 2048) == 6_144  # bytes per token before and after the bend
+    assert "6,144 past the 512-token window (15 of 18 layers slide)" in panel.readout.text()

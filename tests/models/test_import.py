@@ -188,7 +188,7 @@ def test_list_models_ignores_other_files(folder):
     (folder / "b.gguf").write_bytes(b"GGUF1")
     (folder / "A.gguf").write_bytes(b"GGUF22")
     assert [(r.id, r.size_bytes) for r in list_models()] == [
-        (DEFAULT_MODEL.id, DEFAULT_MODEL.size_bytes), ("A.gguf", 6), ("b.gguf", 5)]
+        *((e.id, e.size_bytes) for e in CATALOG), ("A.gguf", 6), ("b.gguf", 5)]
     assert list_models()[0].path is None
 
 

@@ -179,3 +179,29 @@ def test_config_survives_a_json_round_trip(models):
     for family in ("gemma3", "phi3", "llama3"):
         c = models[family].config
         assert ModelConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+
+
+def test_the_planner_counts_what_the_cache_holds(models):
+    """Per layer type, the planner's figures at 30 tokens are the cache's own after 30 tokens."""
+    from runtime.memory import plan_for_config
+
+    m = models["gemma3"]  # 2 sliding layers (window 8) and 1 full, 1 KV head of 16: 128 B per layer per token
+    cache = m.new_cache(64)
+    m.logits(_ids(30), cache)
+    p = plan_for_config(m.config, cache_dtype="float32", context=30)
+    keys = ("kind", "window", "layers", "bytes_per_token", "tokens", "used_bytes")
+    assert [{k: t[k] for k in keys} for t in cache.layer_types()] == p.layer_types == [
+        {"kind": "full", "window": None, "layers": 1, "bytes_per_token": 128, "tokens": 30, "used_bytes": 3840},
+        {"kind": "sliding", "window": WINDOW, "layers": 2, "bytes_per_token": 256, "tokens": WINDOW, "used_bytes": 2048},
+    ]
+    assert cache.used_bytes == p.kv_bytes == 5888
+    assert cache.stats()["layer_types"] == cache.layer_types()
+    variants = {v["name"]: (v["bytes_per_token"], v["bytes_at_context"], v["this_model"]) for v in p.variants}
+    assert variants == {
+        "multi-head": (2 * 3 * 4 * 16 * 4, 2 * 3 * 4 * 16 * 4 * 30, False),  # 4 KV heads, every layer full
+        "multi-query": (384, 384 * 30, False),
+        "sliding-window": (384, 3 * 128 * WINDOW, False),  # every layer windowed
+        "this model": (384, 5888, True),
+    }
+    # A budget: sliding layers stop growing, so a 10,000-byte cache holds (10,000 - 2,048) / 128 tokens.
+    assert plan_for_config(m.config, cache_dtype="float32", context=30, budget_bytes=10_000).max_context_in_budget == 62

@@ -238,6 +238,17 @@ class KVPanel(QWidget):
         base = self._base()
         return {"float32": base * 4, "16-bit": base * 2} if base else {}
 
+    def theory_curve(self, per_token: int, span: int) -> tuple[list[int], list[float]]:
+        """The theoretical line (tokens, MiB) from 0 to ``span`` tokens for ``per_token`` bytes
+        per token in every layer: straight, or bent where sliding-window layers stop growing
+        (each layer holds ``min(tokens, window)`` tokens)."""
+        windows = list((self.model or {}).get("layer_windows") or [])
+        if not any(windows):
+            return [0, span], [0, per_token * span / MIB]
+        per_layer = per_token / len(windows)
+        knots = sorted({0, span, *(w for w in windows if w and w < span)})
+        return knots, [per_layer * sum(t if not w else min(t, w) for w in windows) / MIB for t in knots]
+
     # ---- drawing ----------------------------------------------------------------------------
     def redraw(self) -> None:
         self._dirty = False
@@ -248,7 +259,7 @@ class KVPanel(QWidget):
         if self.zoom.isChecked():
             span = min(max(2 * max(s.tokens, default=0), ZOOM_MIN_TOKENS), span)
         for key, per_token in self.theoretical().items():
-            self.theory[key].setData([0, span], [0, per_token * span / MIB])
+            self.theory[key].setData(*self.theory_curve(per_token, span))
         if not self.theoretical():
             for curve in self.theory.values():
                 curve.setData([], [])
@@ -301,6 +312,17 @@ class KVPanel(QWidget):
             item.addItem(line, ignoreBounds=True)
             self.event_items.append(line)
 
+    def _window_note(self, per_token: int) -> str:
+        """``", 6,144 past the 512-token window (15 of 18 layers slide)"`` for a model with
+        sliding-window layers, else ``""``."""
+        windows = list((self.model or {}).get("layer_windows") or [])
+        sliding = [w for w in windows if w]
+        if not sliding or not per_token:
+            return ""
+        full = len(windows) - len(sliding)
+        return (f", {per_token * full // len(windows):,} past the {min(sliding):,}-token window "
+                f"({len(sliding)} of {len(windows)} layers slide)")
+
     def _readout(self) -> str:
         if self.remote:
             return f"{REMOTE_KV_NOTE}<br>{usage_text(self.remote_stats)}"
@@ -321,7 +343,7 @@ class KVPanel(QWidget):
             f"<b>{tokens:,}</b> / {limit:,} tokens{pct}" if limit else f"<b>{tokens:,}</b> tokens",
             f"used {s.used[-1] / MIB:,.2f} MiB ({s.used[-1]:,} bytes), allocated {s.allocated[-1] / MIB:,.2f} MiB"
             + (f" of a {mem / MIB:,.1f} MiB limit" if mem else ""),
-            f"{s.bytes_per_token:,} bytes per token ({s.dtype})",
+            f"{s.bytes_per_token:,} bytes per token ({s.dtype})" + self._window_note(s.bytes_per_token),
         ]
         if limit:
             policy = self._setting("generation/overflow", "truncate-middle")
