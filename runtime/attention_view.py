@@ -87,6 +87,11 @@ class LayerAttention:
         self.ids = list(ids)
         self.layer = layer
         self.q, self.k, self.v = layer_qkv(model, self.ids, layer)  # (1, H, T, D), (1, Hkv, T, D) x 2
+        attn = model.decoder.blocks[layer].attn
+        # The layer's own attention: its sliding window (None: full), score scale and soft-cap.
+        self.window = getattr(attn, "window", None)
+        self.scale = getattr(attn, "scale", None)
+        self.softcap = getattr(attn, "softcap", None)
         self.n_heads = self.q.shape[1]
         self.group = self.n_heads // self.k.shape[1]
 
@@ -98,7 +103,7 @@ class LayerAttention:
         """``(T, T)`` float32 weights of query head ``head`` (it reads KV head ``head // G``)."""
         kv = head // self.group
         q, k, v = self.q[:, head : head + 1], self.k[:, kv : kv + 1], self.v[:, kv : kv + 1]
-        return attention_reference(q, k, v)[1][0, 0]  # (T, T)
+        return attention_reference(q, k, v, scale=self.scale, window=self.window, softcap=self.softcap)[1][0, 0]  # (T, T)
 
     @torch.inference_mode()
     def matrix(self, head: int | str = 0) -> torch.Tensor:
@@ -106,7 +111,8 @@ class LayerAttention:
 
         Returns:
             ``(T, T)`` float32 on the CPU: row = query token, column = key token; the
-            upper triangle (future keys) is 0.
+            upper triangle (future keys) is 0, and in a sliding-window layer so is every
+            key more than ``window - 1`` tokens back (the matrix is a band).
 
         Raises:
             ValueError: a head that is neither an index nor one of :data:`HEAD_REDUCTIONS`.
@@ -136,11 +142,14 @@ class LayerAttention:
             raise ValueError(f"query token {query} is outside 0..{T - 1}")
         kv = head // self.group
         D = self.q.shape[-1]
-        scale = 1.0 / math.sqrt(D)
+        scale = self.scale or 1.0 / math.sqrt(D)
+        first = max(0, i - self.window + 1) if self.window else 0  # a sliding layer sees its window only
         qi = self.q[0, head, i].float()  # (D,)
-        keys, vals = self.k[0, kv, : i + 1].float(), self.v[0, kv, : i + 1].float()  # (i + 1, D): the visible keys
-        raw = keys @ qi  # (i + 1,)
+        keys, vals = self.k[0, kv, first : i + 1].float(), self.v[0, kv, first : i + 1].float()  # (n, D): the visible keys
+        raw = keys @ qi  # (n,)
         scaled = raw * scale
+        if self.softcap:  # Gemma 2: c * tanh(s / c)
+            scaled = torch.tanh(scaled / self.softcap) * self.softcap
         m = scaled.max()
         e = torch.exp(scaled - m)
         denom = e.sum()
@@ -149,8 +158,8 @@ class LayerAttention:
         order = torch.argsort(w, descending=True)[:top]
         v_norms = vals.norm(dim=-1)
         return FormulaSteps(
-            layer=self.layer, head=head, kv_head=kv, query=i, head_dim=D, scale=scale, n_keys=i + 1,
-            keys=order.tolist(), raw=raw[order].tolist(), scaled=scaled[order].tolist(), exp=e[order].tolist(),
+            layer=self.layer, head=head, kv_head=kv, query=i, head_dim=D, scale=scale, n_keys=i + 1 - first,
+            keys=(order + first).tolist(), raw=raw[order].tolist(), scaled=scaled[order].tolist(), exp=e[order].tolist(),
             weights=w[order].tolist(), value_norms=v_norms[order].tolist(),
             contribution_norms=(w[order] * v_norms[order]).tolist(),
             max_scaled=float(m), denominator=float(denom), query_norm=float(qi.norm()),

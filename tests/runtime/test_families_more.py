@@ -205,3 +205,25 @@ def test_the_planner_counts_what_the_cache_holds(models):
     }
     # A budget: sliding layers stop growing, so a 10,000-byte cache holds (10,000 - 2,048) / 128 tokens.
     assert plan_for_config(m.config, cache_dtype="float32", context=30, budget_bytes=10_000).max_context_in_budget == 62
+
+
+def test_the_attention_snapshot_of_a_sliding_layer_is_a_band(models):
+    from runtime import LayerAttention
+
+    m = models["gemma3"]
+    ids = _ids(20)[0].tolist()
+    sliding, full = LayerAttention(m, ids, 0), LayerAttention(m, ids, 2)
+    band, tri = sliding.matrix("max"), full.matrix("max")
+    rows = torch.arange(20)[:, None]
+    cols = torch.arange(20)[None]
+    assert (band[(cols <= rows - WINDOW) | (cols > rows)] == 0).all()  # outside the window: nothing
+    assert (band[(cols > rows - WINDOW) & (cols <= rows)] > 0).all()
+    assert (tri[cols <= rows] > 0).all()  # the global layer sees every earlier key
+    steps = sliding.explain(1, query=19, top=3)
+    assert steps.n_keys == WINDOW and min(steps.keys) >= 19 - WINDOW + 1
+    # The snapshot's row is what the decoder computed (captured weights of the same layer).
+    from runtime import AttentionCapture
+
+    with AttentionCapture(m) as cap:
+        m.logits(ids)
+    torch.testing.assert_close(cap.weights[0][0].max(0).values.float(), band, atol=1e-5, rtol=1e-5)
