@@ -23,8 +23,9 @@ PAGE = "http://localhost:3000"
 
 @pytest.fixture(scope="module")
 def server(default_model_file):
+    # truncate-middle (not the server's default stop): the 10,000-message test checks trimming.
     s = start_server("--model", str(default_model_file), "--context", "512", "--device", "cpu",
-                     "--allowed-host", EXTRA_HOST, "--cors-origin", PAGE)
+                     "--allowed-host", EXTRA_HOST, "--cors-origin", PAGE, "--overflow", "truncate-middle")
     yield s
     stop_server(s)
 
