@@ -8,8 +8,16 @@ as transformers does for ``tokenizer(text)``.
 """
 from __future__ import annotations
 
+import functools
+import logging
+import threading
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
+
+from runtime.errors import ChatTemplateError
+
+log = logging.getLogger(__name__)
 
 #: Between a system prompt and the text, in plain completion.
 PLAIN_SYSTEM_SEPARATOR = "\n\n"
@@ -47,17 +55,84 @@ def render(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt
     generation prompt), so what the model generates continues its text: a reply
     "prefill", as llama-server and Ollama do for a trailing assistant message.
     An empty conversation renders as the empty string.
+
+    Raises:
+        ChatTemplateError: the template ran past :data:`RENDER_TIMEOUT_S` or multiplies
+            by a huge constant (see :func:`_limit`).
     """
     if not messages:
         return ""
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in messages],
-            add_generation_prompt=add_generation_prompt and not continue_final,
-            continue_final_message=continue_final,
-            tokenize=False,
-        )
+    template = getattr(tokenizer, "chat_template", None)
+    if template:
+        if isinstance(template, str):
+            _limit(template)
+        _deadline.value = time.monotonic() + RENDER_TIMEOUT_S
+        try:
+            return tokenizer.apply_chat_template(
+                [{"role": m.role, "content": m.content} for m in messages],
+                add_generation_prompt=add_generation_prompt and not continue_final,
+                continue_final_message=continue_final,
+                tokenize=False,
+            )
+        finally:
+            _deadline.value = None
     return _plain(messages)
+
+
+# ---- limits on the template (issue 20) -------------------------------------------------------
+#: A chat template gets this long to render one conversation (seconds); templates of real
+#: models take milliseconds, nested ``range(100000)`` loops hung a load for good.
+RENDER_TIMEOUT_S = 10.0
+#: The largest number a template may multiply or raise by (``'a' * 1000000000`` took 4.1 GiB).
+MAX_TEMPLATE_FACTOR = 100_000
+
+_deadline = threading.local()
+
+
+def _checked(method, what: str):
+    """``method`` of the template's sandbox, raising once the render's deadline passed."""
+    def check(*args, **kwargs):
+        deadline = getattr(_deadline, "value", None)
+        if deadline is not None and time.monotonic() > deadline:
+            raise ChatTemplateError(f"the model's chat template ran for over {RENDER_TIMEOUT_S:g} s ({what}); "
+                                    "attnchat stops it: pick another model or fix its template")
+        return method(*args, **kwargs)
+    return check
+
+
+@functools.lru_cache(maxsize=16)
+def _limit(template: str) -> None:
+    """Refuse a template that multiplies by a huge constant, and make its sandbox check the
+    render's deadline on every call, attribute and item access (enough to stop loops
+    within one ``range()`` of the deadline: the sandbox caps each range at 100,000).
+
+    The sandbox is transformers' own (its compiled template is cached per template
+    text), so the checks cover every render of this template. Arithmetic that builds a
+    huge number out of small ones is not caught here.
+
+    Raises:
+        ChatTemplateError: a ``*`` or ``**`` by a constant over :data:`MAX_TEMPLATE_FACTOR`.
+    """
+    try:
+        from jinja2 import nodes
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        env = _compile_jinja_template(template).environment
+    except Exception:  # another transformers: the template renders without our limits
+        log.warning("chat template limits unavailable", exc_info=True)
+        return
+    for node in env.parse(template).find_all((nodes.Mul, nodes.Pow)):
+        for side in (node.left, node.right):
+            big = isinstance(side, nodes.Const) and isinstance(side.value, (int, float)) \
+                and abs(side.value) > (MAX_TEMPLATE_FACTOR if isinstance(node, nodes.Mul) else 64)
+            if big:
+                raise ChatTemplateError(f"the model's chat template multiplies by {side.value} (line {node.lineno}), "
+                                        "which could fill the memory; pick another model or fix its template")
+    if not getattr(env, "_attnchat_limited", False):
+        env.call = _checked(env.call, "a call")
+        env.getattr = _checked(env.getattr, "an attribute")
+        env.getitem = _checked(env.getitem, "an item")
+        env._attnchat_limited = True
 
 
 #: Inserted after the first character of a control-token string found in a message, so

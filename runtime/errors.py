@@ -18,6 +18,10 @@ class UnsupportedModelError(ModelLoadError):
     """The model's architecture is readable but not one our decoder runs."""
 
 
+class ChatTemplateError(AttnchatError):
+    """The model's chat template ran past its time limit or asks for a huge string."""
+
+
 class ContextOverflowError(AttnchatError):
     """A prompt cannot fit in the context window even after the overflow policy.
 
