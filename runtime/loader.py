@@ -176,7 +176,8 @@ def _check_gguf_metadata(path: Path) -> None:
     try:
         scan_header(path)
     except GGUFHeaderError as e:
-        raise ModelLoadError(f"{path.name} was refused: {e}; attnchat reads only GGUF files whose metadata "
+        raise ModelLoadError(f"{path.name} was refused: its header could not be read within attnchat's limits "
+                             f"({e}); download it again if it was cut short, or use a model whose metadata "
                              "stays within the sizes real models use") from None
     except OSError as e:
         raise ModelLoadError(f"{path} could not be read ({e.strerror})") from None
