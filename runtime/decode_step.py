@@ -96,7 +96,8 @@ class DecodeStep:
         if not self.static_ok(cache):
             # Python per layer (the attention capture, a head knock-out): a graph or a
             # compiled step would bake in what it saw at capture time. Sliding-window
-            # layers (a bounded buffer that moves) and quantized caches take the eager path.
+            # layers (a bounded buffer that moves), quantized caches and length-dependent
+            # RoPE (longrope) take the eager path.
             ids = token.reshape(1, 1) if isinstance(token, torch.Tensor) else torch.tensor([[token]], device=cache.device)
             return decoder(ids, cache, last_only=True)
         if cache.length + 1 > decoder.cfg.max_position_embeddings:
@@ -129,7 +130,9 @@ class DecodeStep:
         decoder = self.decoder
         return (self.mode != "eager" and decoder.observer is None
                 and not any(b.attn.head_edit is not None for b in decoder.blocks)
-                and cache.dtype.is_floating_point and not getattr(cache, "sliding", False))
+                and cache.dtype.is_floating_point and not getattr(cache, "sliding", False)
+                # longrope's frequencies depend on the sequence length past its trained context
+                and not any(getattr(spec, "type", None) == "longrope" for spec in getattr(decoder, "layer_ropes", ())))
 
     # ---- CUDA graphs ---------------------------------------------------------------------
     def _replay(self, tok: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:

@@ -459,15 +459,17 @@ class Decoder(nn.Module):
         x = self.embed(token).to(self.compute_dtype)  # (B, 1, C)
         if self.cfg.embed_scale != 1.0:
             x = x * self.cfg.embed_scale
-        rope = None
         if self.pos_embed is not None:
             x = x + self.pos_embed.weight.index_select(0, pos).to(self.compute_dtype)
-        else:
-            rope = (self.rope_cos.index_select(0, pos), self.rope_sin.index_select(0, pos))  # (1, D) each
         slots = torch.arange(cache.capacity, device=pos.device)
         mask = (slots <= pos).view(1, 1, 1, cache.capacity)  # (1, 1, 1, capacity)
+        ropes: dict[RopeSpec | None, tuple[torch.Tensor, torch.Tensor] | None] = {}
         for i, block in enumerate(self.blocks):
-            x = block(x, rope, cache, i, None, pos, mask)
+            spec = self.layer_ropes[i]
+            if spec not in ropes:  # this variant's rows at ``pos``, (1, R) each
+                table = self.rope(i, 0, self.cfg.max_position_embeddings)
+                ropes[spec] = None if table is None else (table[0].index_select(0, pos), table[1].index_select(0, pos))
+            x = block(x, ropes[spec], cache, i, None, pos, mask)
         x = self.final_norm(x)
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight
         logits = linear(x, head).float()  # (B, 1, V)
