@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test model clean lint package package-smoke gpu-check
+.PHONY: venv run test model clean lint package package-smoke gpu-check bench-llamacpp
 
 venv: $(STAMP)
 
@@ -45,8 +45,27 @@ package: model $(PKG_STAMP)
 package-smoke:
 	packaging/smoke_test.sh
 
+# llama.cpp for `attnchat bench` only, in its own environment (.venv-llamacpp; the bench
+# runs its llamacpp engine with that Python). Built from source for this CPU (about 8
+# minutes on 2 quiet cores). Its AMX matrix path is compiled out: on an Intel Xeon with AMX
+# the native build crashed in ggml_backend_amx_mul_mat (issue 19). GCC's explicit -mno-*
+# flags win over what -march=native turns on, whatever their order on the command line.
+BENCH_VENV := .venv-llamacpp
+BENCH_STAMP := $(BENCH_VENV)/.installed
+LLAMACPP_NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+
+bench-llamacpp: $(BENCH_STAMP)
+
+$(BENCH_STAMP): bench/requirements-llamacpp.txt
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+	CFLAGS="$(LLAMACPP_NO_AMX)" CXXFLAGS="$(LLAMACPP_NO_AMX)" \
+	$(BENCH_VENV)/bin/python -m pip install --quiet --no-cache-dir --no-binary llama-cpp-python -r bench/requirements-llamacpp.txt
+	touch $(BENCH_STAMP)
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(BENCH_VENV) build *.egg-info
 
 # On a machine with an NVIDIA GPU: the GPU checks and the GPU benchmark in one command
 # (under 5 minutes, nothing from the network). It runs with the Python that has torch

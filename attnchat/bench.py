@@ -15,7 +15,28 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+#: The benchmark-only environment ``make bench-llamacpp`` builds llama-cpp-python into.
+LLAMACPP_VENV = Path(__file__).resolve().parent.parent / ".venv-llamacpp"
+
+
+def _llamacpp_python() -> str | None:
+    """A Python that can import llama_cpp: ``make bench-llamacpp``'s environment, else this one."""
+    bench_python = LLAMACPP_VENV / "bin" / "python"
+    if bench_python.exists() and any(LLAMACPP_VENV.glob("lib/python*/site-packages/llama_cpp/__init__.py")):
+        return str(bench_python)
+    return sys.executable if importlib.util.find_spec("llama_cpp") is not None else None
+
+
+def _llamacpp_env() -> dict:
+    """The llamacpp worker's environment: our package and this Python's packages (torch for
+    the worker's bookkeeping) after the benchmark environment's own."""
+    import site
+
+    paths = [str(LLAMACPP_VENV.parent)] + site.getsitepackages()
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
 
 #: The options the report records (the global ones of the app are left out).
 SETTINGS = ("model", "quick", "repeats", "engines", "dtype", "device", "random_weights", "depths", "decode_tokens",
@@ -163,10 +184,11 @@ def run(args: argparse.Namespace) -> int:
     unknown = set(engines) - set(ENGINES)
     if unknown:
         raise ValueError(f"unknown engine(s) {', '.join(sorted(unknown))}; use {', '.join(ENGINES)}")
-    llamacpp_available = importlib.util.find_spec("llama_cpp") is not None and model.endswith(".gguf")
-    if "llamacpp" in engines and not llamacpp_available:
+    llamacpp_python = _llamacpp_python() if model.endswith(".gguf") else None
+    if "llamacpp" in engines and llamacpp_python is None:
         engines.remove("llamacpp")
-        print("llama.cpp: llama-cpp-python is not importable (or the model is not a GGUF); skipped", file=sys.stderr)
+        print("llama.cpp: llama-cpp-python is not importable (run `make bench-llamacpp`), or the model is not a GGUF; skipped",
+              file=sys.stderr)
     _check_lengths(model, args, depths)
     common = ["--model", model, "--device", args.device, "--prefill-tokens", str(args.prefill_tokens), "--depths", depths,
               "--decode-tokens", str(args.decode_tokens), "--followup-context", str(args.followup_context),
@@ -176,8 +198,10 @@ def run(args: argparse.Namespace) -> int:
         for engine in engines:  # interleaved: A B A B
             t0 = time.perf_counter()
             worker, like_for_like = ENGINES[engine]
-            cmd = [sys.executable, "-m", "attnchat.bench_worker", "--engine", worker] + common
-            proc = subprocess.run(cmd + (["--dtype", args.dtype] if like_for_like else []), capture_output=True, text=True)
+            python, env = (llamacpp_python, _llamacpp_env()) if worker == "llamacpp" else (sys.executable, None)
+            cmd = [python, "-m", "attnchat.bench_worker", "--engine", worker] + common
+            proc = subprocess.run(cmd + (["--dtype", args.dtype] if like_for_like else []), capture_output=True, text=True,
+                                  env=env)
             if proc.returncode != 0:
                 tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
                 raise RuntimeError(f"the {engine} benchmark run failed: {tail}")
