@@ -66,8 +66,8 @@ def default_dtype(device: torch.device | str) -> torch.dtype:
 #: positions of English text, and whether the chat answer to "What is the capital of
 #: France?" names Paris. Each computes as :func:`compute_dtype` has it on the CPU
 #: (float16 on a GPU computes in float16: same figures). Measured with
-#: ``tests/runtime/test_default_dtypes.py`` (which checks them) on an Intel Xeon
-#: with AMX, torch 2.13.
+#: ``tests/runtime/test_default_dtypes.py`` (which checks them) on an AMD EPYC Zen 3
+#: (AVX2, no AVX-512), torch 2.13.
 WEIGHT_DTYPE_QUALITY: dict[str, dict] = {
     "float32": {"agreement": 1.0, "paris": True, "note": "the reference"},
     "float16": {"agreement": 1.0, "paris": True, "note": "half the memory, about twice the decode speed"},

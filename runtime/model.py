@@ -47,7 +47,8 @@ def _probe_onednn_linear(dtype: torch.dtype = torch.float32):
     a known product right in ``dtype`` on this CPU, else None.
 
     Per dtype: oneDNN builds without a bfloat16 inner product for some CPUs ("could not
-    create a primitive descriptor", seen on an Intel Xeon with AMX) while float32 works.
+    create a primitive descriptor", seen on an AMD EPYC Zen 3 with AVX2 and no AVX-512) while
+    float32 works.
     """
     try:
         if not torch.backends.mkldnn.is_available():
