@@ -230,7 +230,7 @@ def random_model_folder(source: str | None, seed: int = 0) -> str:
         return folder
     hf = LlamaConfig(**shape)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(hf).float()
+    model = AutoModelForCausalLM.from_config(hf, trust_remote_code=False).float()
     tmp = folder + f".tmp{os.getpid()}"
     model.save_pretrained(tmp, safe_serialization=True)
     if source is not None and os.path.isdir(source):

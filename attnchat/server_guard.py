@@ -84,6 +84,24 @@ def normalize_origin(text: str) -> str:
     return f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
 
 
+#: Most bytes of a refused request's body read (and dropped) before answering.
+_DRAIN_LIMIT = 1 << 20
+
+
+async def _drain(receive: Receive) -> None:
+    """Read and drop the request's body (up to :data:`_DRAIN_LIMIT` bytes) before a refusal:
+    answering while the client is still sending makes the connection close under it, and
+    the client sees a reset instead of the 4xx."""
+    seen = 0
+    while seen <= _DRAIN_LIMIT:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        seen += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
+
+
 class Guard:
     """ASGI middleware that refuses foreign hosts and origins and non-JSON bodies.
 
@@ -115,6 +133,7 @@ class Guard:
         method = scope["method"]
         host = headers.get("host", "")
         if not self.host_allowed(host):
+            await _drain(receive)
             await _refuse(send, 403, f"This server does not answer to the host name {host!r}; connect to it "
                                      "at 127.0.0.1 or localhost, or start it with --allowed-host NAME.",
                           "host_not_allowed")
@@ -123,6 +142,7 @@ class Guard:
         cors: list[tuple[bytes, bytes]] = []
         if origin is not None:
             if not self._origin_allowed(origin, scope, host):
+                await _drain(receive)
                 await _refuse(send, 403, f"Requests from web pages at {origin!r} are refused; start the server "
                                          f"with --cors-origin {origin} to let that page use it.",
                               "origin_not_allowed")
@@ -142,6 +162,7 @@ class Guard:
             media = headers.get("content-type", "").partition(";")[0].strip().lower()
             if media != "application/json":
                 got = f"'{media}'" if media else "none"
+                await _drain(receive)
                 await _refuse(send, 415, f"The request body must be JSON with 'Content-Type: application/json' "
                                          f"(got {got}).", "unsupported_media_type", cors)
                 return

@@ -367,8 +367,11 @@ class Decoder(nn.Module):
         cos, sin = self._rope_tables.get(spec, (None, None))
         if cos is None or cos.shape[0] < end:
             n = min(-(-end // _ROPE_STEP) * _ROPE_STEP, max(self.cfg.max_position_embeddings, end))
-            cos, sin = rope_tables(spec, self.cfg.head_dim, 0, n)
-            cos, sin = cos.to(device, self.compute_dtype), sin.to(device, self.compute_dtype)
+            # Normal tensors even when first built under inference mode: the gradient
+            # views (runtime.explain) use the same tables under autograd.
+            with torch.inference_mode(False):
+                cos, sin = rope_tables(spec, self.cfg.head_dim, 0, n)
+                cos, sin = cos.to(device, self.compute_dtype), sin.to(device, self.compute_dtype)
             self._rope_tables[spec] = (cos, sin)
         return cos[start:end], sin[start:end]
 

@@ -63,7 +63,7 @@ def test_cache_allocation_failure_is_a_clear_error(default_model, monkeypatch):
     def no_memory(*args, **kwargs):
         raise RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 123 bytes")
 
-    monkeypatch.setattr(torch, "empty", no_memory)
+    monkeypatch.setattr(torch, "zeros", no_memory)  # the cache zero-fills its buffers
     with pytest.raises(CacheLimitError, match="out of memory.*smaller cache dtype"):
         cache.reserve(10)
     monkeypatch.undo()

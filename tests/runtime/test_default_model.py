@@ -60,7 +60,8 @@ def test_cached_steps_equal_the_full_forward(default_model, reference, prompt_id
     for i in range(split, len(prompt_ids)):
         parts.append(default_model.logits(ids[:, i : i + 1], cache))
     assert cache.length == len(prompt_ids)
-    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-4, rtol=0)
+    # 2e-4: oneDNN blocks a one-row product differently on AVX2 CPUs (1.08e-4 measured on a Zen 3)
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=2e-4, rtol=0)
     # ... and with transformers' own dynamic cache, step by step.
     with torch.no_grad():
         out = reference(ids[:, :split], use_cache=True)
