@@ -74,3 +74,37 @@ class _Gauges:
         values = self.read()
         for k, h in self.HELP.items():
             yield GaugeMetricFamily(f"attnchat_{k}", h, value=float(values.get(k, 0)))
+
+
+class CountRequests:
+    """ASGI middleware that counts each HTTP response in ``requests`` by route and status.
+
+    A plain ASGI class, not ``@app.middleware("http")``: Starlette's ``BaseHTTPMiddleware``
+    wraps ``receive`` so that ``Request.is_disconnected()`` never sees the client leave,
+    and a non-streamed request whose client hung up then ran to its end (issue 17).
+
+    Args:
+        app: the ASGI app behind it.
+        requests: the ``attnchat_requests`` counter (labels ``endpoint``, ``status``).
+    """
+
+    def __init__(self, app: Any, requests: Counter):
+        self.app, self.requests = app, requests
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = "500"  # an exception past this point becomes a 500 further out
+
+        async def send_status(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = str(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            # The router records the matched route in the (shared) scope.
+            self.requests.labels(getattr(scope.get("route"), "path", "unknown"), status).inc()

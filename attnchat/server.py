@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnchat import completions, tools
 from attnchat.metrics import CONTENT_TYPE as METRICS_TYPE
-from attnchat.metrics import Metrics
+from attnchat.metrics import CountRequests, Metrics
 from attnchat.serve_engine import (
     MAX_QUEUED,
     POOL_BYTES,
@@ -389,13 +389,6 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=METRICS_TYPE)
 
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):
-        response = await call_next(request)
-        route = request.scope.get("route")
-        metrics.requests.labels(getattr(route, "path", "unknown"), str(response.status_code)).inc()
-        return response
-
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": model_id}
@@ -552,7 +545,8 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
         return JSONResponse(whole(item))
 
     app.include_router(v1)
-    app.add_middleware(Guard, hosts=allowed_hosts, cors_origins=cors_origins)
+    app.add_middleware(CountRequests, requests=metrics.requests)
+    app.add_middleware(Guard, hosts=allowed_hosts, cors_origins=cors_origins)  # the outermost
     app.add_exception_handler(APIError, lambda request, e: e.response())
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError,

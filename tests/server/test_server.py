@@ -232,9 +232,7 @@ def _hang_up_waiting(http, model_id) -> None:
 
 @pytest.mark.parametrize("hang_up", [
     _hang_up_streamed,
-    pytest.param(_hang_up_waiting, marks=pytest.mark.xfail(
-        reason="regression found at the end of session 3: a non-streamed request whose client hangs up "
-               "is no longer cancelled (found in the final CI run, not yet diagnosed)", strict=False)),
+    _hang_up_waiting,
 ], ids=["streamed", "not-streamed"])
 def test_disconnect_cancels_the_generation(http, client, model_id, hang_up):
     cancelled_before = _stats(http)["finished"].get("cancelled", 0)
