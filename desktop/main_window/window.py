@@ -7,23 +7,23 @@ import torch or runtime.
 """
 from __future__ import annotations
 
-import json
 import logging
 import sqlite3
-from pathlib import Path
 from typing import Callable
 
 from PySide6.QtCore import QCoreApplication, QEvent, Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox, QSplitter, QStackedWidget, QWidget
 
-from desktop.chat.view import MessageListModel
 from desktop.chat.conversations import ConversationListModel, ConversationPanel
 from desktop.chat.pages import ASK, ChatPage, EmptyState
+from desktop.chat.status_bar import ChatStatusBar
+from desktop.chat.store import Store
+from desktop.chat.view import MessageListModel
+from desktop.main_window.conversations import ConversationActions
+from desktop.main_window.replies import ReplyActions
 from desktop.remote.client import source_label
 from desktop.settings.values import Settings
-from desktop.chat.status_bar import ChatStatusBar
-from desktop.chat.store import DEFAULT_TITLE, Store
 from desktop.worker import Engine
 
 __all__ = ["MainWindow", "PANEL_SLOTS"]
@@ -32,15 +32,13 @@ log = logging.getLogger(__name__)
 
 #: The panels other modules add with :meth:`MainWindow.add_panel` (object name -> title).
 PANEL_SLOTS = {"kvCachePanel": "KV-cache memory", "attentionPanel": "Attention"}
-TITLE_CHARS = 48
-
 
 #: A dock panel's starting width at least (px): its charts and tabs stay readable.
 PANEL_MIN_WIDTH = 270
 
 
-class MainWindow(QMainWindow):
-    """The chat window.
+class MainWindow(ConversationActions, ReplyActions, QMainWindow):
+    """The chat window (conversations and replies in their mixins).
 
     Args:
         store: the conversation database.
@@ -269,22 +267,6 @@ class MainWindow(QMainWindow):
             self.chat.viewport().update()
         self._sync()
 
-    #: Said in the chat when the "stop" overflow policy finds the context full before a reply.
-    CONTEXT_FULL = ('The context is full: <a href="new" style="color: white">start a new chat</a>, or '
-                    '<a href="overflow" style="color: white">switch the overflow policy</a> to drop the oldest turns.')
-
-    def _context_full(self, conv: int, message_id: int, text: str) -> None:
-        """No reply fits: the message goes back to the box (not stored without a reply) and the
-        banner offers the two ways on."""
-        try:
-            self.store.delete_last_message(conv, message_id)
-        except (sqlite3.Error, OSError):
-            log.warning("could not drop the message that got no reply", exc_info=True)
-        if not self.input.toPlainText().strip():
-            self.input.setPlainText(text)
-        self.show_error(self.CONTEXT_FULL)
-        self.status.showMessage("The context is full", 8000)
-
     def _on_notice_link(self, link: str) -> None:
         self.notice.hide()
         if link == "new":
@@ -300,288 +282,6 @@ class MainWindow(QMainWindow):
         self.notice.setText(message)
         self.notice.show()
         self.status.showMessage(message, 10000)
-
-    # ---- conversations ---------------------------------------------------------------------
-    @property
-    def current_conversation(self) -> int:
-        return self._conv_id
-
-    @property
-    def replying(self) -> bool:
-        return self._reply is not None
-
-    def new_conversation(self) -> int:
-        if self._conv_id and not self.messages.rowCount() and self._reply is None:
-            return self._conv_id   # the open chat is still empty: use it
-        conv = self.store.create_conversation(model=self.engine.model["name"] if self.engine.model else "")
-        self.conversations.add(conv)
-        self.open_conversation(conv.id)
-        self.input.setFocus()
-        return conv.id
-
-    def open_conversation(self, conv_id: int) -> None:
-        if self._editing:
-            self.cancel_edit()
-        self._conv_id = conv_id
-        self.settings.set("last_conversation", conv_id)
-        self.sidebar.select(conv_id)
-        self.messages.set_messages(self._rows_of(conv_id))
-        r = self._reply
-        if r is not None:
-            r["row"] = -1
-            if r["conv_id"] == conv_id:
-                if r["kind"] == "regenerate":
-                    last_user = self.messages.last_row("user")
-                    self.messages.remove_from(last_user + 1)
-                r["row"] = self.messages.append("assistant", r["text"], streaming=True)
-        self.notice.hide()
-        self._show_context_of(conv_id)
-        self._update_title()
-        self._sync()
-
-    def _rows_of(self, conv_id: int) -> list[dict]:
-        """The conversation's rows for the view: what is stored, then replies not saved yet."""
-        rows = [vars(m) for m in self.store.messages(conv_id)] if conv_id else []
-        for u in self._unsaved:
-            if u["conv_id"] == conv_id:
-                while u["kind"] == "regenerate" and rows and rows[-1]["role"] == "assistant":
-                    rows.pop()
-                rows.append({"role": "assistant", "content": u["text"], "finish_reason": u["reason"],
-                             "stats": u["stats"]})
-        return rows
-
-    def _save_reply(self, u: dict):
-        """Write one finished reply; None when its conversation is gone."""
-        conv = u["conv_id"]
-        if self.store.conversation(conv) is None:
-            return None
-        ids = {"token_ids": u.get("token_ids"), "token_model": u.get("token_model", "")}
-        if u["kind"] == "regenerate":
-            return self.store.replace_last_reply(conv, u["text"], finish_reason=u["reason"], stats=u["stats"], **ids)
-        return self.store.add_message(conv, "assistant", u["text"], finish_reason=u["reason"], stats=u["stats"], **ids)
-
-    def _save_unsaved(self) -> None:
-        """Save the replies the database refused before, oldest first.
-
-        Raises:
-            sqlite3.Error, OSError: still refused (the rest stay queued, in order).
-        """
-        while self._unsaved:
-            self._save_reply(self._unsaved[0])
-            done = self._unsaved.pop(0)
-            self.conversations.refresh(done["conv_id"])
-
-    def _save_failed(self, error: Exception, what: str, kept: str = "it stays here and is saved with your next message") -> None:
-        """One line: what could not be saved, why, where it is kept, and what to do."""
-        log.warning("could not save %s", what, exc_info=True)
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        self.show_error(f"Could not save {what} ({reason}); {kept}. Free some disk space.")
-
-    def _update_title(self, *args) -> None:
-        title = self.conversations.title(self._conv_id)
-        self.setWindowTitle(f"{title} — attnchat" if title else "attnchat")
-
-    def _show_context_of(self, conv_id: int) -> None:
-        stats = {}
-        for m in reversed(self.store.messages(conv_id) if conv_id else []):
-            if m.role == "assistant" and m.stats:
-                stats = m.stats
-                break
-        self.status.set_stats(stats)
-
-    def delete_conversation(self, conv_id: int) -> None:
-        title = self.conversations.title(conv_id)
-        if not self.confirm(f"Delete the conversation “{title}”? This cannot be undone."):
-            return
-        if self._reply is not None and self._reply["conv_id"] == conv_id:
-            self.engine.stop()
-        try:
-            self.store.delete(conv_id)
-        except (sqlite3.Error, OSError) as e:
-            log.warning("could not delete conversation %s", conv_id, exc_info=True)
-            self.show_error(f"Could not delete the conversation ({e}); try again after freeing some disk space.")
-            return
-        self.engine.forget(conv_id)
-        self._unsaved = [u for u in self._unsaved if u["conv_id"] != conv_id]
-        self.conversations.remove(conv_id)
-        if conv_id == self._conv_id:
-            nxt = self.conversations.index(0).data(ConversationListModel.IdRole) if self.conversations.rowCount() else 0
-            self.open_conversation(nxt)
-
-    def export_conversation(self, conv_id: int, fmt: str, path: str | Path) -> None:
-        """Write ``conv_id`` to ``path`` as ``"markdown"`` or ``"json"``."""
-        if fmt == "json":
-            text = json.dumps(self.store.export_json(conv_id), indent=2, ensure_ascii=False) + "\n"
-        else:
-            text = self.store.export_markdown(conv_id)
-        Path(path).write_text(text, encoding="utf-8")
-
-    def export_dialog(self, conv_id: int, fmt: str) -> None:
-        if not conv_id:
-            return
-        ext, kind = (".json", "JSON (*.json)") if fmt == "json" else (".md", "Markdown (*.md)")
-        name = "".join(c if c.isalnum() or c in " -_" else "_" for c in self.conversations.title(conv_id)).strip() or "chat"
-        path, _ = QFileDialog.getSaveFileName(self, "Export the conversation", name + ext, kind)
-        if path:
-            try:
-                self.export_conversation(conv_id, fmt, path)
-            except OSError as e:
-                self.show_error(f"Could not export to {path}: {e.strerror or e}")
-            else:
-                self.status.showMessage(f"Exported to {path}", 5000)
-
-    # ---- chatting ------------------------------------------------------------------------------
-    def generation(self) -> dict:
-        out = self.settings.generation_values()   # every generation/* setting (desktop.settings.values)
-        out.update(self.generation_overrides)
-        return out
-
-    def _history(self, conv_id: int) -> list[tuple]:
-        """``(role, content, token_ids, token_model)`` per stored message (the worker uses the ids
-        when they belong to its model)."""
-        return [(m.role, m.content, m.token_ids, m.token_model) for m in self.store.messages(conv_id)]
-
-    def _can_start(self) -> bool:
-        if self._reply is not None:
-            self.status.showMessage("A reply is being written: wait for it, or press Stop", 4000)
-            return False
-        if not self.engine.model:
-            self.status.showMessage("No model is loaded yet", 4000)
-            return False
-        return True
-
-    def submit(self, text: str) -> None:
-        """Send ``text`` (or, while editing, replace the last user message with it).
-
-        A message the database refuses (disk full) is not sent: it stays in the input
-        box, the error is shown, and sending again tries again.
-        """
-        if not text.strip() or not self._can_start():
-            return
-        try:
-            self._save_unsaved()
-            conv = self._conv_id or self.new_conversation()
-            history = self._history(conv)
-            if self._editing:
-                msg = self.store.replace_last_user(conv, text)
-            else:
-                msg = self.store.add_message(conv, "user", text)
-        except (sqlite3.Error, OSError) as e:
-            self._save_failed(e, "your message", "it is still in the message box: send it again")
-            return
-        if self._editing:
-            self._editing = False
-            self.edit_banner.hide()
-            self.messages.set_messages(self._rows_of(conv))
-            request = self.engine.edit_last(conv, history, text, self.generation())
-            kind = "edit"
-        else:
-            self.messages.append("user", text, id=msg.id)
-            request = self.engine.send(conv, history, text, self.generation())
-            kind = "send"
-            self._sent = (conv, msg.id, text)
-        if self.conversations.title(conv) == DEFAULT_TITLE:
-            first = text.strip().splitlines()[0]
-            try:
-                self.store.rename(conv, first[:TITLE_CHARS] + ("…" if len(first) > TITLE_CHARS else ""))
-            except (sqlite3.Error, OSError):  # a title is not worth stopping the message for
-                log.warning("could not save the conversation's title", exc_info=True)
-        self.conversations.refresh(conv)
-        self.input.clear()
-        self._begin(request, conv, kind)
-
-    def regenerate(self) -> None:
-        conv = self._conv_id
-        if not conv or not self._can_start():
-            return
-        last_user = self.messages.last_row("user")
-        if last_user < 0:
-            return
-        try:
-            self._save_unsaved()   # the reply to replace must be in the database first
-        except (sqlite3.Error, OSError) as e:
-            self._save_failed(e, "the last reply")
-            return
-        history = self._history(conv)
-        self.messages.remove_from(last_user + 1)
-        self._begin(self.engine.regenerate(conv, history, self.generation()), conv, "regenerate")
-
-    def edit_last(self) -> None:
-        row = self.messages.last_row("user")
-        if row < 0 or self._reply is not None:
-            return
-        self._editing = True
-        self.input.setPlainText(self.messages.message(row)["content"])
-        self.edit_banner.show()
-        self.input.setFocus()
-        self._sync()
-
-    def cancel_edit(self) -> None:
-        self._editing = False
-        self.edit_banner.hide()
-        self.input.clear()
-        self._sync()
-
-    def stop(self) -> None:
-        if self._reply is not None:
-            self.engine.stop()
-
-    def _begin(self, request: int, conv: int, kind: str) -> None:
-        self.notice.hide()
-        row = self.messages.append("assistant", "", streaming=True)
-        self._reply = {"request": request, "conv_id": conv, "kind": kind, "text": "", "row": row}
-        self._sync()
-
-    def _on_text(self, text: str) -> None:
-        r = self._reply
-        if r is None:
-            return
-        r["text"] += text
-        if r["row"] >= 0:
-            self.messages.append_text(r["row"], text)
-
-    def _on_prefill(self, done: int, total: int) -> None:
-        if self._reply is not None and self._reply["row"] >= 0:
-            self.status.set_prefill(done, total)
-
-    def _on_stats(self, stats: dict) -> None:
-        if self._reply is not None and self._reply["row"] >= 0:
-            self.status.set_stats(stats)
-        self.stats_updated.emit(stats)
-
-    def _on_finished(self, result: dict) -> None:
-        r = self._reply
-        if r is None or result["request"] != r["request"]:
-            return
-        self._reply = None
-        conv, text, reason, stats = r["conv_id"], result["text"], result["reason"], result["stats"]
-        sent, self._sent = getattr(self, "_sent", None), None
-        if reason == "context" and not text and r["kind"] == "send" and sent and sent[0] == conv:
-            self._context_full(conv, sent[1], sent[2])
-        saved = unsaved = None
-        if text and self.store.conversation(conv) is not None:
-            entry = {"conv_id": conv, "kind": r["kind"], "text": text, "reason": reason, "stats": stats,
-                     "token_ids": result.get("token_ids"), "token_model": result.get("token_model", "")}
-            try:
-                self._save_unsaved()
-                saved = self._save_reply(entry)
-                self.conversations.refresh(conv)
-            except (sqlite3.Error, OSError) as e:   # disk full: keep it, save it with the next write
-                self._unsaved.append(entry)
-                unsaved = entry
-                self._save_failed(e, "the reply")
-        if r["row"] >= 0:
-            if saved is not None:
-                self.messages.finish(r["row"], id=saved.id, finish_reason=reason, stats=stats, content=text)
-            elif unsaved is not None:
-                self.messages.finish(r["row"], finish_reason=reason, stats=stats, content=text)
-            else:   # nothing to keep (stopped before any text, or failed): show what is stored
-                self.messages.set_messages(self._rows_of(conv))
-            self.status.end_busy()
-            if stats:
-                self.status.set_stats(stats)
-        self._sync()
-        self.reply_finished.emit(result)
 
     def _sync(self) -> None:
         """Enable what can be done now."""

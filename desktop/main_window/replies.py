@@ -1,0 +1,196 @@
+"""The main window's replies: send, regenerate, edit the last message, stop, and the
+worker's streamed text, stats and finish.
+
+A mixin of :class:`desktop.main_window.window.MainWindow`: it uses the window's ``store``,
+``engine``, ``messages``, ``input``, ``status`` and the conversation methods of
+:class:`desktop.main_window.conversations.ConversationActions`. Must not import torch or runtime.
+"""
+from __future__ import annotations
+
+import logging
+import sqlite3
+
+from desktop.chat.store import DEFAULT_TITLE
+
+__all__ = ["ReplyActions", "TITLE_CHARS"]
+
+log = logging.getLogger(__name__)
+
+#: A new conversation's title: the first line of its first message, cut at this many characters.
+TITLE_CHARS = 48
+
+
+class ReplyActions:
+    """What the window does to get a reply and keep it (mixed into the window)."""
+
+    def generation(self) -> dict:
+        out = self.settings.generation_values()   # every generation/* setting (desktop.settings.values)
+        out.update(self.generation_overrides)
+        return out
+
+    def _history(self, conv_id: int) -> list[tuple]:
+        """``(role, content, token_ids, token_model)`` per stored message (the worker uses the ids
+        when they belong to its model)."""
+        return [(m.role, m.content, m.token_ids, m.token_model) for m in self.store.messages(conv_id)]
+
+    def _can_start(self) -> bool:
+        if self._reply is not None:
+            self.status.showMessage("A reply is being written: wait for it, or press Stop", 4000)
+            return False
+        if not self.engine.model:
+            self.status.showMessage("No model is loaded yet", 4000)
+            return False
+        return True
+
+    def submit(self, text: str) -> None:
+        """Send ``text`` (or, while editing, replace the last user message with it).
+
+        A message the database refuses (disk full) is not sent: it stays in the input
+        box, the error is shown, and sending again tries again.
+        """
+        if not text.strip() or not self._can_start():
+            return
+        try:
+            self._save_unsaved()
+            conv = self._conv_id or self.new_conversation()
+            history = self._history(conv)
+            if self._editing:
+                msg = self.store.replace_last_user(conv, text)
+            else:
+                msg = self.store.add_message(conv, "user", text)
+        except (sqlite3.Error, OSError) as e:
+            self._save_failed(e, "your message", "it is still in the message box: send it again")
+            return
+        if self._editing:
+            self._editing = False
+            self.edit_banner.hide()
+            self.messages.set_messages(self._rows_of(conv))
+            request = self.engine.edit_last(conv, history, text, self.generation())
+            kind = "edit"
+        else:
+            self.messages.append("user", text, id=msg.id)
+            request = self.engine.send(conv, history, text, self.generation())
+            kind = "send"
+            self._sent = (conv, msg.id, text)
+        if self.conversations.title(conv) == DEFAULT_TITLE:
+            first = text.strip().splitlines()[0]
+            try:
+                self.store.rename(conv, first[:TITLE_CHARS] + ("…" if len(first) > TITLE_CHARS else ""))
+            except (sqlite3.Error, OSError):  # a title is not worth stopping the message for
+                log.warning("could not save the conversation's title", exc_info=True)
+        self.conversations.refresh(conv)
+        self.input.clear()
+        self._begin(request, conv, kind)
+
+    def regenerate(self) -> None:
+        conv = self._conv_id
+        if not conv or not self._can_start():
+            return
+        last_user = self.messages.last_row("user")
+        if last_user < 0:
+            return
+        try:
+            self._save_unsaved()   # the reply to replace must be in the database first
+        except (sqlite3.Error, OSError) as e:
+            self._save_failed(e, "the last reply")
+            return
+        history = self._history(conv)
+        self.messages.remove_from(last_user + 1)
+        self._begin(self.engine.regenerate(conv, history, self.generation()), conv, "regenerate")
+
+    def edit_last(self) -> None:
+        row = self.messages.last_row("user")
+        if row < 0 or self._reply is not None:
+            return
+        self._editing = True
+        self.input.setPlainText(self.messages.message(row)["content"])
+        self.edit_banner.show()
+        self.input.setFocus()
+        self._sync()
+
+    def cancel_edit(self) -> None:
+        self._editing = False
+        self.edit_banner.hide()
+        self.input.clear()
+        self._sync()
+
+    def stop(self) -> None:
+        if self._reply is not None:
+            self.engine.stop()
+
+    def _begin(self, request: int, conv: int, kind: str) -> None:
+        self.notice.hide()
+        row = self.messages.append("assistant", "", streaming=True)
+        self._reply = {"request": request, "conv_id": conv, "kind": kind, "text": "", "row": row}
+        self._sync()
+
+    def _on_text(self, text: str) -> None:
+        r = self._reply
+        if r is None:
+            return
+        r["text"] += text
+        if r["row"] >= 0:
+            self.messages.append_text(r["row"], text)
+
+    def _on_prefill(self, done: int, total: int) -> None:
+        if self._reply is not None and self._reply["row"] >= 0:
+            self.status.set_prefill(done, total)
+
+    def _on_stats(self, stats: dict) -> None:
+        if self._reply is not None and self._reply["row"] >= 0:
+            self.status.set_stats(stats)
+        self.stats_updated.emit(stats)
+
+    def _on_finished(self, result: dict) -> None:
+        r = self._reply
+        if r is None or result["request"] != r["request"]:
+            return
+        self._reply = None
+        conv, text, reason, stats = r["conv_id"], result["text"], result["reason"], result["stats"]
+        sent, self._sent = getattr(self, "_sent", None), None
+        if reason == "context" and not text and r["kind"] == "send" and sent and sent[0] == conv:
+            self._context_full(conv, sent[1], sent[2])
+        saved = unsaved = None
+        if text and self.store.conversation(conv) is not None:
+            entry = {"conv_id": conv, "kind": r["kind"], "text": text, "reason": reason, "stats": stats,
+                     "token_ids": result.get("token_ids"), "token_model": result.get("token_model", "")}
+            try:
+                self._save_unsaved()
+                saved = self._save_reply(entry)
+                self.conversations.refresh(conv)
+            except (sqlite3.Error, OSError) as e:   # disk full: keep it, save it with the next write
+                self._unsaved.append(entry)
+                unsaved = entry
+                self._save_failed(e, "the reply")
+        if r["row"] >= 0:
+            if saved is not None:
+                self.messages.finish(r["row"], id=saved.id, finish_reason=reason, stats=stats, content=text)
+            elif unsaved is not None:
+                self.messages.finish(r["row"], finish_reason=reason, stats=stats, content=text)
+            else:   # nothing to keep (stopped before any text, or failed): show what is stored
+                self.messages.set_messages(self._rows_of(conv))
+            self.status.end_busy()
+            if stats:
+                self.status.set_stats(stats)
+        self._sync()
+        self.reply_finished.emit(result)
+
+    #: Said in the chat when the "stop" overflow policy finds the context full before a reply.
+    CONTEXT_FULL = ('The context is full: <a href="new" style="color: white">start a new chat</a>, or '
+                    '<a href="overflow" style="color: white">switch the overflow policy</a> to drop the oldest turns.')
+
+    def _context_full(self, conv: int, message_id: int, text: str) -> None:
+        """No reply fits: the message goes back to the box (not stored without a reply) and the
+        banner offers the two ways on."""
+        try:
+            self.store.delete_last_message(conv, message_id)
+        except (sqlite3.Error, OSError):
+            log.warning("could not drop the message that got no reply", exc_info=True)
+        if not self.input.toPlainText().strip():
+            self.input.setPlainText(text)
+        self.show_error(self.CONTEXT_FULL)
+        self.status.showMessage("The context is full", 8000)
+
+    @property
+    def replying(self) -> bool:
+        return self._reply is not None
