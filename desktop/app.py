@@ -30,7 +30,7 @@ from desktop.qt_compat import guard_none_refcount
 from desktop.remote.client import is_remote_source
 from desktop.remote.engine import RemoteEngineWorker
 from desktop.settings.values import Settings
-from desktop.settings.dialog import install_settings
+from desktop.settings.controller import install_settings
 from desktop.chat.store import Store
 from desktop.worker import Engine
 
@@ -117,7 +117,7 @@ def build_window(store: Store, settings: Settings, engine: Engine | None = None,
     # File > Connect to server… (remote engines) and Server > Serve the loaded model.
     window.connector = connect_dialog.install(window)
     window.serve_toggle = serve_toggle.install(window)
-    install_settings(window)   # Edit > Settings… (desktop.settings.dialog)
+    install_settings(window)   # Edit > Settings… (desktop.settings.controller)
     install_kv_panel(window)   # the KV-cache memory dock (desktop.panels.kv.panel)
     install_attention_panel(window)  # the attention dock (desktop.panels.attention.panel)
     return window
