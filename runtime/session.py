@@ -426,6 +426,12 @@ class ChatSession:
             self.messages[-1] = Message(self.messages[-1].role, self.messages[-1].content + text)
         elif text or reason in ("stop", "length"):
             self.messages.append(Message("assistant", text, self._written_ids(generated, text, detok.text)))
+        if reason == "length" and generated and detok.text == text and self.cache.length < self.context_limit:
+            # A length stop sampled its last token but never fed it (the loop stops before the
+            # step): feed it now, one decode step, so the cache holds the whole reply and the
+            # next turn prefills only the template's end-of-turn and the new message. A Stop
+            # (cancel) does not: it ends at once, and the next turn prefills that one token.
+            self._feed([generated[-1]], last_only=True)
         self.last_stats = self._snapshot(stats)
         yield Finish(reason, text, self.last_stats, tuple(generated))
 

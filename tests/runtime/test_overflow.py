@@ -95,8 +95,9 @@ def test_truncate_middle_drops_old_turns_and_keeps_the_system_prompt(default_mod
     assert t2.stats.completion_tokens > CONTEXT - t2.stats.prompt_tokens  # went on past the limit
     assert t2.stats.dropped_tokens == len(full2) - len(kept2) > 0
     assert CONTEXT in t2.cache_lengths and t2.cache_lengths[-1] < CONTEXT
-    # The cache now holds exactly: system prompt, turn 2's message, the reply but its last token.
-    assert s.cache.length == len(kept2) + 72 - 1
+    # The cache now holds exactly: system prompt, turn 2's message, the reply (a length stop
+    # feeds its last token).
+    assert s.cache.length == len(kept2) + 72
     assert_cache_starts_with(m, s.cache, kept2)
     assert [msg.role for msg in s.messages] == ["user", "assistant"] * 2  # the conversation itself is whole
 
@@ -165,7 +166,7 @@ def test_truncate_middle_counts_each_dropped_token_once(tiny_llama):
     assert t.stats.prompt_tokens == sizes[1]  # turn 1 dropped before the reply
     assert t.finish.reason == "length" and t.stats.completion_tokens == 100
     # Turn 2 dropped while it ran: the cache holds the last message and the reply.
-    assert s.cache.length == sizes[2] + 100 - 1
+    assert s.cache.length == sizes[2] + 100
     assert t.stats.dropped_tokens == sizes[0] - sizes[2]
     assert max(t.cache_lengths) <= CONTEXT
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from runtime import ChatSession, GenerationSettings, Message, load_model
@@ -97,12 +98,11 @@ def test_turn2_prefills_only_the_new_message_plus_template_tokens(tiny, user1, u
     # Turn 2's prompt: turn 1's, the reply's ids, the template's end-of-turn and the new message.
     written = len(reply.token_ids)
     assert second.stats.prompt_tokens == first.stats.prompt_tokens + written + len(new_part)
-    # Everything the cache holds of that is reused; a length stop never fed its last token.
+    # All of it was cached (a length stop feeds its last token at the stop), and is reused.
     fed = cached - first.stats.prompt_tokens
-    assert second.stats.reused_tokens == first.stats.prompt_tokens + min(fed, written)
-    extra = written - min(fed, written)
-    assert second.stats.prefilled_tokens == len(new_part) + extra
-    assert extra == 0 or (first.reason == "length" and extra == 1)
+    assert fed >= written
+    assert second.stats.reused_tokens == first.stats.prompt_tokens + written
+    assert second.stats.prefilled_tokens == len(new_part)
     assert second.stats.retokenized_tokens == 0
 
 
@@ -126,3 +126,28 @@ def test_an_edited_reply_is_re_tokenized_and_counted(tiny):
     s.messages = [Message("user", "hi"), Message("assistant", "what the user typed")]
     done = s.run(s.send("and"))
     assert done.stats.retokenized_tokens == len(tiny.tokenizer.encode("what the user typed", add_special_tokens=False))
+
+
+def test_a_length_stop_feeds_its_last_token_so_turn2_prefills_only_the_new_message(tiny):
+    """The issue's two-turn command prefilled 20 = 1 too many: a length stop sampled its last
+    token but never fed it. Now the cache holds the whole reply when the turn ends."""
+    words = set(tiny.tokenizer.encode(" ".join(WORDS), add_special_tokens=False))
+    mask = torch.full((tiny.config.vocab_size,), float("-inf"))
+    mask[list(words)] = 0.0
+
+    def only_words(ids, logits):   # a random model's greedy pick is a byte token: make it write words
+        return logits + mask
+
+    s = ChatSession(tiny, system_prompt=SYS, settings=GenerationSettings(max_new_tokens=5,
+                                                                          logits_processors=(only_words,)))
+    first = s.run(s.send("the cat"))
+    assert first.reason == "length" and first.stats.completion_tokens == 5
+    reply = s.messages[-1]
+    assert len(reply.token_ids) == 5
+    assert s.cache.length == first.stats.prompt_tokens + 5
+    assert s.cached_token_ids[-5:] == list(reply.token_ids) == list(first.token_ids)
+    assert first.stats.kv_cache["tokens"] == s.cache.length   # the Finish's figures include it
+    second = s.run(s.send("and then"))
+    new_part = tiny.tokenizer.encode(ChatML_NEXT.format("and then"), add_special_tokens=False)
+    assert second.stats.reused_tokens == first.stats.prompt_tokens + 5
+    assert second.stats.prefilled_tokens == len(new_part)

@@ -47,7 +47,7 @@ def two_turns(default_model):
     t1 = run_turn(warm, warm.send(U1))
     prompt1 = conversation_ids(m, SYS, [Message("user", U1)])
     ref1 = greedy_ids(m, prompt1, N)
-    stream_after_1 = prompt1 + ref1 if t1.finish.reason == "stop" else prompt1 + ref1[:-1]
+    stream_after_1 = prompt1 + ref1   # a length stop feeds its last token too
     length_after_1 = warm.cache.length
     t2 = run_turn(warm, warm.send(U2))
     warm_logits = warm.last_logits.clone()
@@ -67,7 +67,8 @@ def test_turn1_is_plain_greedy_and_fills_the_cache(two_turns, default_model):
     assert (t1.stats.reused_tokens, t1.stats.prefilled_tokens) == (0, len(prompt1))
     assert t1.stats.completion_tokens == len(ref1) > 0
     assert t1.text == default_model.decode(ref1)
-    # Every token but the last sampled one went through the model (an end-of-turn token is never fed).
+    # Every reply token went through the model (an end-of-turn token is never fed; a length
+    # stop feeds its last token at the stop).
     assert two_turns["length_after_1"] == len(two_turns["stream_after_1"])
 
 
@@ -81,9 +82,8 @@ def test_turn2_prefills_only_the_new_message(two_turns, default_model):
     assert t2.stats.prompt_tokens == len(prompt2)
     assert t2.stats.retokenized_tokens == 0
     assert t2.stats.reused_tokens == len(two_turns["stream_after_1"])
-    # The new message in its template, plus the reply's last token when a length stop never fed it.
-    unfed = 0 if t1.finish.reason == "stop" else 1
-    assert t2.stats.prefilled_tokens == len(new_part) + unfed
+    # Exactly the new message in its template, however turn 1 ended.
+    assert t2.stats.prefilled_tokens == len(new_part)
 
 
 def test_turn2_logits_equal_a_fresh_session(two_turns):
