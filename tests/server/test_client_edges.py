@@ -1,36 +1,17 @@
 """The edges that broke real clients: ``"stream": null``, a trailing assistant message (a
 prefill), a system-only conversation, OpenAI's overflow wording, ``HEAD /health``.
 
-Uses the module server of ``conftest`` (the real default model: the prefill test needs
+Uses the shared server of ``conftest`` (the real default model: the prefill test needs
 its answer to be right).
 """
 from __future__ import annotations
 
 import httpx2 as httpx
-import openai
 import pytest
-
-from tests.server.conftest import API_KEY
 
 pytestmark = pytest.mark.slow
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def model_id(client) -> str:
-    return client.models.list().data[0].id
 
 
 def test_null_optional_fields_are_accepted(http, model_id):

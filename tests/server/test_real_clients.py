@@ -21,13 +21,6 @@ TOO_LONG = [{"role": "user", "content": "word " * 3000}]  # > the test server's 
 
 
 @pytest.fixture(scope="module")
-def model_id(server) -> str:
-    import openai
-
-    return openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0).models.list().data[0].id
-
-
-@pytest.fixture(scope="module")
 def chat(server, model_id):
     from langchain_openai import ChatOpenAI
 

@@ -5,21 +5,9 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.server.conftest import API_KEY
-
 pytestmark = pytest.mark.slow
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model_id(client) -> str:
-    return client.models.list().data[0].id
 
 
 def test_logprobs_of_a_greedy_reply(client, model_id):

@@ -3,7 +3,8 @@ web pages (Origin), bodies that are not JSON (``attnchat.server_guard``), and re
 that would hold the only worker for hours.
 
 The checks go through a real server on 127.0.0.1 (no API key, as the desktop's "Serve
-over HTTP" runs it), with ``--allowed-host`` and ``--cors-origin`` to show each opening.
+over HTTP" runs it), with ``--allowed-host`` and ``--cors-origin`` to show each opening:
+conftest's ``guarded_server``.
 """
 from __future__ import annotations
 
@@ -15,24 +16,13 @@ import httpx2 as httpx
 import pytest
 
 from attnchat.server_guard import HEADER_TIMEOUT_S, Guard, normalize_origin
-from tests.server.conftest import start_server, stop_server
-
-EXTRA_HOST = "chat.lan"
-PAGE = "http://localhost:3000"
+from tests.server.conftest import EXTRA_HOST, PAGE
 
 
 @pytest.fixture(scope="module")
-def server(default_model_file):
-    # truncate-middle (not the server's default stop): the 10,000-message test checks trimming.
-    s = start_server("--model", str(default_model_file), "--context", "512", "--device", "cpu",
-                     "--allowed-host", EXTRA_HOST, "--cors-origin", PAGE, "--overflow", "truncate-middle")
-    yield s
-    stop_server(s)
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.base_url, timeout=120) as c:
+def http(guarded_server):
+    """Raw HTTP on the guarded server (no API key)."""
+    with httpx.Client(base_url=guarded_server.base_url, timeout=120) as c:
         yield c
 
 
@@ -157,9 +147,9 @@ def test_ten_thousand_messages_are_trimmed_not_a_freeze(http, ask):
 
 
 @pytest.mark.slow
-def test_half_sent_headers_are_cut_off(server):
+def test_half_sent_headers_are_cut_off(guarded_server):
     """A request whose headers never finish no longer holds its connection for good."""
-    host, port = server.base_url.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
+    host, port = guarded_server.base_url.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=HEADER_TIMEOUT_S + 20) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")
         t0 = time.monotonic()

@@ -1,25 +1,53 @@
 """``attnchat serve`` refuses what it must before loading anything: exit 2, one line on stderr.
 
 The model path does not exist, so a check made after the load would fail on the model
-instead: the messages prove the address is checked first.
+instead: the messages prove the address is checked first. The checks run in-process
+(``attnchat.cli.main``; a subprocess costs seconds of imports each); one goes through
+``python -m attnchat`` to prove the entry point says the same.
 """
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
 
 import pytest
 
-from attnchat.serve_cmd import is_loopback
+from attnchat import cli
+from attnchat.serve_cmd import API_KEY_ENV, is_loopback
 from tests.server.conftest import serve_env
 
 MISSING = "/nonexistent/model.gguf"
+LIBRARY_ENV = ("TQDM_DISABLE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TRANSFORMERS_VERBOSITY",
+               "TOKENIZERS_PARALLELISM")
 
 
-def _serve(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "attnchat", "serve", "--model", MISSING, *args],
-                          capture_output=True, text=True, timeout=60, env=serve_env())
+@pytest.fixture
+def serve(monkeypatch, tmp_path, capsys):
+    """``serve(*args) -> (status, stdout, stderr)`` of ``attnchat serve --model MISSING ARGS``
+    run in-process; the environment, log folder and log handlers it touches are put back."""
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    for name in LIBRARY_ENV:
+        monkeypatch.setenv(name, "1" if name != "TRANSFORMERS_VERBOSITY" else "error")
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+
+    def call(*args: str) -> tuple[int, str, str]:
+        try:
+            status = cli.main(["serve", "--model", MISSING, *args])
+        except SystemExit as e:  # argparse's own errors
+            status = e.code
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    yield call
+    for h in list(root.handlers):
+        if h not in handlers:
+            root.removeHandler(h)
+            h.close()
+    root.setLevel(level)
 
 
 @pytest.mark.parametrize("host, loopback", [
@@ -31,21 +59,23 @@ def test_is_loopback(host, loopback):
 
 
 def test_refuses_a_public_address_without_a_key():
-    r = _serve("--host", "0.0.0.0", "--port", "0")
+    """Through the real entry point, ``python -m attnchat``."""
+    r = subprocess.run([sys.executable, "-m", "attnchat", "serve", "--model", MISSING, "--host", "0.0.0.0",
+                        "--port", "0"], capture_output=True, text=True, timeout=60, env=serve_env())
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("attnchat: error:") and "--api-key" in lines[0], r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
 
 
-def test_a_taken_port_is_one_line_before_the_load():
+def test_a_taken_port_is_one_line_before_the_load(serve):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        r = _serve("--port", str(port))
-    assert r.returncode == 2
-    assert r.stderr.count("\n") == 1 and str(port) in r.stderr and "in use" in r.stderr, r.stderr
+        status, _, err = serve("--port", str(port))
+    assert status == 2
+    assert err.count("\n") == 1 and str(port) in err and "in use" in err, err
 
 
 def test_the_server_imports_no_qt():
@@ -57,29 +87,29 @@ def test_the_server_imports_no_qt():
 
 
 @pytest.mark.parametrize("origin", ["*", "localhost:3000", "http://x/app"])
-def test_a_cors_origin_that_is_not_an_origin_is_one_line(origin):
-    r = _serve("--cors-origin", origin)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a web origin" in r.stderr, r.stderr
+def test_a_cors_origin_that_is_not_an_origin_is_one_line(serve, origin):
+    status, _, err = serve("--cors-origin", origin)
+    assert status == 2 and err.count("\n") == 1 and "not a web origin" in err, err
 
 
-def test_api_key_file_problems_are_one_line(tmp_path):
+def test_api_key_file_problems_are_one_line(serve, tmp_path):
     empty = tmp_path / "key"
     empty.write_text("\n")
     for args, words in [(["--api-key-file", str(tmp_path / "nope")], "cannot read --api-key-file"),
                         (["--api-key-file", str(empty)], "holds no key"),
                         (["--api-key-file", str(empty), "--api-key", "k"], "not allowed with")]:
-        r = _serve(*args)
-        assert r.returncode == 2 and r.stderr.count("\n") == 1 and words in r.stderr, r.stderr
+        status, _, err = serve(*args)
+        assert status == 2 and err.count("\n") == 1 and words in err, err
 
 
-def test_an_api_key_file_is_read_before_the_load(tmp_path):
+def test_an_api_key_file_is_read_before_the_load(serve, tmp_path):
     key = tmp_path / "key"
     key.write_text("sk-from-a-file\nignored\n")
-    r = _serve("--host", "0.0.0.0", "--port", "0", "--api-key-file", str(key))
+    status, _, err = serve("--host", "0.0.0.0", "--port", "0", "--api-key-file", str(key))
     # Accepted as the key a public address needs: the error is about the model, later.
-    assert r.returncode == 2 and "--api-key" not in r.stderr and "model.gguf" in r.stderr, r.stderr
+    assert status == 2 and "--api-key" not in err and "model.gguf" in err, err
 
 
-def test_a_default_max_tokens_past_the_limit_is_one_line():
-    r = _serve("--max-tokens", "5000", "--max-tokens-limit", "4096")
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--max-tokens-limit" in r.stderr, r.stderr
+def test_a_default_max_tokens_past_the_limit_is_one_line(serve):
+    status, _, err = serve("--max-tokens", "5000", "--max-tokens-limit", "4096")
+    assert status == 2 and err.count("\n") == 1 and "--max-tokens-limit" in err, err

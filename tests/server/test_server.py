@@ -1,6 +1,6 @@
 """``attnchat serve`` end to end: a real server process, the official ``openai`` client, raw HTTP for errors.
 
-One server (module scope, see conftest) answers every test here; replies are kept to
+The shared server (session scope, see conftest) answers every test here; replies are kept to
 a few tokens because the suite runs on a small shared CPU.
 """
 from __future__ import annotations
@@ -17,22 +17,6 @@ from tests.server.conftest import API_KEY
 pytestmark = pytest.mark.slow
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model_id(client) -> str:
-    return client.models.list().data[0].id
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

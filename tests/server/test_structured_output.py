@@ -9,23 +9,11 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.server.conftest import API_KEY
-
 pytestmark = pytest.mark.slow
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                          "country": {"enum": ["France", "Spain", "Italy"]}},
         "required": ["city", "country"], "additionalProperties": False}
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model_id(client) -> str:
-    return client.models.list().data[0].id
 
 
 ASK = [{"role": "user", "content": "Which city is the capital of France? Answer in JSON."}]

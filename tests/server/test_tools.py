@@ -8,8 +8,6 @@ import jsonschema
 import openai
 import pytest
 
-from tests.server.conftest import API_KEY
-
 pytestmark = pytest.mark.slow
 
 WEATHER = {"type": "function", "function": {
@@ -18,16 +16,6 @@ WEATHER = {"type": "function", "function": {
                                                     "unit": {"enum": ["celsius", "fahrenheit"]}},
                    "required": ["city", "unit"], "additionalProperties": False}}}
 ASK = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model_id(client) -> str:
-    return client.models.list().data[0].id
 
 
 @pytest.fixture(scope="module")
