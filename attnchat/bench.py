@@ -42,16 +42,17 @@ def _llamacpp_env() -> dict:
 SETTINGS = ("model", "quick", "repeats", "engines", "dtype", "device", "random_weights", "depths", "decode_tokens",
             "prefill_tokens", "followup_context", "followup_tokens", "json", "plot")
 FIGURES = ("load_s", "ttft_s", "prefill_tokens_per_s", "followup_ttft_s", "peak_rss_bytes")
-#: Report name -> (bench_worker engine, whether it runs at ``--dtype``). ``ours-default`` is
-#: our engine as the app runs it (runtime.device.default_dtype: on the CPU, float16
-#: weights computing in float32); llama.cpp always runs the GGUF's own quantized weights.
-ENGINES = {"ours": ("ours", True), "ours-default": ("ours", False), "ours-eager": ("ours-eager", True),
-           "transformers": ("transformers", True), "transformers-compiled": ("transformers-compiled", True),
-           "llamacpp": ("llamacpp", False)}
+#: Report name -> (bench_worker engine, the weights' dtype: ``True`` = ``--dtype``, None = the
+#: engine's default). ``ours-default`` is our engine as the app runs it
+#: (runtime.device.default_dtype: on the CPU, float16 weights computing in float32);
+#: ``ours-int8`` our 8-bit weights; llama.cpp always runs the GGUF's own quantized weights.
+ENGINES = {"ours": ("ours", True), "ours-default": ("ours", None), "ours-int8": ("ours", "int8"),
+           "ours-eager": ("ours-eager", True), "transformers": ("transformers", True),
+           "transformers-compiled": ("transformers-compiled", True), "llamacpp": ("llamacpp", None)}
 #: The engines run without ``--engines``, per device. On a GPU: ours as the app decodes
 #: there (a CUDA graph) and eagerly, against transformers eager and with a static cache
 #: compiled by torch.compile (its fastest decode).
-DEFAULT_ENGINES = {"cpu": ("ours", "ours-default", "transformers", "llamacpp"),
+DEFAULT_ENGINES = {"cpu": ("ours", "ours-default", "ours-int8", "transformers", "llamacpp"),
                    "cuda": ("ours", "ours-eager", "ours-default", "transformers", "transformers-compiled")}
 #: ``--dtype``'s default per device: the dtype both sides run like for like.
 DEFAULT_DTYPE = {"cpu": "float32", "cuda": "float16"}
@@ -64,7 +65,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="depths 128 and 1,024 only (else also 4,096)")
     p.add_argument("--repeats", type=int, default=3, metavar="N", help="repetitions per engine (default 3)")
     p.add_argument("--engines", default=None,
-                   help="comma-separated: ours,ours-default,transformers,llamacpp (default: all available)")
+                   help="comma-separated: ours,ours-default,ours-int8,transformers,llamacpp (default: all available)")
     p.add_argument("--dtype", default=None,
                    help="weights' dtype for ours and transformers, compared like for like (default float32 on the CPU, float16 on CUDA)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where every engine runs (default cpu)")
@@ -98,8 +99,16 @@ def _cpu_name() -> str:
 
 
 def _machine(device: str = "cpu") -> dict:
+    from runtime.kernels import NOTABLE_FLAGS, cpu_info
+
+    cpu = cpu_info()
     info = {"platform": platform.platform(), "processor": _cpu_name(),
-            "cpus": os.cpu_count(), "python": platform.python_version()}
+            "cpus": os.cpu_count(), "python": platform.python_version(),
+            "cpu_flags": [f for f in NOTABLE_FLAGS if f in cpu["flags"]], "cpu_capability": cpu["capability"]}
+    try:
+        info["load_average"] = list(os.getloadavg())
+    except OSError:
+        pass
     try:
         import torch
 
@@ -141,11 +150,13 @@ def _check_args(args: argparse.Namespace) -> str:
     if any(d < 1 for d in values):
         raise ValueError(f"--depths must all be at least 1 token; got {depths}")
     try:
-        from runtime.kv_cache import parse_cache_dtype
+        from runtime.dtypes import QUANTIZED_CACHE_DTYPES, parse_weight_dtype
 
-        parse_cache_dtype(args.dtype)
+        if parse_weight_dtype(args.dtype) in QUANTIZED_CACHE_DTYPES:  # transformers has no like-for-like int8
+            raise ValueError
     except ValueError:
-        raise ValueError(f"unknown --dtype {args.dtype!r}; use float32, bfloat16 or float16") from None
+        raise ValueError(f"unknown --dtype {args.dtype!r}; use float32, bfloat16 or float16 "
+                         "(our 8-bit weights run as the ours-int8 engine)") from None
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path:
             folder = os.path.dirname(os.path.abspath(path))
@@ -190,6 +201,9 @@ def run(args: argparse.Namespace) -> int:
         print("llama.cpp: llama-cpp-python is not importable (run `make bench-llamacpp`), or the model is not a GGUF; skipped",
               file=sys.stderr)
     _check_lengths(model, args, depths)
+    machine = _machine(args.device)
+    print(f"CPU: {machine['processor']} ({machine['cpus']} CPUs, torch {machine.get('cpu_capability')}); "
+          f"flags: {' '.join(machine['cpu_flags']) or 'none of note'}", file=sys.stderr)
     common = ["--model", model, "--device", args.device, "--prefill-tokens", str(args.prefill_tokens), "--depths", depths,
               "--decode-tokens", str(args.decode_tokens), "--followup-context", str(args.followup_context),
               "--followup-tokens", str(args.followup_tokens)]
@@ -197,11 +211,11 @@ def run(args: argparse.Namespace) -> int:
     for rep in range(args.repeats):
         for engine in engines:  # interleaved: A B A B
             t0 = time.perf_counter()
-            worker, like_for_like = ENGINES[engine]
+            worker, dtype = ENGINES[engine]
+            dtype = args.dtype if dtype is True else dtype
             python, env = (llamacpp_python, _llamacpp_env()) if worker == "llamacpp" else (sys.executable, None)
             cmd = [python, "-m", "attnchat.bench_worker", "--engine", worker] + common
-            proc = subprocess.run(cmd + (["--dtype", args.dtype] if like_for_like else []), capture_output=True, text=True,
-                                  env=env)
+            proc = subprocess.run(cmd + (["--dtype", dtype] if dtype else []), capture_output=True, text=True, env=env)
             if proc.returncode != 0:
                 tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
                 raise RuntimeError(f"the {engine} benchmark run failed: {tail}")
@@ -214,11 +228,13 @@ def run(args: argparse.Namespace) -> int:
         s["kv_bytes_per_token"] = runs[0]["kv_bytes_per_token"]
         s["dtype"] = runs[0]["dtype"]
         s["decode_mode"] = runs[0].get("decode_mode")
+        if runs[0].get("kernels"):
+            s["kernels"] = runs[0]["kernels"]
         if runs[0].get("peak_gpu_bytes") is not None:
             s["peak_gpu_bytes"] = _summary([r["peak_gpu_bytes"] for r in runs])
         summary[engine] = s
     ratios = _ratios(summary, depths.split(","))
-    report = {"model": model, "machine": _machine(args.device), "settings": {k: getattr(args, k) for k in SETTINGS},
+    report = {"model": model, "machine": machine, "settings": {k: getattr(args, k) for k in SETTINGS},
               "depths": [int(d) for d in depths.split(",")], "raw": raw, "summary": summary, "ratios": ratios}
     _print_table(summary, ratios)
     if args.json:
@@ -256,6 +272,9 @@ def _ratios(summary: dict, depths: list[str]) -> dict:
         # ours as the app runs it against transformers at --dtype
         "default_decode_1k_vs_transformers": div(dflt_dec, tf_dec),
         "default_followup_ttft_vs_transformers": div(tf_fu, dflt_fu),
+        # our 8-bit weights against transformers at --dtype and against llama.cpp's GGUF
+        "int8_decode_1k_vs_transformers": div(med("ours-int8", "decode_tokens_per_s", d1k), tf_dec),
+        "int8_decode_1k_vs_llamacpp": div(med("ours-int8", "decode_tokens_per_s", d1k), lc_dec),
         # on a GPU: ours (the app's decode mode) against transformers' compiled static-cache
         # decode, and against our own eager decode
         "decode_1k_vs_transformers_compiled": div(ours_dec, med("transformers-compiled", "decode_tokens_per_s", d1k)),
@@ -278,6 +297,11 @@ def _print_table(summary: dict, ratios: dict) -> None:
     widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
     for r in [head] + rows:
         print("  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+    for engine, s in summary.items():
+        k = s.get("kernels")
+        if k:
+            print(f"kernels, {engine} ({s['dtype']}): decode {k['decode']}, prefill {k['prefill']}"
+                  + (f" (measured us per token: {k['timings_us']})" if k.get("timings_us") else ""))
     print("ratios (ours over peer, speed-wise): " + ", ".join(f"{k}={v:.2f}" if v is not None else f"{k}=null" for k, v in ratios.items()))
 
 
@@ -295,7 +319,7 @@ def plot(report: dict, path: str) -> None:
     w.addLegend()
     w.setLabel("bottom", "context depth (tokens)")
     w.setLabel("left", "decode tokens / s")
-    colours = {"ours": "#d62728", "ours-default": "#ff7f0e", "ours-eager": "#9467bd", "transformers": "#1f77b4",
+    colours = {"ours": "#d62728", "ours-default": "#ff7f0e", "ours-eager": "#9467bd", "ours-int8": "#8c564b", "transformers": "#1f77b4",
                "transformers-compiled": "#17becf", "llamacpp": "#2ca02c"}
     for engine, s in report["summary"].items():
         xs = [int(d) for d in s["decode_tokens_per_s"]]

@@ -63,6 +63,8 @@ class Ours:
         weights, compute = (str(d).removeprefix("torch.") for d in (self.model.dtype, self.model.compute_dtype))
         self.dtype = weights if weights == compute else f"{weights} weights, {compute} compute"
         self.kv_bytes_per_token = self.model.new_cache(1).bytes_per_token
+        k = self.model.kernels
+        self.kernels = None if k is None else {"decode": k.decode, "prefill": k.prefill, "timings_us": k.timings_us}
         self.cache = None
 
     def _prefill(self, ids: list[int], chunk: int = 512):
@@ -277,7 +279,7 @@ def measure(args: argparse.Namespace) -> dict:
         "decode_mode": getattr(engine, "decode_mode", None), "load_s": load_s, "ttft_s": ttft,
         "prefill_tokens_per_s": args.prefill_tokens / ttft if ttft > 0 else 0.0,
         "decode_tokens_per_s": decode, "followup_ttft_s": followup, "peak_rss_bytes": rss,
-        "kv_bytes_per_token": engine.kv_bytes_per_token,
+        "kv_bytes_per_token": engine.kv_bytes_per_token, "kernels": getattr(engine, "kernels", None),
         "peak_gpu_bytes": torch.cuda.max_memory_allocated() if cuda else None,
     }
 

@@ -21,7 +21,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, metavar="N", help="decoder layers (with --kv-heads and --head-dim)")
     p.add_argument("--kv-heads", type=int, metavar="N", help="key/value heads per layer")
     p.add_argument("--head-dim", type=int, metavar="N", help="dimensions per head")
-    p.add_argument("--cache-dtype", default="float32", metavar="D", help="float32, bfloat16 or float16 (default float32)")
+    p.add_argument("--cache-dtype", default="float32", metavar="D", help="float32, bfloat16, float16 or int8 (default float32)")
     p.add_argument("--weights-dtype", default=None, metavar="D", help="weights' dtype for weights_bytes (default: the device's default, float16 on the CPU)")
     p.add_argument("--context", type=int, default=None, metavar="N", help="context length in tokens (default: the model's maximum)")
     p.add_argument("--budget-mib", type=float, default=None, metavar="M", help="a KV-cache budget in MiB")

@@ -18,7 +18,7 @@ from runtime.errors import (
 from runtime.dtypes import CACHE_DTYPES
 from runtime.kv_cache import KVCache
 from runtime.loader import Model, load_model, read_config
-from runtime.memory import MemoryPlan, count_parameters, element_bytes, free_memory_bytes, kv_bytes_per_token, plan, plan_for_config
+from runtime.memory import MemoryPlan, cache_bytes_per_token, count_parameters, element_bytes, free_memory_bytes, kv_bytes_per_token, plan, plan_for_config
 from runtime.attention_view import FormulaSteps, LayerAttention, context_ids, conversation_ids, token_strings
 from runtime.probe import AttentionCapture, HeadScores, head_scores
 from runtime.ablation import ABLATION_MODES, InductionAblation, ablated, induction_ablation, parse_heads, top_and_probs
@@ -41,7 +41,7 @@ from runtime.session import (
 
 __all__ = [
     "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "compute_dtype", "default_dtype", "WEIGHT_DTYPE_QUALITY", "Message", "ModelConfig", "KVCache", "CACHE_DTYPES", "Model", "load_model",
-    "SamplingParams", "MemoryPlan", "plan", "plan_for_config", "kv_bytes_per_token", "count_parameters", "element_bytes",
+    "SamplingParams", "MemoryPlan", "plan", "plan_for_config", "kv_bytes_per_token", "cache_bytes_per_token", "count_parameters", "element_bytes",
     "free_memory_bytes", "AttentionCapture", "HeadScores", "head_scores",
     "ABLATION_MODES", "InductionAblation", "ablated", "induction_ablation", "parse_heads", "top_and_probs",
     "AttentionStepTime", "attention_step_seconds", "scores_per_head", "Explanation", "explain_token", "kendall_tau",

@@ -13,11 +13,20 @@ CACHE_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
+    "int8": torch.int8,
 }
+#: Cache dtypes stored as codes plus one float32 scale per (token, KV head) vector
+#: (:mod:`runtime.quantize`).
+QUANTIZED_CACHE_DTYPES = (torch.int8,)
+#: Bytes of one vector's scale in a quantized cache (float32).
+SCALE_BYTES = 4
+#: Weight dtypes by user-facing name (``--dtype``, the Weight dtype setting); int8 weights
+#: are codes with one float32 scale per output row (:func:`runtime.weights.quantize_state`).
+WEIGHT_DTYPES: dict[str, torch.dtype] = dict(CACHE_DTYPES)
 
 
 def parse_cache_dtype(name: str | torch.dtype) -> torch.dtype:
-    """``"float32" | "bfloat16" | "float16"`` (or a torch dtype) -> torch dtype.
+    """``"float32" | "bfloat16" | "float16" | "int8"`` (or a torch dtype) -> torch dtype.
 
     Raises:
         ValueError: an unknown name (the message lists the known ones).
@@ -36,3 +45,29 @@ def parse_cache_dtype(name: str | torch.dtype) -> torch.dtype:
 def dtype_name(dtype: torch.dtype) -> str:
     """torch dtype -> ``"float32"`` etc."""
     return str(dtype).removeprefix("torch.")
+
+
+def parse_weight_dtype(name: str | torch.dtype) -> torch.dtype:
+    """A weight dtype's name (or torch dtype) -> torch dtype.
+
+    Raises:
+        ValueError: a dtype the weights cannot be stored in (the message lists those).
+    """
+    try:
+        dtype = parse_cache_dtype(name)
+    except ValueError:
+        dtype = None
+    if dtype not in WEIGHT_DTYPES.values():
+        raise ValueError(f"unknown weight dtype {name!r}; use one of {', '.join(WEIGHT_DTYPES)}")
+    return dtype
+
+
+def vector_bytes(dtype: str | torch.dtype, head_dim: int) -> int:
+    """Bytes one key (or value) vector of ``head_dim`` numbers takes in a cache of ``dtype``:
+    ``head_dim x element bytes``, plus :data:`SCALE_BYTES` for a quantized dtype.
+
+    Raises:
+        ValueError: an unknown dtype.
+    """
+    dt = parse_cache_dtype(dtype)
+    return head_dim * dt.itemsize + (SCALE_BYTES if dt in QUANTIZED_CACHE_DTYPES else 0)

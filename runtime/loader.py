@@ -24,11 +24,12 @@ import torch
 from runtime.config import ModelConfig
 from runtime.attention import AttentionKernels
 from runtime.decode_step import DECODE_MODES, DecodeStep
-from runtime.device import attention_kernels, compute_dtype, decode_mode, default_dtype, resolve_device
+from runtime.device import attention_kernels, compute_dtype, decode_mode, default_dtype, parse_weight_dtype, resolve_device
 from runtime.errors import ModelLoadError, UnsupportedModelError
 from runtime.kv_cache import KVCache, parse_cache_dtype
 from runtime.model import Decoder
-from runtime.weights import to_decoder_state
+from runtime.kernels import KernelChoice
+from runtime.weights import quantize_state, to_decoder_state
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,9 @@ class Model:
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)
     decode_mode: str = "eager"
     _step: DecodeStep | None = field(default=None, repr=False)
+    #: The CPU kernels the decoder's matrix products use (None off the CPU): see
+    #: :mod:`runtime.kernels`.
+    kernels: KernelChoice | None = None
 
     @property
     def name(self) -> str:
@@ -78,9 +82,9 @@ class Model:
 
     @property
     def weights_bytes(self) -> int:
-        """Bytes of the weights as loaded (tied matrices counted once)."""
+        """Bytes of the weights as loaded (tied matrices counted once; int8 scales included)."""
         seen, total = set(), 0
-        for p in self.decoder.parameters():
+        for p in (*self.decoder.parameters(), *(b for n, b in self.decoder.named_buffers() if n.endswith("weight_scale"))):
             if p.data_ptr() not in seen:
                 seen.add(p.data_ptr())
                 total += p.numel() * p.element_size()
@@ -97,7 +101,7 @@ class Model:
 
         Args:
             max_tokens: capacity in tokens (default and cap: the model's maximum context).
-            dtype: cache dtype (``float32``, ``bfloat16``, ``float16``); default the compute dtype.
+            dtype: cache dtype (``float32``, ``bfloat16``, ``float16``, ``int8``); default the compute dtype.
             limit_bytes: optional cap on the cache's allocated bytes.
 
         Raises:
@@ -463,6 +467,8 @@ def _stop_ids(tokenizer, cfg: ModelConfig) -> frozenset[int]:
 
 def _decoder_state(path: Path, cfg: ModelConfig, tensors, wdtype: torch.dtype) -> dict[str, torch.Tensor]:
     try:
+        if wdtype == torch.int8:
+            return quantize_state(to_decoder_state(cfg, tensors, torch.float32))
         return to_decoder_state(cfg, tensors, wdtype)
     except ModelLoadError as e:  # name the file in the message
         raise ModelLoadError(f"{path.name}: {e}") from None
@@ -570,9 +576,9 @@ def load_model(
     if mode == "graph" and dev.type != "cuda":
         raise ValueError("decode mode 'graph' needs CUDA; use eager, static or compile")
     try:
-        wdtype = parse_cache_dtype(dtype) if dtype is not None else default_dtype(dev)
-    except ValueError:
-        raise ValueError(f"unknown weight dtype {dtype!r}; use float32, bfloat16 or float16") from None
+        wdtype = parse_weight_dtype(dtype) if dtype is not None else default_dtype(dev)
+    except ValueError as e:
+        raise ValueError(str(e)) from None
     path = _resolve_source(source)
     if path.is_dir():
         cfg, tokenizer, tensors = _read_folder(path, wdtype)
@@ -586,15 +592,39 @@ def load_model(
         decoder = Decoder(cfg)
     try:
         cdtype = parse_cache_dtype(compute) if compute is not None else compute_dtype(dev, wdtype)
+        if not cdtype.is_floating_point:
+            raise ValueError
     except ValueError:
         raise ValueError(f"unknown compute dtype {compute!r}; use float32, bfloat16 or float16") from None
     decoder.load_weights({k: v.to(dev) for k, v in state.items()}, compute_dtype=cdtype)
     decoder.set_attention_kernels(kernels or attention_kernels(dev))
     decoder.eval()
+    choice = None
+    if dev.type == "cpu":
+        choice = _choose_kernels(decoder, wdtype, _gguf_cache_dir(path) if path.is_file() else None)
+        decoder.set_kernels(choice)
     return Model(
         tokenizer=tokenizer, path=path, config=cfg, device=dev, dtype=wdtype, decoder=decoder, compute_dtype=cdtype,
         load_seconds=time.perf_counter() - t0, stop_token_ids=_stop_ids(tokenizer, cfg), decode_mode=mode,
+        kernels=choice,
     )
+
+
+def _choose_kernels(decoder: Decoder, wdtype: torch.dtype, folder: Path | None) -> KernelChoice:
+    """The CPU kernels for this decoder: kept beside a GGUF's converted weights, keyed by
+    the machine (:func:`runtime.kernels.load_or_measure`), else timed now on one matrix of
+    each shape (a fraction of a second; a folder model is timed at every load)."""
+    from runtime import kernels
+
+    mats = decoder.kernel_matrices()
+
+    def measure() -> KernelChoice:
+        choice = kernels.measure(mats, wdtype, prefill_matrices=mats[:-1])  # prefill: the head sees one row
+        log.info("kernels for %s weights: decode %s, prefill %s (us per token: %s)", wdtype, choice.decode,
+                 choice.prefill, choice.timings_us)
+        return choice
+
+    return kernels.load_or_measure(folder if folder is not None and folder.exists() else None, wdtype, measure)
 
 
 def read_config(source: str | os.PathLike | None = None) -> ModelConfig:

@@ -4,7 +4,9 @@ Must not import Qt. Works from a loaded model's config or from bare numbers, so 
 can check a bigger model before fetching it.
 
 KV bytes per token = 2 (K and V) x layers x KV heads x head dim x bytes per element
-(the cache stores one key and one value vector per KV head per layer per token).
+(the cache stores one key and one value vector per KV head per layer per token); an
+int8 cache adds one float32 scale per vector (:func:`runtime.dtypes.vector_bytes`), passed
+to the functions below as ``scale_bytes``.
 
 With sliding-window layers (Mistral, Gemma 2/3, Phi-3) a layer holds at most its window,
 so the KV cache at a context of ``n`` tokens is, per layer,
@@ -24,7 +26,7 @@ import torch
 
 from runtime.config import ModelConfig
 from runtime.device import default_dtype
-from runtime.dtypes import dtype_name, parse_cache_dtype
+from runtime.dtypes import QUANTIZED_CACHE_DTYPES, SCALE_BYTES, dtype_name, parse_cache_dtype, parse_weight_dtype, vector_bytes
 
 
 def element_bytes(dtype: str | torch.dtype) -> int:
@@ -44,30 +46,44 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, elem_bytes: in
     return 2 * layers * kv_heads * head_dim * elem_bytes
 
 
-def kv_bytes_at(windows: Sequence[int | None], kv_heads: int, head_dim: int, elem_bytes: int, context: int) -> int:
+def cache_bytes_per_token(layers: int, kv_heads: int, head_dim: int, cache_dtype: str | torch.dtype) -> int:
+    """KV bytes per token in a cache of ``cache_dtype``: 2 x layers x KV heads x
+    :func:`runtime.kv_cache.vector_bytes` (an int8 cache: head dim + 4 bytes of scale per
+    vector; default model 2 x 30 x 3 x 68 = 12,240).
+
+    Raises:
+        ValueError: a non-positive number or an unknown dtype.
+    """
+    kv_bytes_per_token(layers, kv_heads, head_dim, 1)  # the checks
+    return 2 * layers * kv_heads * vector_bytes(cache_dtype, head_dim)
+
+
+def kv_bytes_at(windows: Sequence[int | None], kv_heads: int, head_dim: int, elem_bytes: int, context: int,
+                scale_bytes: int = 0) -> int:
     """KV bytes at ``context`` tokens: per layer ``min(context, window)`` tokens (all of them
-    for a full layer) x 2 x KV heads x head dim x bytes per element."""
-    per_layer = 2 * kv_heads * head_dim * elem_bytes
+    for a full layer) x 2 x KV heads x (head dim x bytes per element + ``scale_bytes``)."""
+    per_layer = 2 * kv_heads * (head_dim * elem_bytes + scale_bytes)
     return sum(per_layer * (context if w is None else min(context, w)) for w in windows)
 
 
-def _longest_context(windows, kv_heads, head_dim, elem_bytes, budget: int) -> int:
+def _longest_context(windows, kv_heads, head_dim, elem_bytes, budget: int, scale_bytes: int = 0) -> int:
     """The most tokens whose KV cache fits ``budget`` bytes (sliding layers stop growing at
     their window; with no full layer, any context that fits the windows: 2**40)."""
     lo, hi = 0, 1 << 40
-    if kv_bytes_at(windows, kv_heads, head_dim, elem_bytes, hi) <= budget:
+    if kv_bytes_at(windows, kv_heads, head_dim, elem_bytes, hi, scale_bytes) <= budget:
         return hi
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if kv_bytes_at(windows, kv_heads, head_dim, elem_bytes, mid) <= budget else (lo, mid - 1)
+        lo, hi = (mid, hi) if kv_bytes_at(windows, kv_heads, head_dim, elem_bytes, mid, scale_bytes) <= budget else (lo, mid - 1)
     return lo
 
 
-def layer_type_figures(windows: Sequence[int | None], kv_heads: int, head_dim: int, elem_bytes: int, context: int) -> list[dict]:
+def layer_type_figures(windows: Sequence[int | None], kv_heads: int, head_dim: int, elem_bytes: int, context: int,
+                       scale_bytes: int = 0) -> list[dict]:
     """Per kind of layer (full first, then each window): kind, window, layers,
     bytes_per_token, tokens and used_bytes at ``context`` (the KV cache's
     ``layer_types()`` fields)."""
-    per_layer = 2 * kv_heads * head_dim * elem_bytes
+    per_layer = 2 * kv_heads * (head_dim * elem_bytes + scale_bytes)
     out = []
     for w in sorted(set(windows), key=lambda w: -1 if w is None else w):
         n = sum(1 for x in windows if x == w)
@@ -82,7 +98,7 @@ DEFAULT_COMPARISON_WINDOW = 4096
 
 
 def attention_variants(windows: Sequence[int | None], kv_heads: int, head_dim: int, elem_bytes: int, context: int,
-                       *, n_heads: int | None = None) -> list[dict]:
+                       *, n_heads: int | None = None, scale_bytes: int = 0) -> list[dict]:
     """What the KV cache would take under each attention variant, for this shape at ``context``.
 
     ``multi-head``: one KV head per query head (needs ``n_heads``); ``grouped-query``: the
@@ -99,8 +115,8 @@ def attention_variants(windows: Sequence[int | None], kv_heads: int, head_dim: i
         rows.append({
             "name": name, "kv_heads": heads, "window": next((w for w in ws if w is not None), None),
             "windowed_layers": sum(1 for w in ws if w is not None),
-            "bytes_per_token": kv_bytes_per_token(L, heads, head_dim, elem_bytes),
-            "bytes_at_context": kv_bytes_at(ws, heads, head_dim, elem_bytes, context),
+            "bytes_per_token": 2 * L * heads * (head_dim * elem_bytes + scale_bytes),
+            "bytes_at_context": kv_bytes_at(ws, heads, head_dim, elem_bytes, context, scale_bytes),
             "this_model": heads == kv_heads and tuple(ws) == tuple(windows),
         })
 
@@ -141,6 +157,27 @@ def count_parameters(cfg: ModelConfig) -> int:
     return total
 
 
+def weights_bytes(cfg: ModelConfig, weights_dtype: str | torch.dtype) -> int:
+    """Bytes of the weights of a decoder described by ``cfg`` stored in ``weights_dtype``:
+    parameters x element bytes; int8 weights add a float32 scale per matrix row (the
+    embeddings' and every projection's) and keep norm weights and biases in float32
+    (:func:`runtime.weights.quantize_state`).
+
+    Raises:
+        ValueError: an unknown dtype.
+    """
+    dtype = parse_weight_dtype(weights_dtype)
+    params = count_parameters(cfg)
+    if dtype != torch.int8:
+        return params * dtype.itemsize
+    C, L, I = cfg.hidden_size, cfg.n_layers, cfg.intermediate_size
+    qkv_out = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+    up_rows = 2 * I if cfg.family == "llama" else I
+    matrix_rows = cfg.vocab_size * (1 if cfg.tie_word_embeddings else 2) + L * (qkv_out + C + up_rows + C)
+    matrix_params = cfg.vocab_size * C * (1 if cfg.tie_word_embeddings else 2) + L * (C * qkv_out + cfg.n_heads * cfg.head_dim * C + C * up_rows + I * C)
+    return matrix_params + 4 * matrix_rows + 4 * (params - matrix_params)
+
+
 def free_memory_bytes(device: str | torch.device = "cpu") -> int | None:
     """Free memory on a device in bytes (None if unknown).
 
@@ -168,7 +205,8 @@ class MemoryPlan:
     Attributes:
         layers, kv_heads, head_dim: the model's shape.
         cache_dtype: the KV cache's dtype name.
-        kv_bytes_per_token: 2 x layers x KV heads x head dim x element bytes.
+        kv_bytes_per_token: :func:`cache_bytes_per_token` (2 x layers x KV heads x head
+            dim x element bytes, plus a 4-byte scale per vector for int8).
         context: the context asked about (tokens).
         kv_bytes: KV bytes at ``context``.
         budget_bytes: the KV budget asked about (None if none).
@@ -246,37 +284,38 @@ def plan(
         raise ValueError(f"the context must be a positive number of tokens; got {context}")
     if budget_bytes is not None and budget_bytes < 0:
         raise ValueError(f"the budget must not be negative; got {budget_bytes} bytes")
-    eb = element_bytes(cache_dtype)
-    per_token = kv_bytes_per_token(layers, kv_heads, head_dim, eb)
+    dt = parse_cache_dtype(cache_dtype)
+    eb, sb = dt.itemsize, (SCALE_BYTES if dt in QUANTIZED_CACHE_DTYPES else 0)
+    per_token = cache_bytes_per_token(layers, kv_heads, head_dim, dt)
     if windows is None and config is not None:
         windows = config.windows
     windows = tuple(windows) if windows else (None,) * layers
     if len(windows) != layers or any(w is not None and w < 1 for w in windows):
         raise ValueError(f"give {layers} windows (a positive number of tokens or None); got {windows}")
-    kv = kv_bytes_at(windows, kv_heads, head_dim, eb, context)
+    kv = kv_bytes_at(windows, kv_heads, head_dim, eb, context, sb)
     params = weights = wdtype = None
     if config is not None:
         params = count_parameters(config)
         if weights_dtype is None:
             weights_dtype = default_dtype(torch.device(device))
         try:
-            wdtype = dtype_name(parse_cache_dtype(weights_dtype))
+            wdtype = dtype_name(parse_weight_dtype(weights_dtype))
         except ValueError:
-            raise ValueError(f"unknown weights dtype {weights_dtype!r}; use float32, bfloat16 or float16") from None
-        weights = params * element_bytes(wdtype)
+            raise ValueError(f"unknown weights dtype {weights_dtype!r}; use float32, bfloat16, float16 or int8") from None
+        weights = weights_bytes(config, wdtype)
     free = free_memory_bytes(device)
     total = (weights or 0) + kv
     return MemoryPlan(
         layers=layers, kv_heads=kv_heads, head_dim=head_dim,
         cache_dtype=dtype_name(parse_cache_dtype(cache_dtype)), kv_bytes_per_token=per_token,
         context=context, kv_bytes=kv, budget_bytes=budget_bytes,
-        max_context_in_budget=None if budget_bytes is None else _longest_context(windows, kv_heads, head_dim, eb, budget_bytes),
+        max_context_in_budget=None if budget_bytes is None else _longest_context(windows, kv_heads, head_dim, eb, budget_bytes, sb),
         weights_bytes=weights, weights_dtype=wdtype, parameters=params, device=str(torch.device(device)),
         free_device_bytes=free, total_bytes=total if config is not None else None,
         fits_device=None if free is None else total <= free,
-        layer_types=layer_type_figures(windows, kv_heads, head_dim, eb, context),
+        layer_types=layer_type_figures(windows, kv_heads, head_dim, eb, context, sb),
         variants=attention_variants(windows, kv_heads, head_dim, eb, context,
-                                    n_heads=config.n_heads if config is not None else None),
+                                    n_heads=config.n_heads if config is not None else None, scale_bytes=sb),
     )
 
 

@@ -29,8 +29,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from runtime import kernels as kernel_lib
 from runtime.attention import DEFAULT_KERNELS, AttentionKernels, attention
 from runtime.config import ModelConfig
+from runtime.kernels import KernelChoice, WeightRef
 from runtime.kv_cache import KVCache
 from runtime.rope import RopeSpec, apply_rope, rope_tables, rotate_half, rotation_by
 
@@ -135,23 +137,51 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight.to(x.dtype), bias)
 
 
+def _kernel_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a product goes through the measured CPU kernels: float32 activations on the
+    CPU (what they were timed for), never with gradients, nor inside ``torch.compile``,
+    where inductor picks its own."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and not torch.compiler.is_compiling()
+            and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)))
+
+
+def _dequantized(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """int8 codes ``(out, in)`` times per-row ``scale (out,)``, as ``dtype`` (any device)."""
+    return (weight.to(torch.float32) * scale.unsqueeze(1)).to(dtype)
+
+
 class Linear(nn.Linear):
-    """``nn.Linear`` whose forward is :func:`linear`; no random init (see :class:`Embedding`)."""
+    """``nn.Linear`` whose forward is :func:`linear`, or the measured CPU kernels
+    (:mod:`runtime.kernels`) once :meth:`Decoder.set_kernels` chose them; no random init
+    (see :class:`Embedding`). int8 weights carry per-row scales in ``weight_scale (out,)``."""
+
+    kernels: KernelChoice | None = None
+    weight_ref: WeightRef | None = None
 
     def reset_parameters(self) -> None:
         pass
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        if self.kernels is not None and _kernel_path(x, self.weight):
+            return kernel_lib.apply(self.kernels, x, self.weight_ref, self.bias)
+        scale = getattr(self, "weight_scale", None)
+        weight = self.weight if scale is None else _dequantized(self.weight, scale, x.dtype)
+        return linear(x, weight, self.bias)
 
 
 class Embedding(nn.Embedding):
     """``nn.Embedding`` without the random init: the decoder's weights always come from
     :meth:`Decoder.load_weights`, and initializing on the meta device imports torch's
-    meta kernels (1.4 s of a 3 s start on our 2-core machine)."""
+    meta kernels (1.4 s of a 3 s start on our 2-core machine). int8 rows carry a scale
+    each in ``weight_scale (V,)``: a lookup returns ``codes * scale`` in float32."""
 
     def reset_parameters(self) -> None:
         pass
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = F.embedding(ids, self.weight)
+        scale = getattr(self, "weight_scale", None)
+        return out if scale is None else out.to(torch.float32) * scale[ids].unsqueeze(-1)
 
 
 #: RoPE tables grow in steps of this many positions (not the whole context at once:
@@ -326,18 +356,27 @@ class Decoder(nn.Module):
         self._rope_tables: dict[RopeSpec, tuple[torch.Tensor, torch.Tensor]] = {}
         self.observer: AttentionObserver | None = None
         self.compute_dtype: torch.dtype = torch.float32
+        self.kernels: KernelChoice | None = None
+        self._head_ref: WeightRef | None = None
 
     def load_weights(self, state: dict[str, torch.Tensor], compute_dtype: torch.dtype | None = None) -> None:
         """Assign tensors named as in :func:`runtime.weights.to_decoder_state` (strict).
 
         Args:
             state: the weights; matrices (embeddings, projections) keep their dtype.
+                int8 matrices come with ``<name>.weight_scale`` ``(out,)`` float32 entries
+                (:func:`runtime.weights.quantize_state`).
             compute_dtype: the activations' dtype (default: the embedding's dtype). Norm
                 weights (Gemma's with their ``1 +`` folded in), biases are cast to it;
                 :func:`linear` bridges float16 matrices and float32 activations.
         """
-        self.load_state_dict(state, strict=True, assign=True)
-        self.compute_dtype = compute_dtype or self.embed.weight.dtype
+        scales = {k.removesuffix(".weight_scale"): state[k] for k in state if k.endswith(".weight_scale")}
+        if scales:
+            self.requires_grad_(False)  # integer tensors cannot require gradients
+        self.load_state_dict({k: v for k, v in state.items() if not k.endswith(".weight_scale")}, strict=True, assign=True)
+        for name, scale in scales.items():
+            self.get_submodule(name).register_buffer("weight_scale", scale, persistent=False)
+        self.compute_dtype = compute_dtype or (torch.float32 if scales else self.embed.weight.dtype)
         for module in self.modules():
             for name in ("weight", "bias") if isinstance(module, Norm) else ("bias",) if isinstance(module, Linear) else ():
                 p = getattr(module, name)
@@ -387,6 +426,26 @@ class Decoder(nn.Module):
         t = self.rope(0, 0, self.cfg.max_position_embeddings)
         return None if t is None else t[1]
 
+    def set_kernels(self, choice: KernelChoice | None) -> None:
+        """Run every CPU matrix product (projections and the LM head) with ``choice``'s
+        kernels (:mod:`runtime.kernels`); None goes back to :func:`linear`."""
+        self.kernels = choice
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.kernels = choice
+                m.weight_ref = None if choice is None else WeightRef(m.weight, getattr(m, "weight_scale", None))
+        head = self.embed if self.lm_head is None else self.lm_head
+        self._head_ref = None if choice is None else WeightRef(head.weight, getattr(head, "weight_scale", None))
+
+    def kernel_matrices(self) -> list[tuple[WeightRef, int]]:
+        """One matrix of each of a block's projections (times the layers) and the LM head
+        (once): what a token passes through, for :func:`runtime.kernels.measure`."""
+        block = self.blocks[0]
+        out = [(WeightRef(m.weight, getattr(m, "weight_scale", None)), self.cfg.n_layers)
+               for m in (block.attn.qkv_proj, block.attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj)]
+        head = self.embed if self.lm_head is None else self.lm_head
+        return out + [(WeightRef(head.weight, getattr(head, "weight_scale", None)), 1)]
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -431,8 +490,17 @@ class Decoder(nn.Module):
         if last_only:
             x = x[:, -1:]
         x = self.final_norm(x)
-        head = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        logits = linear(x, head).float()  # (B, T, V)
+        return self._logits(x)  # (B, T, V)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 logits ``(B, T, V)`` of final-normed ``x (B, T, C)``: the LM head (the
+        measured CPU kernels when chosen, int8 rows times their scales), then Gemma's soft-cap."""
+        head_module = self.embed if self.lm_head is None else self.lm_head
+        if self.kernels is not None and _kernel_path(x, head_module.weight):
+            logits = kernel_lib.apply(self.kernels, x, self._head_ref, None).float()
+        else:
+            head, scale = head_module.weight, getattr(head_module, "weight_scale", None)
+            logits = linear(x, head if scale is None else _dequantized(head, scale, x.dtype)).float()
         if self.cfg.final_softcap:
             logits = torch.tanh(logits / self.cfg.final_softcap) * self.cfg.final_softcap
         return logits
@@ -474,12 +542,7 @@ class Decoder(nn.Module):
                 table = self.rope(i, 0, self.cfg.max_position_embeddings)
                 ropes[spec] = None if table is None else (table[0].index_select(0, pos), table[1].index_select(0, pos))
             x = block(x, ropes[spec], cache, i, None, pos, mask)
-        x = self.final_norm(x)
-        head = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        logits = linear(x, head).float()  # (B, 1, V)
-        if self.cfg.final_softcap:
-            logits = torch.tanh(logits / self.cfg.final_softcap) * self.cfg.final_softcap
-        return logits
+        return self._logits(self.final_norm(x))  # (B, 1, V)
 
     @torch.inference_mode()
     def shift_key_positions(self, cache: KVCache, start: int, end: int, delta: int) -> None:
@@ -493,12 +556,17 @@ class Decoder(nn.Module):
         """
         if start >= end or delta == 0:
             return
-        for i, kb in enumerate(cache.k):
+        for i in range(len(cache.k)):
             spec = self.layer_ropes[i]
             if spec is None:
                 return
             c, s = rotation_by(spec, self.cfg.head_dim, delta)  # (R,)
             a, b = cache.slots(i, start, end)
             R = c.shape[0]
-            seg = kb[:, :, a:b, :R].float()
-            kb[:, :, a:b, :R] = (seg * c + rotate_half(seg) * s).to(kb.dtype)
+
+            def rotate(seg: torch.Tensor, c=c, s=s, R=R) -> torch.Tensor:  # (B, Hkv, n, D) float32
+                out = seg.clone()
+                out[..., :R] = seg[..., :R] * c + rotate_half(seg[..., :R]) * s
+                return out
+
+            cache.transform_keys(i, a, b, rotate)

@@ -111,3 +111,21 @@ def to_decoder_state(cfg: ModelConfig, sd: dict[str, torch.Tensor], dtype: torch
     put("final_norm.weight", _take(sd, "ln_f.weight"))
     put("final_norm.bias", _take(sd, "ln_f.bias"))
     return out
+
+
+def quantize_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """int8 weights: every projection matrix, the LM head and the token embeddings become
+    int8 codes ``(out, in)`` plus ``<name>_scale`` ``(out,)`` float32, one symmetric scale
+    per output row (per token row for the embeddings; :func:`runtime.quantize.quantize_int8`).
+    Norm weights, biases and GPT-2's learned positions stay float32.
+    """
+    from runtime.quantize import quantize_int8
+
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        if name.endswith(("_proj.weight", "lm_head.weight")) or name == "embed.weight":
+            codes, scale = quantize_int8(t)
+            out[name], out[name + "_scale"] = codes.contiguous(), scale.squeeze(1).contiguous()
+        else:
+            out[name] = t.to(torch.float32)
+    return out

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 MIB = 2**20
 #: A chat template and one short message take ~20-40 tokens: below this a context is useless.
 MIN_CONTEXT = 64
-WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "float16")
+WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
 
 #: The keys the dialog edits (the rest of DEFAULTS is window state).
 KEYS = (
@@ -48,13 +48,15 @@ def has_shape(model: dict | None) -> bool:
     return bool(model) and all(model.get(k) for k in ("n_layers", "n_kv_heads", "head_dim"))
 
 
-def _cache_elem(values: dict[str, Any], model: dict | None) -> int | None:
+def _cache_dtype(values: dict[str, Any], model: dict | None) -> str | None:
     dtype = values["generation/cache_dtype"]
     if dtype == "auto":
         dtype = values["model/weight_dtype"]
         if dtype == "auto":
             dtype = model.get("dtype") if model else None
-    return runtime.element_bytes(dtype) if dtype in runtime.CACHE_DTYPES else None
+        if dtype == "int8":  # int8 weights compute, and so cache, in float32
+            dtype = "float32"
+    return dtype if dtype in runtime.CACHE_DTYPES else None
 
 
 def validate(values: dict[str, Any], model: dict | None, devices: list[str]) -> dict[str, str]:
@@ -71,9 +73,10 @@ def validate(values: dict[str, Any], model: dict | None, devices: list[str]) -> 
     elif ctx and max_ctx and ctx > max_ctx:
         err["generation/context"] = f"this model holds at most {max_ctx:,} tokens; use {max_ctx:,} or less"
     limit_mib = float(values["generation/cache_limit_mib"])
-    elem = _cache_elem(values, model)
-    if limit_mib > 0 and has_shape(model) and elem:
-        per_token = 2 * int(model["n_layers"]) * int(model["n_kv_heads"]) * int(model["head_dim"]) * elem
+    cache_dtype = _cache_dtype(values, model)
+    if limit_mib > 0 and has_shape(model) and cache_dtype:
+        per_token = runtime.cache_bytes_per_token(int(model["n_layers"]), int(model["n_kv_heads"]),
+                                                  int(model["head_dim"]), cache_dtype)
         fits = int(limit_mib * MIB) // per_token
         if fits < MIN_CONTEXT:
             err["generation/cache_limit_mib"] = (

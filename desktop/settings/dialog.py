@@ -234,8 +234,8 @@ class SettingsDialog(QDialog):
                   "Beside each: how often it picks the same next token as float32 weights (measured on "
                   "English text with the default model) and whether it answers the Paris question. "
                   "On the CPU float16 weights compute in float32 (twice float32's decode speed); on a GPU "
-                  "in float16. bfloat16 weights always compute in float32: bfloat16 arithmetic breaks "
-                  "this model.")
+                  "in float16. bfloat16 and int8 weights always compute in float32: bfloat16 arithmetic "
+                  "breaks this model.")
         self._add(form, "model/attention_backend", "Attention",
                   self._combo([("fast", "fast (torch SDPA)"), ("reference", "reference (the formula, step by step)")]),
                   "Both compute the same attention; applies at once.")

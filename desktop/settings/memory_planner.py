@@ -182,8 +182,7 @@ class MemoryPlanner(QGroupBox):
         r["model"].setText(shape)
         r["weights"].setText(f"{fmt_mib(weights)} ({wdtype})" if weights else "unknown: give the parameter count")
         others = [d for d in runtime.CACHE_DTYPES if d != p.cache_dtype]
-        per_dtype = ", ".join(f"{d} {p.kv_bytes_per_token * runtime.element_bytes(d) // runtime.element_bytes(p.cache_dtype):,}"
-                              for d in others)
+        per_dtype = ", ".join(f"{d} {runtime.cache_bytes_per_token(layers, kv_heads, head_dim, d):,}" for d in others)
         r["per_token"].setText(f"{p.kv_bytes_per_token:,} bytes ({p.cache_dtype}); {per_dtype}")
         self._titles["at_context"].setText(f"KV cache at {context:,} tokens")
         r["at_context"].setText(fmt_mib(p.kv_bytes))

@@ -43,6 +43,18 @@ def test_bench_harness_on_a_tiny_model(tmp_path):
     assert abs(r["default_decode_1k_vs_transformers"] - expected) < 1e-9
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "decode@48" in proc.stdout and "ratios" in proc.stdout
+    # The machine and our kernel choices are named (runtime.kernels measures them per machine).
+    from runtime.kernels import CANDIDATES, NOTABLE_FLAGS, cpu_info
+
+    assert report["machine"]["cpu_flags"] == [f for f in NOTABLE_FLAGS if f in cpu_info()["flags"]]
+    assert "CPU: " in proc.stderr and "flags: " in proc.stderr
+    import torch
+
+    k = report["summary"]["ours"]["kernels"]
+    assert k["decode"] in CANDIDATES[torch.float32]["decode"] and k["prefill"] in CANDIDATES[torch.float32]["prefill"]
+    assert report["summary"]["ours-default"]["kernels"]["decode"] in CANDIDATES[torch.float16]["decode"]
+    assert "kernels" not in report["summary"]["transformers"]
+    assert f"kernels, ours (float32): decode {k['decode']}, prefill {k['prefill']}" in proc.stdout
 
 
 @pytest.fixture(scope="module")

@@ -96,12 +96,14 @@ def test_the_chart_follows_a_streaming_reply(qtbot, make_window):
 
 def test_lines_limits_and_readout(panel):
     # The theoretical lines: bytes per token of each dtype times tokens, across the context.
-    assert panel.theoretical() == {"float32": BPT, "16-bit": BPT // 2}
+    # int8: a byte per number and a float32 scale per 64-number vector: 46,080 / 4 + 720 x 4.
+    assert panel.theoretical() == {"float32": BPT, "16-bit": BPT // 2, "int8": 12_240}
     panel.on_stats(stats(1234, limit=4096, limit_bytes=200 * MIB))
     panel.zoom.setChecked(False)   # the whole context
     x, y = panel.theory["float32"].getData()
     assert list(x) == [0, 4096] and math.isclose(y[-1], 4096 * BPT / MIB)
     assert math.isclose(panel.theory["16-bit"].getData()[1][-1], 4096 * BPT / 2 / MIB)
+    assert math.isclose(panel.theory["int8"].getData()[1][-1], 4096 * 12_240 / MIB)
     assert panel.context_line.value() == 4096 and panel.memory_line.value() == 200
     assert panel.context_line.isVisible() and panel.memory_line.isVisible()
     text = panel.readout.text()

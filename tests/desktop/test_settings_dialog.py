@@ -130,6 +130,7 @@ def test_the_planner_in_the_dialog(big_window, monkeypatch):
     set_value(d, "generation/cache_dtype", "bfloat16")
     # 2 x 32 layers x 8 KV heads x 128 dims x 2 bytes = 131,072 bytes per token.
     assert rows["per_token"].text().startswith("131,072 bytes (bfloat16)") and "float32 262,144" in rows["per_token"].text()
+    assert "int8 67,584" in rows["per_token"].text()  # 2 x 32 x 8 x (128 codes + a 4-byte scale)
     assert rows["at_context"].text() == "1.0 GiB (1,024 MiB)"                # 8,192 tokens, the model's maximum
     assert rows["weights"].text() == "16.0 GiB (16,384 MiB) (float32)"
     assert rows["total"].text() == "17.0 GiB (17,408 MiB): fits"              # only the cache needs room: weights loaded

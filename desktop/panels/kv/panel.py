@@ -32,7 +32,7 @@ REDRAW_MS = 125
 ZOOM_MIN_TOKENS = 1024
 #: Most points kept per series (older ones are thinned by half when it is passed).
 MAX_POINTS = 4000
-COLORS = {"float32": "#e8a33d", "16-bit": "#5aa469", "allocated": "#8e7cc3", "used": "#3d7bd9",
+COLORS = {"float32": "#e8a33d", "16-bit": "#5aa469", "int8": "#c45ab3", "allocated": "#8e7cc3", "used": "#3d7bd9",
           "limit": "#d9534f", "event": "#c94fb0"}
 
 
@@ -141,6 +141,7 @@ class KVPanel(QWidget):
         self.theory: dict[str, pg.PlotDataItem] = {
             "float32": item.plot(name="float32", pen=pg.mkPen(COLORS["float32"], width=1, style=Qt.PenStyle.DashLine)),
             "16-bit": item.plot(name="bfloat16, float16", pen=pg.mkPen(COLORS["16-bit"], width=1, style=Qt.PenStyle.DashLine)),
+            "int8": item.plot(name="int8 (+ a scale per vector)", pen=pg.mkPen(COLORS["int8"], width=1, style=Qt.PenStyle.DashLine)),
         }
         # connect="finite": a NaN breaks the line where the cache shrank (no line drawn backwards).
         self.allocated_curve = item.plot(name="allocated", pen=pg.mkPen(COLORS["allocated"], width=2), connect="finite")
@@ -215,9 +216,17 @@ class KVPanel(QWidget):
         if m and all(k in m for k in ("n_layers", "n_kv_heads", "head_dim")):
             return 2 * int(m["n_layers"]) * int(m["n_kv_heads"]) * int(m["head_dim"])
         s = self.series
-        if s.bytes_per_token and s.dtype in runtime.CACHE_DTYPES:
+        if s.bytes_per_token and s.dtype in runtime.CACHE_DTYPES and s.dtype != "int8":
             return s.bytes_per_token // runtime.element_bytes(s.dtype)
         return 0
+
+    def _int8_bytes_per_token(self) -> int:
+        """An int8 cache's bytes per token (codes and one float32 scale per vector); 0 if unknown."""
+        m = self.model
+        if m and all(k in m for k in ("n_layers", "n_kv_heads", "head_dim")):
+            return runtime.cache_bytes_per_token(int(m["n_layers"]), int(m["n_kv_heads"]), int(m["head_dim"]), "int8")
+        s = self.series
+        return s.bytes_per_token if s.dtype == "int8" else 0
 
     def context_limit(self) -> int:
         """The context the chart spans: the session's (capped by its cache limit), else the settings'."""
@@ -235,8 +244,9 @@ class KVPanel(QWidget):
 
     def theoretical(self) -> dict[str, int]:
         """Bytes per token of each cache dtype for this model (16-bit dtypes share one line)."""
-        base = self._base()
-        return {"float32": base * 4, "16-bit": base * 2} if base else {}
+        base, int8 = self._base(), self._int8_bytes_per_token()
+        out = {"float32": base * 4, "16-bit": base * 2} if base else {}
+        return out | ({"int8": int8} if int8 else {})
 
     def theory_curve(self, per_token: int, span: int) -> tuple[list[int], list[float]]:
         """The theoretical line (tokens, MiB) from 0 to ``span`` tokens for ``per_token`` bytes
