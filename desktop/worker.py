@@ -119,6 +119,8 @@ def model_info(model: "runtime.Model") -> dict[str, Any]:
         "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim, "load_seconds": model.load_seconds,
         "weights_bytes": getattr(model, "weights_bytes", None),
         "chat_template": bool(getattr(model, "has_chat_template", True)),
+        # What the template sends as the system prompt when none is set (SmolLM2's names itself).
+        "builtin_system_prompt": runtime.builtin_system_prompt(getattr(model, "tokenizer", None)),
         # Per layer its sliding window in tokens, or None (full attention).
         "layer_windows": list(getattr(c, "windows", ())),
     }

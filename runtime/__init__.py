@@ -4,7 +4,7 @@ torch + transformers; never Qt. This module is the public API the desktop and th
 command line use. Nothing runs at import time.
 """
 from runtime.attention import ATTENTION_BACKENDS, attention, get_attention_backend, set_attention_backend
-from runtime.chat_format import Message
+from runtime.chat_format import Message, builtin_system_prompt
 from runtime.config import ModelConfig
 from runtime.device import WEIGHT_DTYPE_QUALITY, available_devices, compute_dtype, default_dtype
 from runtime.errors import (
@@ -40,7 +40,7 @@ from runtime.session import (
 )
 
 __all__ = [
-    "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "compute_dtype", "default_dtype", "WEIGHT_DTYPE_QUALITY", "Message", "ModelConfig", "KVCache", "CACHE_DTYPES", "Model", "load_model",
+    "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "compute_dtype", "default_dtype", "WEIGHT_DTYPE_QUALITY", "Message", "builtin_system_prompt", "ModelConfig", "KVCache", "CACHE_DTYPES", "Model", "load_model",
     "SamplingParams", "MemoryPlan", "plan", "plan_for_config", "kv_bytes_per_token", "cache_bytes_per_token", "count_parameters", "element_bytes",
     "free_memory_bytes", "AttentionCapture", "HeadScores", "head_scores",
     "ABLATION_MODES", "InductionAblation", "ablated", "induction_ablation", "parse_heads", "top_and_probs",

@@ -79,6 +79,39 @@ def render(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt
     return _plain(messages)
 
 
+def builtin_system_prompt(tokenizer: Any) -> str | None:
+    """The system prompt the chat template sends when the conversation has none, or None.
+
+    SmolLM2's template, for one, opens every conversation without a system message with
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face": an empty
+    system prompt setting does not mean the model gets none. Found by rendering a
+    one-message conversation with and without a system message (markers for the
+    texts): what the first has where the second has the system text is the built-in
+    prompt. None: no template, a template that adds no system text of its own, or one
+    that places a system message somewhere this cannot match (e.g. Gemma 3's, which
+    prepends it to the first user message) or refuses it.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    sys_mark, user_mark = "\x00attnchat-system\x00", "\x00attnchat-user\x00"
+    try:
+        bare = render(tokenizer, [Message("user", user_mark)], add_generation_prompt=False)
+        with_sys = render(tokenizer, [Message("system", sys_mark), Message("user", user_mark)],
+                          add_generation_prompt=False)
+    except Exception:  # noqa: BLE001 - a template that refuses a system message (or ours): unknown
+        log.debug("could not render the template for its built-in system prompt", exc_info=True)
+        return None
+    if bare.count(user_mark) != 1 or with_sys.count(sys_mark) != 1 or with_sys.count(user_mark) != 1:
+        return None
+    head = bare.split(user_mark, 1)[0]
+    before, between = with_sys.split(sys_mark, 1)
+    between = between.split(user_mark, 1)[0]
+    if len(head) < len(before) + len(between) or not (head.startswith(before) and head.endswith(between)):
+        return None
+    builtin = head[len(before):len(head) - len(between)].strip()
+    return builtin or None
+
+
 # ---- limits on the template (issue 20) -------------------------------------------------------
 #: A chat template gets this long to render one conversation (seconds); templates of real
 #: models take milliseconds, nested ``range(100000)`` loops hung a load for good.

@@ -206,10 +206,11 @@ class SettingsDialog(QDialog):
         v = QVBoxLayout(page)
         form = self._form(page)
         prompt = QPlainTextEdit()
-        prompt.setPlaceholderText("No system prompt")
         prompt.setMinimumHeight(64)
         prompt.setMaximumHeight(120)
-        self._add(form, "generation/system_prompt", "System prompt", prompt)
+        placeholder, hint = self._system_prompt_texts()
+        prompt.setPlaceholderText(placeholder)
+        self._add(form, "generation/system_prompt", "System prompt", prompt, hint)
         self._add(form, "generation/temperature", "Temperature", self._spin(0, 100, "0 (greedy)", step=0.1, decimals=2))
         self._add(form, "generation/top_k", "Top-k", self._spin(0, 1_000_000, "off"))
         self._add(form, "generation/top_p", "Top-p", self._spin(0, 1, step=0.05, decimals=2), "1 turns it off.")
@@ -223,6 +224,25 @@ class SettingsDialog(QDialog):
         v.addWidget(_note("Applies from the next reply."))
         v.addStretch(1)
         return page
+
+    def _system_prompt_texts(self) -> tuple[str, str]:
+        """(placeholder, hint) for the system prompt: what the model gets when it is left empty.
+
+        An empty setting sends no system message, but a chat template may send its own
+        (SmolLM2's: "You are a helpful AI assistant named SmolLM…"); the model info's
+        ``builtin_system_prompt`` (:func:`runtime.builtin_system_prompt`) says which.
+        """
+        model = self.model or {}
+        builtin = model.get("builtin_system_prompt")
+        if builtin:
+            return (f"None set: the model gets its template's own, \u201c{builtin}\u201d",
+                    "Left empty, the model's chat template sends its own system prompt (shown greyed above); "
+                    "anything typed here replaces it.")
+        if model.get("remote"):
+            return "None set: the server's chat template may send its own", ""
+        if not self.model:
+            return "No system prompt (a model's chat template may send its own)", ""
+        return "No system prompt: the model gets none", ""
 
     def _model_tab(self) -> QWidget:
         page = QWidget()

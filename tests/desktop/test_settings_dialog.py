@@ -213,3 +213,31 @@ def test_weight_dtypes_show_their_measured_quality(big_window):
         assert f"{q['agreement'] * 100:.1f}\u00a0% same tokens" in texts[name]
         assert texts[name].endswith("\u2713" if q["paris"] else "\u2717")
     assert texts["auto"] == "auto (float16)"
+
+
+def test_an_empty_system_prompt_shows_the_one_the_template_sends(qtbot, make_window):
+    """SmolLM2's template sends "You are a helpful AI assistant named SmolLM…" when none is set:
+    the dialog says so instead of "No system prompt" (issue 15)."""
+    from tests.runtime.tiny_models import SMOLLM2_TEMPLATE, make_tokenizer
+
+    tok = make_tokenizer()
+    tok.chat_template = SMOLLM2_TEMPLATE
+
+    def load(source, device):
+        return SimpleNamespace(**vars(big_load(source, device)), tokenizer=tok)
+
+    w = make_window(worker=EngineWorker(load_fn=load, session_fn=fake_session_factory()))
+    builtin = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    assert w.engine.model["builtin_system_prompt"] == builtin
+    d = dialog(w)
+    d.tabs.setCurrentIndex(1)
+    field = d.fields["generation/system_prompt"]
+    assert builtin in field.editor.placeholderText() and field.editor.toPlainText() == ""
+    assert field.hint is not None and field.hint.isVisibleTo(d) and "sends its own" in field.hint.text()
+    # A model whose template adds none (the tiny ChatML one) says that the model gets none.
+    tok.chat_template = make_tokenizer().chat_template
+    with qtbot.waitSignal(w.engine.model_loaded, timeout=5000):
+        w.load_model("other.gguf")
+    assert w.engine.model["builtin_system_prompt"] is None
+    plain = dialog(w).fields["generation/system_prompt"]
+    assert plain.editor.placeholderText() == "No system prompt: the model gets none" and plain.hint is None
