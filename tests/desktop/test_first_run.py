@@ -78,3 +78,30 @@ def test_first_run_shows_the_empty_state_and_offers_the_download(qtbot, make_win
         dialog.download_button.click()
     assert blocker.args[0]["path"] == "/models/fake.gguf"
     assert w.stack.currentWidget() is not w.empty and w.send_button.isEnabled()
+
+
+def test_the_bar_and_the_line_under_it_say_the_same_thing(qtbot):
+    """The byte counts come while the downloaded package is saved and hashed: the bar says
+    "saved" and the line says what is being done, not a download beside a check (issue 15)."""
+    gate, seen = threading.Event(), threading.Event()
+
+    def fetch(entry, progress, cancel):
+        progress(41_800_000, 98_400_000)
+        seen.set()
+        gate.wait(5)
+        return fetch_ok(entry, progress, cancel)
+
+    dialog = DownloadDialog(fetch_fn=fetch)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    assert dialog.status.text() == ""
+    dialog.download_button.click()
+    assert dialog.status.text() == "Downloading from the package index…" and dialog.bar.maximum() == 0
+    assert seen.wait(5)
+    qtbot.waitUntil(lambda: dialog.bar.maximum() > 0, timeout=5000)
+    assert dialog.bar.text() == "41.8 of 98.4 MB saved"
+    assert dialog.status.text() == "Downloaded. Saving the model and checking its SHA-256…"
+    dialog.show_progress(98_400_000, 98_400_000)
+    assert dialog.bar.text() == "98.4 of 98.4 MB saved" and dialog.status.text() == "Saved. Checking its SHA-256…"
+    with qtbot.waitSignal(dialog.downloaded, timeout=5000):
+        gate.set()
