@@ -148,13 +148,23 @@ def _run_chat(args: argparse.Namespace) -> int:
     session = ChatSession(model, system_prompt=args.system, settings=settings)
     if not args.prompt:
         return _interactive(session)
-    for prompt in args.prompt:
+    for n, prompt in enumerate(args.prompt, 1):
         finish = session.run(session.send(prompt))
+        if finish.reason == "context" and not finish.text:
+            # overflow "stop": the conversation fills the context before a reply (was an empty reply).
+            raise ValueError(context_full(finish.stats, f"--prompt {n}" if len(args.prompt) > 1 else "the prompt"))
         if args.json:
             print(json.dumps(_turn_json(model, finish), ensure_ascii=False), flush=True)
         else:
             print(finish.text, flush=True)
     return 0
+
+
+def context_full(stats, what: str) -> str:
+    """One line: the context filled up before a reply to ``what`` (overflow ``stop``), and the ways on."""
+    return (f"the context is full: the conversation takes {stats.prompt_tokens:,} of its "
+            f"{stats.context_limit:,} tokens, leaving no room for a reply to {what}; give a longer "
+            "--context, or --overflow truncate-middle (or rolling) to drop the oldest tokens")
 
 
 def _interactive(session) -> int:
@@ -193,6 +203,8 @@ def _interactive(session) -> int:
                     if isinstance(ev, TextPiece):
                         sys.stdout.write(ev.text)
                         sys.stdout.flush()
+                    elif isinstance(ev, Finish) and ev.reason == "context" and not ev.text:
+                        print(f"({context_full(ev.stats, 'this message')}; or /reset to start over)")
                     elif isinstance(ev, Finish):
                         s = ev.stats
                         note = {"cancelled": " (stopped)", "length": " (length limit)", "context": " (context full)"}.get(ev.reason, "")

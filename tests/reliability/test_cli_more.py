@@ -92,3 +92,17 @@ def test_a_user_error_is_logged_too_but_shown_in_one_line(run, log_dir, tmp_path
     status, out, err = run("chat", "--prompt", "hi", "--model", tmp_path / "nowhere.gguf")
     one_line_error(status, out, err, "nowhere.gguf", "does not exist")
     assert "nowhere.gguf" in (log_dir / "attnchat.log").read_text()
+
+
+def test_a_full_context_with_overflow_stop_is_one_line_not_an_empty_reply(run, tiny_folder):
+    """Turn 1's reply fills the 40-token context; turn 2 has no room (it printed an empty reply, exit 0)."""
+    import json
+
+    status, out, err = run("chat", "--model", tiny_folder, "--device", "cpu", "--prompt", "the cat",
+                           "--prompt", "and the dog", "--context", "40", "--overflow", "stop",
+                           "--max-new-tokens", "40", "--temperature", "0", "--json")
+    turns = [json.loads(line) for line in out.splitlines()]
+    assert len(turns) == 1 and turns[0]["text"] and turns[0]["finish_reason"] == "context"   # turn 1 only
+    assert status == 2 and err.startswith("attnchat: error: the context is full") and err.count("\n") == 1, err
+    for words in ("of its 40 tokens", "no room for a reply to --prompt 2", "--context", "--overflow truncate-middle"):
+        assert words in err, (words, err)
