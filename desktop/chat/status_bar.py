@@ -4,10 +4,13 @@ Must not import torch or runtime; it reads the plain dicts the engine worker emi
 """
 from __future__ import annotations
 
-from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
 __all__ = ["ChatStatusBar", "PREFILL_BAR_MIN_TOKENS"]
 
+#: Qt's QWIDGETSIZE_MAX: no maximum width.
+QWIDGETSIZE_MAX = (1 << 24) - 1
 #: Prompts shorter than this prefill in a blink: no progress bar for them (tokens).
 PREFILL_BAR_MIN_TOKENS = 256
 
@@ -25,6 +28,7 @@ class ChatStatusBar(QStatusBar):
         self.context_label.setToolTip("Tokens in the KV cache / the context limit")
         self.speed_label = QLabel("")
         self.speed_label.setToolTip("Time to first token and decode speed of the last reply")
+        self._permanent: list[QWidget] = []
         self.prefill = QProgressBar()
         self.prefill.setObjectName("prefillProgress")
         self.prefill.setMaximumWidth(180)
@@ -34,7 +38,11 @@ class ChatStatusBar(QStatusBar):
         for w in (self.speed_label, self.context_label, self.device_label, self.model_label):
             w.setContentsMargins(8, 0, 8, 0)
             self.addPermanentWidget(w)
+        #: The limit a new reply gets (the window's ``context_limit()``); a reply's stats say their own.
         self.context_limit = 0
+        self.messageChanged.connect(self._message_changed)
+        self._hidden_for_message: list[QWidget] = []
+        self._used, self._reply_limit, self._has_model = 0, 0, False
 
     def set_loading(self, name: str) -> None:
         self.model_label.setText(f"Loading {name}…")
@@ -43,9 +51,11 @@ class ChatStatusBar(QStatusBar):
         self.prefill.setFormat("Loading model")
         self.prefill.show()
 
-    def set_model(self, info: dict | None) -> None:
+    def set_model(self, info: dict | None, context_limit: int | None = None) -> None:
+        """The loaded model (None: none); ``context_limit``: the limit a reply gets (default the model's maximum)."""
         self.prefill.hide()
         self.prefill.setFormat("Reading prompt %p%")
+        self._has_model = bool(info)
         if not info:
             self.model_label.setText("No model")
             self.device_label.setText("")
@@ -55,13 +65,21 @@ class ChatStatusBar(QStatusBar):
         self.model_label.setText(info["name"])
         self.model_label.setToolTip(info.get("path", ""))
         self.device_label.setText(f"{info['device']} · {info.get('dtype', '')}".strip(" ·"))
-        self.context_limit = int(info.get("context_limit", 0))
+        self.context_limit = int(context_limit if context_limit is not None else info.get("context_limit", 0))
         self.set_context(0)
         self.speed_label.setText("")
 
     def set_context(self, used: int, limit: int | None = None) -> None:
+        """``used`` tokens of ``limit`` (a reply's own limit; None: :attr:`context_limit`)."""
+        self._used, self._reply_limit = used, limit or 0
         limit = limit or self.context_limit
         self.context_label.setText(f"Context {used:,} / {limit:,}" if limit else "")
+
+    def set_default_limit(self, limit: int) -> None:
+        """A new limit from the settings: shown unless a reply's own limit is shown."""
+        self.context_limit = limit
+        if not self._reply_limit and self._has_model:
+            self.set_context(self._used)
 
     def set_stats(self, stats: dict | None) -> None:
         """Show a reply's figures (``TurnStats`` as a dict, plus ``context_used``)."""
@@ -87,3 +105,50 @@ class ChatStatusBar(QStatusBar):
 
     def end_busy(self) -> None:
         self.prefill.hide()
+
+    # ---- messages -----------------------------------------------------------------------------
+    def addPermanentWidget(self, widget: QWidget, stretch: int = 0) -> None:  # noqa: N802 - Qt API
+        self._permanent.append(widget)
+        super().addPermanentWidget(widget, stretch)
+
+    def insertPermanentWidget(self, index: int, widget: QWidget, stretch: int = 0) -> int:  # noqa: N802 - Qt API
+        self._permanent.append(widget)   # e.g. the serve toggle's "Serving at …" label
+        return super().insertPermanentWidget(index, widget, stretch)
+
+    def fields(self) -> list[QWidget]:
+        """The permanent widgets on the right (ours and any added later)."""
+        return list(self._permanent)
+
+    def message_room(self) -> int:
+        """Pixels a message gets left of the permanent labels now shown (and the prefill bar)."""
+        used = sum(w.sizeHint().width() + 6 for w in (*self.fields(), self.prefill) if not w.isHidden())
+        return max(self.width() - used - 24, 0)
+
+    def showMessage(self, text: str, timeout: int = 0) -> None:  # noqa: N802 - Qt API
+        """Show ``text`` whole: a message longer than the room beside the permanent labels
+        folds them away while it is shown ("Connected to 127.0.0.1:37" was cut there); one longer
+        than the whole bar is cut at its end with "…" and given whole in the tooltip (the
+        window shows errors whole in its notice above the message box too)."""
+        self._restore_fields()
+        fm = self.fontMetrics()
+        if text and fm.horizontalAdvance(text) > self.message_room():
+            # Folded to no width rather than hidden: their owners show and hide them (the serve
+            # label), and that must still hold when the message goes.
+            self._hidden_for_message = [w for w in self.fields() if not w.isHidden()]
+            for w in self._hidden_for_message:
+                w.setMaximumWidth(0)
+        room = max(self.width() - 24, 40)
+        shown = fm.elidedText(text, Qt.TextElideMode.ElideRight, room) if text else text
+        self.setToolTip(text if shown != text else "")
+        super().showMessage(shown, timeout)
+
+    def _message_changed(self, text: str) -> None:
+        if not text:
+            self._restore_fields()
+            self.setToolTip("")
+
+    def _restore_fields(self) -> None:
+        for w in self._hidden_for_message:
+            w.setMaximumWidth(QWIDGETSIZE_MAX)
+        self._hidden_for_message = []
+

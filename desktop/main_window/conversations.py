@@ -99,12 +99,18 @@ class ConversationActions:
         self.setWindowTitle(f"{title} — attnchat" if title else "attnchat")
 
     def _show_context_of(self, conv_id: int) -> None:
+        """The conversation's figures (its last reply's stats; none for a new chat) in the status
+        bar and, through :attr:`conversation_stats`, in the panels: both show the same."""
         stats = {}
         for m in reversed(self.store.messages(conv_id) if conv_id else []):
             if m.role == "assistant" and m.stats:
                 stats = m.stats
                 break
+        r = self._reply
+        if r is not None and r["conv_id"] == conv_id and r.get("stats"):
+            stats = r["stats"]   # a reply being written here: its newest figures
         self.status.set_stats(stats)
+        self.conversation_stats.emit(dict(stats))
 
     def delete_conversation(self, conv_id: int) -> None:
         title = self.conversations.title(conv_id)

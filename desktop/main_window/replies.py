@@ -137,9 +137,12 @@ class ReplyActions:
             self.status.set_prefill(done, total)
 
     def _on_stats(self, stats: dict) -> None:
-        if self._reply is not None and self._reply["row"] >= 0:
+        r = self._reply
+        if r is not None:
+            r["stats"] = stats
+        if r is not None and r["row"] >= 0:   # only the open conversation's figures are shown
             self.status.set_stats(stats)
-        self.stats_updated.emit(stats)
+            self.stats_updated.emit(stats)
 
     def _on_finished(self, result: dict) -> None:
         r = self._reply

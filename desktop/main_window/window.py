@@ -23,6 +23,7 @@ from desktop.chat.view import MessageListModel
 from desktop.main_window.conversations import ConversationActions
 from desktop.main_window.replies import ReplyActions
 from desktop.remote.client import source_label
+from desktop.settings.checks import CONTEXT_KEYS, effective_context
 from desktop.settings.values import Settings
 from desktop.worker import Engine
 
@@ -49,6 +50,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
 
     reply_finished = Signal(object)   # the worker's finished dict, after it is saved
     stats_updated = Signal(object)    # every stats dict of the open conversation's reply (for panels)
+    conversation_stats = Signal(object)  # a conversation was opened: its last reply's stats ({}: none yet)
     model_changed = Signal(object)    # the loaded model's info dict
     download_requested = Signal()
 
@@ -161,6 +163,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self.chat.edit_requested.connect(self.edit_last)
         self.empty_download.clicked.connect(self.download_requested.emit)
         self.empty_open.clicked.connect(self.open_model_file)
+        self.settings.changed.connect(self._on_setting)
         en = self.engine
         en.model_loaded.connect(self._on_model_loaded)
         en.load_failed.connect(self._on_load_failed)
@@ -244,7 +247,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self._sync()
 
     def _on_model_loaded(self, info: dict) -> None:
-        self.status.set_model(info)
+        self.status.set_model(info, self.context_limit())
         self.chat.placeholder = ASK
         self.stack.setCurrentIndex(0)
         self.settings.set("model/source", self._model_source)
@@ -254,10 +257,24 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
             self.status.showMessage(f"Loaded {info['name']} in {info.get('load_seconds', 0):.1f} s", 5000)
         if info.get("notices"):  # a device fallback, a plain chat format (desktop.worker.EngineWorker.load_model)
             self.show_error(" ".join(info["notices"]))
-        self._show_context_of(self._conv_id)
-        self.model_changed.emit(info)
+        self.model_changed.emit(info)      # the panels take the new model first,
+        self._show_context_of(self._conv_id)   # then the open conversation's figures
         self._sync()
         self.input.setFocus()
+
+    def context_limit(self) -> int:
+        """The context limit a new reply gets (tokens; 0: no model): a server's own, else the
+        settings' capped by the model and the cache memory limit (:func:`effective_context`).
+        The status bar and the KV-cache panel show this until a reply reports its own."""
+        model = self.engine.model
+        if model and model.get("remote"):
+            return int(model.get("context_limit") or 0)
+        gen = self.generation()   # the settings and this window's overrides, as a reply gets them
+        return effective_context({k: gen.get(k.split("/", 1)[1]) for k in CONTEXT_KEYS}, model)
+
+    def _on_setting(self, key: str, value) -> None:
+        if key in CONTEXT_KEYS:
+            self.status.set_default_limit(self.context_limit())
 
     def _on_load_failed(self, message: str) -> None:
         self.status.set_model(None)

@@ -8,13 +8,14 @@ from __future__ import annotations
 import logging
 import math
 import re
-from typing import Any
+from typing import Any, Mapping
 
 import runtime
 from desktop.settings.values import DEFAULTS, Settings
 from desktop.worker import generation_settings
 
-__all__ = ["validate", "repair", "has_shape", "MIN_CONTEXT", "WEIGHT_DTYPES", "KEYS", "MODEL_OPTIONS", "MIB"]
+__all__ = ["validate", "repair", "has_shape", "effective_context", "CONTEXT_KEYS", "MIN_CONTEXT", "WEIGHT_DTYPES",
+           "KEYS", "MODEL_OPTIONS", "MIB"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,41 @@ def _cache_dtype(values: dict[str, Any], model: dict | None) -> str | None:
         if dtype == "int8":  # int8 weights compute, and so cache, in float32
             dtype = "float32"
     return dtype if dtype in runtime.CACHE_DTYPES else None
+
+
+#: The settings :func:`effective_context` reads.
+CONTEXT_KEYS = ("generation/context", "generation/cache_limit_mib", "generation/cache_dtype")
+
+
+def effective_context(values: Mapping[str, Any], model: dict | None) -> int:
+    """The context limit (tokens) a new session of ``model`` gets from these settings; 0: unknown.
+
+    As :class:`runtime.ChatSession` computes it: the context setting (0: the model's
+    maximum) capped at the model's maximum, then at the longest context the KV-cache
+    memory limit holds (:func:`runtime.plan`'s ``max_context_in_budget``, sliding-window
+    layers included) in the cache dtype (``auto``: the loaded model's compute dtype).
+    The status bar and the KV-cache panel both show this one figure before a reply.
+    ``values``: settings keys (:data:`CONTEXT_KEYS`) -> values; ``model``: the info dict.
+    """
+    max_ctx = int((model or {}).get("context_limit") or 0)
+    ctx = int(values.get("generation/context") or 0)
+    limit = min(ctx, max_ctx) if ctx and max_ctx else ctx or max_ctx
+    mib = float(values.get("generation/cache_limit_mib") or 0.0)
+    if not (limit and mib > 0 and has_shape(model)):
+        return limit
+    dtype = values.get("generation/cache_dtype") or "auto"
+    if dtype == "auto":
+        dtype = model.get("compute_dtype") or model.get("dtype")
+    if dtype not in runtime.CACHE_DTYPES:
+        return limit
+    windows = list(model.get("layer_windows") or []) or None
+    try:
+        p = runtime.plan(layers=int(model["n_layers"]), kv_heads=int(model["n_kv_heads"]),
+                         head_dim=int(model["head_dim"]), cache_dtype=dtype, context=limit,
+                         budget_bytes=int(mib * MIB), windows=windows)
+    except ValueError:   # a window list that does not match the layers: no cap we can tell
+        return limit
+    return min(limit, p.max_context_in_budget)
 
 
 def validate(values: dict[str, Any], model: dict | None, devices: list[str]) -> dict[str, str]:

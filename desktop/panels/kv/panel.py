@@ -15,6 +15,7 @@ on the worker thread is never waited on. Must not import torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, Qt, QTimer
@@ -23,6 +24,8 @@ from PySide6.QtWidgets import QCheckBox, QLabel, QVBoxLayout, QWidget
 
 import runtime
 from desktop.remote.engine import REMOTE_KV_NOTE, usage_text
+from desktop.settings.checks import CONTEXT_KEYS, effective_context
+from desktop.settings.values import DEFAULTS
 
 __all__ = ["KVPanel", "KVSeries", "REDRAW_MS", "install_kv_panel", "policy_next"]
 
@@ -30,6 +33,8 @@ MIB = 2**20
 REDRAW_MS = 125
 #: The narrowest zoomed span (tokens): four of the cache's 256-token growth chunks.
 ZOOM_MIN_TOKENS = 1024
+#: The y axis' top with nothing to draw (no model, no reply): 1 MiB, in readable steps.
+EMPTY_TOP_BYTES = MIB
 #: Most points kept per series (older ones are thinned by half when it is passed).
 MAX_POINTS = 4000
 COLORS = {"float32": "#e8a33d", "16-bit": "#5aa469", "int8": "#c45ab3", "allocated": "#8e7cc3", "used": "#3d7bd9",
@@ -113,12 +118,16 @@ class KVPanel(QWidget):
     Args:
         settings: the app's settings (the overflow policy, sink tokens and limits
             before the first reply).
+        context_fn: ``() -> tokens``: the context limit a new reply gets, before one
+            reports its own (the window's ``context_limit``, which its status bar shows
+            too); default: from ``settings`` (:func:`effective_context`).
     """
 
-    def __init__(self, settings=None, parent: QWidget | None = None):
+    def __init__(self, settings=None, parent: QWidget | None = None, *, context_fn: Callable[[], int] | None = None):
         super().__init__(parent)
         self.setObjectName("kvPanel")
         self.settings = settings
+        self.context_fn = context_fn
         self.model: dict | None = None
         self.remote_stats: dict | None = None
         self.series = KVSeries()
@@ -137,15 +146,22 @@ class KVPanel(QWidget):
         item.setLabel("left", "KV cache (MiB)")
         item.getAxis("left").enableAutoSIPrefix(False)  # MiB stays MiB (no "x1e-06" on an empty chart)
         item.showGrid(x=True, y=True, alpha=0.15)
-        self.legend = item.addLegend(offset=(8, 8), labelTextSize="8pt")
+        # The legend sits under the chart, in two columns, so no line ever runs through it
+        # (inside, the allocated line crossed it whenever the cache was near the chart's top).
+        self.legend = pg.LegendItem(offset=None, labelTextSize="8pt", colCount=2)
+        item.layout.addItem(self.legend, 4, 1)
         self.theory: dict[str, pg.PlotDataItem] = {
-            "float32": item.plot(name="float32", pen=pg.mkPen(COLORS["float32"], width=1, style=Qt.PenStyle.DashLine)),
-            "16-bit": item.plot(name="bfloat16, float16", pen=pg.mkPen(COLORS["16-bit"], width=1, style=Qt.PenStyle.DashLine)),
-            "int8": item.plot(name="int8 (+ a scale per vector)", pen=pg.mkPen(COLORS["int8"], width=1, style=Qt.PenStyle.DashLine)),
+            "float32": item.plot(pen=pg.mkPen(COLORS["float32"], width=1, style=Qt.PenStyle.DashLine)),
+            "16-bit": item.plot(pen=pg.mkPen(COLORS["16-bit"], width=1, style=Qt.PenStyle.DashLine)),
+            "int8": item.plot(pen=pg.mkPen(COLORS["int8"], width=1, style=Qt.PenStyle.DashLine)),
         }
         # connect="finite": a NaN breaks the line where the cache shrank (no line drawn backwards).
-        self.allocated_curve = item.plot(name="allocated", pen=pg.mkPen(COLORS["allocated"], width=2), connect="finite")
-        self.used_curve = item.plot(name="used", pen=pg.mkPen(COLORS["used"], width=3), connect="finite")
+        self.allocated_curve = item.plot(pen=pg.mkPen(COLORS["allocated"], width=2), connect="finite")
+        self.used_curve = item.plot(pen=pg.mkPen(COLORS["used"], width=3), connect="finite")
+        for curve, name in ((self.theory["float32"], "float32"), (self.theory["16-bit"], "bfloat16, float16"),
+                            (self.theory["int8"], "int8 (+ a scale per vector)"),
+                            (self.allocated_curve, "allocated"), (self.used_curve, "used")):
+            self.legend.addItem(curve, name)
         self.now_dot = item.plot(pen=None, symbol="o", symbolSize=8, symbolBrush=COLORS["used"], symbolPen=None)
         self.context_line = pg.InfiniteLine(angle=90, pen=pg.mkPen(COLORS["limit"], width=1.5),
                                             label="context limit", labelOpts={"position": 0.62, "color": COLORS["limit"],
@@ -190,6 +206,15 @@ class KVPanel(QWidget):
         """A server's model: it keeps its cache, so there is no chart, only what it reports."""
         return bool(self.model and self.model.get("remote"))
 
+    def on_conversation(self, stats: dict | None) -> None:
+        """Another conversation is open: its last reply's stats (None or ``{}``: no reply yet),
+        so the panel shows the same conversation as the status bar, not the previous one's."""
+        self.series = KVSeries()
+        self.remote_stats = stats or None
+        if stats and not self.remote:
+            self.series.add(stats, self._setting("generation/overflow", "truncate-middle"))
+        self.redraw()
+
     def on_stats(self, stats: dict) -> None:
         """Record a stats dict; the chart follows within :data:`REDRAW_MS`."""
         if self.remote:
@@ -199,6 +224,11 @@ class KVPanel(QWidget):
         self._dirty = True
         if not self._timer.isActive():
             self._timer.start()
+
+    def on_setting(self, key: str, value) -> None:
+        """A setting changed: the limits and the policy sentence before a reply follow it."""
+        if key.startswith("generation/"):
+            self.redraw()
 
     def _tick(self) -> None:
         if self._dirty:
@@ -229,12 +259,14 @@ class KVPanel(QWidget):
         return s.bytes_per_token if s.dtype == "int8" else 0
 
     def context_limit(self) -> int:
-        """The context the chart spans: the session's (capped by its cache limit), else the settings'."""
+        """The context the chart spans: the last reply's (its session's, capped by its cache
+        limit), else what the settings give a new one (:func:`effective_context`, as the
+        status bar shows)."""
         if self.series.context_limit:
             return self.series.context_limit
-        max_ctx = int(self.model["context_limit"]) if self.model else 0
-        ctx = int(self._setting("generation/context", 0) or 0)
-        return min(ctx, max_ctx) if ctx and max_ctx else ctx or max_ctx
+        if self.context_fn is not None:
+            return self.context_fn()
+        return effective_context({k: self._setting(k, DEFAULTS[k]) for k in CONTEXT_KEYS}, self.model)
 
     def limit_bytes(self) -> int | None:
         if self.series.tokens:
@@ -289,7 +321,8 @@ class KVPanel(QWidget):
         self._draw_events()
         item = self.plot.getPlotItem()
         top_bytes = max([max(self.theoretical().values(), default=0) * span, *s.allocated,
-                         (mem or 0) if not self.zoom.isChecked() else 0, 1])
+                         (mem or 0) if not self.zoom.isChecked() else 0])
+        top_bytes = top_bytes or EMPTY_TOP_BYTES   # nothing to draw yet: 0..1 MiB, not 0..1e-06
         item.setXRange(0, span * 1.02, padding=0)
         item.setYRange(0, top_bytes / MIB * 1.08, padding=0)
         self.readout.setText(self._readout())
@@ -339,9 +372,11 @@ class KVPanel(QWidget):
         s = self.series
         limit = self.context_limit()
         mem = self.limit_bytes()
+        if not s.tokens and not self.model:
+            return "No model is loaded: the chart shows its KV cache once one is."
         if not s.tokens:
             per = self.theoretical()
-            head = "No reply yet in this session."
+            head = "No reply yet in this conversation."
             if per:
                 head += f" This model's cache: {per['float32']:,} bytes per token in float32, {per['16-bit']:,} in 16-bit."
             if limit:
@@ -386,9 +421,11 @@ class KVPanel(QWidget):
 
 def install_kv_panel(window) -> KVPanel:
     """Dock a :class:`KVPanel` on ``window`` (a MainWindow), fed by its model and stats signals."""
-    panel = KVPanel(window.settings)
+    panel = KVPanel(window.settings, context_fn=window.context_limit)
     panel.on_model(window.engine.model)
     window.model_changed.connect(panel.on_model)
     window.stats_updated.connect(panel.on_stats)
+    window.conversation_stats.connect(panel.on_conversation)
+    window.settings.changed.connect(panel.on_setting)
     window.add_panel("kvCachePanel", "KV-cache memory", panel)
     return panel
