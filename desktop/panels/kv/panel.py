@@ -14,7 +14,6 @@ on the worker thread is never waited on. Must not import torch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable
 
 import pyqtgraph as pg
@@ -24,6 +23,7 @@ from PySide6.QtWidgets import QCheckBox, QLabel, QVBoxLayout, QWidget
 
 import runtime
 from desktop.remote.engine import REMOTE_KV_NOTE, usage_text
+from desktop.panels.kv.series import KVSeries, policy_next
 from desktop.settings.checks import CONTEXT_KEYS, effective_context
 from desktop.settings.values import DEFAULTS
 
@@ -35,81 +35,8 @@ REDRAW_MS = 125
 ZOOM_MIN_TOKENS = 1024
 #: The y axis' top with nothing to draw (no model, no reply): 1 MiB, in readable steps.
 EMPTY_TOP_BYTES = MIB
-#: Most points kept per series (older ones are thinned by half when it is passed).
-MAX_POINTS = 4000
 COLORS = {"float32": "#e8a33d", "16-bit": "#5aa469", "int8": "#c45ab3", "allocated": "#8e7cc3", "used": "#3d7bd9",
           "limit": "#d9534f", "event": "#c94fb0"}
-
-
-@dataclass
-class KVSeries:
-    """What the chart shows, as plain numbers (the tests read it)."""
-
-    conv_id: int | None = None
-    request: int | None = None
-    dtype: str = ""
-    bytes_per_token: int = 0
-    tokens: list[int] = field(default_factory=list)
-    used: list[int] = field(default_factory=list)        # bytes
-    allocated: list[int] = field(default_factory=list)   # bytes
-    events: list[tuple[int, int, str]] = field(default_factory=list)  # (tokens before, after, kind)
-    context_limit: int = 0
-    limit_bytes: int | None = None
-    dropped_tokens: int = 0
-
-    def add(self, stats: dict, policy: str) -> tuple[int, int, str] | None:
-        """Record one stats dict; returns the truncation or eviction it shows, if any."""
-        kv = stats.get("kv_cache") or {}
-        if "tokens" not in kv:
-            return None
-        tokens = int(kv["tokens"])
-        bpt = int(kv.get("bytes_per_token") or 0)
-        dtype = str(kv.get("dtype") or "")
-        conv, request = stats.get("conv_id"), stats.get("request")
-        if conv != self.conv_id or (bpt, dtype) != (self.bytes_per_token, self.dtype):
-            self.__init__()  # another conversation or another cache: start again
-        self.conv_id, self.dtype, self.bytes_per_token = conv, dtype, bpt
-        self.context_limit = int(stats.get("context_limit") or self.context_limit)
-        self.limit_bytes = kv.get("limit_bytes")
-        dropped = int(stats.get("dropped_tokens") or 0)
-        event = None
-        if self.tokens and tokens < self.tokens[-1]:
-            before = self.tokens[-1]
-            if request == self.request:   # within a reply: only the overflow policy shrinks the cache
-                kind = "evicted" if policy == "rolling" else "truncated"
-            elif dropped:                  # a new turn that did not fit: oldest turns dropped
-                kind = "truncated"
-            else:                          # regenerate/edit: the cache was cropped to the shared prefix
-                kind = ""
-            if kind:
-                event = (before, tokens, kind)
-                self.events.append(event)
-        self.request, self.dropped_tokens = request, dropped
-        if not self.tokens or tokens != self.tokens[-1] or event:
-            self.tokens.append(tokens)
-            self.used.append(int(kv.get("used_bytes", tokens * bpt)))
-            self.allocated.append(int(kv.get("allocated_bytes", tokens * bpt)))
-        else:  # same length (a final stats dict): keep the newest byte counts
-            self.used[-1] = int(kv.get("used_bytes", tokens * bpt))
-            self.allocated[-1] = int(kv.get("allocated_bytes", tokens * bpt))
-        if len(self.tokens) > MAX_POINTS:
-            for name in ("tokens", "used", "allocated"):
-                setattr(self, name, getattr(self, name)[::2])
-        return event
-
-
-def policy_next(policy: str, tokens: int, limit: int, sink_tokens: int) -> str:
-    """What the overflow policy does when the context fills (one sentence)."""
-    left = max(limit - tokens, 0)
-    when = f"In {left:,} tokens" if left else "Now"
-    if policy == "stop":
-        return f"{when} the context is full: the reply stops (finish reason “context”)."
-    if policy == "rolling":
-        sink = min(sink_tokens, max(limit - 1, 0))
-        chunk = max((limit - sink) // 4, 1)
-        return (f"{when} the context is full: rolling evicts the oldest {chunk:,} tokens after the "
-                f"first {sink:,} (attention sinks), then keeps going.")
-    return f"{when} the context is full: truncate-middle drops the oldest turns (the system prompt stays)."
 
 
 class KVPanel(QWidget):
