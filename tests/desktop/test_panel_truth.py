@@ -112,9 +112,10 @@ def test_the_legend_stays_clear_of_the_lines(qtbot, tmp_path):
     assert legend.height() > 0 and not legend.intersects(view), (legend, view)
     assert legend.top() >= item.getAxis("bottom").sceneBoundingRect().bottom() - 1
     shown = panel.plot.mapToScene(panel.plot.rect()).boundingRect()
+    assert item.sceneBoundingRect().width() <= shown.width() + 1   # the legend does not widen the chart
     for sample, label in panel.legend.items:   # every entry whole inside the chart's widget
         assert shown.contains(sample.sceneBoundingRect()) and shown.contains(label.sceneBoundingRect()), label.text
-    assert [label.text for _, label in panel.legend.items] == ["float32", "bfloat16, float16", "allocated", "used"]
+    assert [label.text for _, label in panel.legend.items] == ["float32", "bf16 / fp16", "int8 + scales", "allocated", "used"]
     panel.grab().save(str(tmp_path / "kv-legend.png"))
     assert (tmp_path / "kv-legend.png").stat().st_size > 1000
 

@@ -85,8 +85,10 @@ class KVPanel(QWidget):
         # connect="finite": a NaN breaks the line where the cache shrank (no line drawn backwards).
         self.allocated_curve = item.plot(pen=pg.mkPen(COLORS["allocated"], width=2), connect="finite")
         self.used_curve = item.plot(pen=pg.mkPen(COLORS["used"], width=3), connect="finite")
-        for curve, name in ((self.theory["float32"], "float32"), (self.theory["16-bit"], "bfloat16, float16"),
-                            (self.theory["int8"], "int8 (+ a scale per vector)"),
+        # Short names: two columns must fit the panel's narrowest width (270 px); the readout
+        # gives the bytes per token of each (int8: a float32 scale per vector beside the codes).
+        for curve, name in ((self.theory["float32"], "float32"), (self.theory["16-bit"], "bf16 / fp16"),
+                            (self.theory["int8"], "int8 + scales"),
                             (self.allocated_curve, "allocated"), (self.used_curve, "used")):
             self.legend.addItem(curve, name)
         self.now_dot = item.plot(pen=None, symbol="o", symbolSize=8, symbolBrush=COLORS["used"], symbolPen=None)
