@@ -109,6 +109,8 @@ class Job:
         stop: strings that end the reply (not shown).
         logits_processors: per-step hooks for this reply (structured output, penalties,
             logprobs; see :data:`runtime.LogitsProcessor`), made for this job alone.
+        tools: function descriptions for the model's chat template to render (OpenAI's
+            ``tools`` entries; empty when the template knows no tools or none are offered).
     """
 
     system: str | None
@@ -118,6 +120,7 @@ class Job:
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
     logits_processors: tuple = ()
+    tools: tuple[dict, ...] = ()
     id: str = ""
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -292,13 +295,15 @@ class Engine:
 
     def _session_for(self, job: Job) -> ChatSession:
         """The pooled session whose whole conversation the job's extends (the longest),
-        else a fresh or the least recently used session, reset."""
+        under the same tools (they are part of the prompt), else a fresh or the least
+        recently used session, reset."""
         want = job.conversation()
         best, best_n = None, 0
         for s in reversed(self._pool):  # most recently used first: it wins ties
             have = [Message("system", s.system_prompt or "")] + s.messages
             n = common_prefix_length(have, want)
-            if n == len(have) and n > best_n:  # the request extends this conversation: nothing is lost
+            # The request extends this conversation, tools and all: nothing is lost.
+            if n == len(have) and n > best_n and s.settings.tools == job.tools:
                 best, best_n = s, n
         if best is None:
             # A new conversation: a fresh session while the pool has room, else the least
@@ -316,7 +321,8 @@ class Engine:
     def _run(self, job: Job) -> None:
         session = self._session_for(job)
         session.settings = replace(self.settings, sampling=job.sampling, max_new_tokens=job.max_tokens,
-                                   stop_strings=job.stop, logits_processors=job.logits_processors)
+                                   stop_strings=job.stop, logits_processors=job.logits_processors,
+                                   tools=job.tools)
         session.system_prompt = job.system
         # A reply the client sends back exactly as this session wrote it keeps the session's
         # token ids (Message equality is role and text), so it is not re-tokenized.

@@ -185,17 +185,22 @@ def _text(msg: _Message, i: int) -> str:
     return "".join(texts)
 
 
-def _conversation(req: ChatRequest) -> tuple[str | None, list[Message]]:
+def _conversation(req: ChatRequest, tool_role: bool = False) -> tuple[str | None, list[Message]]:
     """(system prompt, the messages after it), or :class:`APIError` for a bad conversation.
 
     As OpenAI, a list of system messages only is answered; as llama-server and Ollama,
     a last message from the assistant is continued (the reply starts from its text).
+    ``tool_role``: tool results stay ``tool`` messages (for a chat template that knows
+    them), else they become user messages (:func:`attnchat.tools.render_result`).
     """
     if not req.messages:
         raise APIError(400, "'messages' must hold at least one message.", param="messages", code="invalid_value")
     msgs = []
     call_names: dict[str, str] = {}  # tool_call_id -> function name, from earlier calls
     for i, m in enumerate(req.messages):
+        if m.role == "tool" and tool_role:
+            msgs.append(Message("tool", _text(m, i)))
+            continue
         if m.role == "tool":  # a tool's result: read by the model as a user message
             msgs.append(Message("user", tools.render_result(call_names.get(m.tool_call_id or "", m.name),
                                                             _text(m, i))))
@@ -359,6 +364,10 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
     engine = Engine(model, settings=settings or GenerationSettings(overflow="stop"), sessions=sessions,
                     max_queued=max_queued, pool_bytes=pool_bytes, on_reply=metrics.reply)
     created = int(time.time())
+    # Tools through the model's own template where it renders them, else the fallback
+    # prompt (see attnchat.tools); decided once, by rendering, before the engine runs.
+    template_tools = tools.template_renders_tools(model.tokenizer)
+    log.info("tools are described by %s", "the model's chat template" if template_tools else "the fallback prompt")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -406,7 +415,7 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
     @v1.get("/attnchat/stats")
     async def stats() -> dict[str, Any]:
         return {"model": model_id, "device": str(model.device), "context_limit": engine.context_limit,
-                **engine.stats()}
+                "tool_prompt": "template" if template_tools else "fallback", **engine.stats()}
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -414,15 +423,15 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
         if req.model.lower() not in aliases:
             raise _no_model(req.model, model_id)
         _unsupported(req)
-        system, messages = _conversation(req)
         try:
             offered, forced = tools.parse_tools(req.tools, req.tool_choice)
         except tools.ToolError as e:
             raise APIError(400, e.args[1], param=e.args[0], code="invalid_value") from None
+        system, messages = _conversation(req, tool_role=template_tools)
         if offered and (req.response_format or {}).get("type", "text") != "text":
             raise APIError(400, "Send either 'tools' or a JSON 'response_format', not both.",
                            param="response_format", code="invalid_value")
-        if offered:
+        if offered and not template_tools:
             system = "\n\n".join(x for x in (system, tools.system_prompt(offered)) if x)
         try:
             temperature = default_temperature if req.temperature is None else req.temperature
@@ -444,6 +453,7 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
         processors = _processors(req.frequency_penalty, req.presence_penalty, grammar, recorder)
         job = Job(system=system, messages=messages, sampling=sampling, logits_processors=processors,
                   max_tokens=min(max_tokens, engine.context_limit), stop=_stops(req.stop),
+                  tools=tuple(t.openai() for t in offered) if template_tools else (),
                   emit=None, id=f"chatcmpl-{uuid.uuid4().hex}")
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return await answer(

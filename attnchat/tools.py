@@ -1,22 +1,32 @@
 """Tool calls for the chat endpoint: OpenAI's ``tools`` and ``tool_choice``.
 
-The tools are described to the model by a fallback prompt (below, :func:`system_prompt`),
-appended to the system prompt, for every model: no catalog model's chat template
-renders tools today. A call is written ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
-and generated under a grammar (:func:`grammar`) built from the functions' JSON schemas,
-so it always parses and its arguments validate:
+The tools reach the model one of two ways, chosen per model by :func:`template_renders_tools`:
+
+- **The model's own chat template**, when it knows tools (it renders the ``tools``
+  variable and ``role: "tool"`` messages, as Qwen 2.5/3 and Hermes-style templates do): the request's tools go to the template (``apply_chat_template(...,
+  tools=...)``, under the template limits of :mod:`runtime.chat_format`) and tool
+  results stay ``tool`` messages for the template to place.
+- **The fallback prompt** (:func:`system_prompt`, appended to the system prompt) for
+  every other template (SmolLM2's and Gemma 3's know no tools) and for models without
+  one; tool results become user messages (:func:`render_result`).
+
+Either way a call is written ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+(the form Hermes-style templates ask for) and generated under a grammar
+(:func:`grammar_source`) built from the functions' JSON schemas, so it always parses and
+its arguments validate:
 
 - ``auto``: the reply is free text (not starting with ``<``) or exactly one call;
 - ``required`` or a named function: the reply is one call (of that function);
 - ``none`` (or no tools): plain text, no tools in the prompt.
 
-Earlier calls (assistant ``tool_calls``) and results (``role: "tool"``) are rendered in
-the same format, as an assistant message and a user message. One call per reply
-(``parallel_tool_calls`` is accepted and has no effect). Must not import Qt.
+Earlier calls (assistant ``tool_calls``) are rendered in that same form as the
+assistant's text, so a reply sent back as this server wrote it keeps its token ids. One
+call per reply (``parallel_tool_calls`` is accepted and has no effect). Must not import Qt.
 """
 from __future__ import annotations
 
 import json
+import logging
 import re
 import uuid
 from dataclasses import dataclass
@@ -25,6 +35,8 @@ from typing import Any
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.S)
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+log = logging.getLogger("attnchat.serve")
 
 
 class ToolError(ValueError):
@@ -36,6 +48,11 @@ class Tool:
     name: str
     description: str
     parameters: dict[str, Any]
+
+    def openai(self) -> dict[str, Any]:
+        """The tool in OpenAI's shape, as chat templates take it (``{"type": "function", ...}``)."""
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": self.parameters}}
 
 
 def parse_tools(tools: list[Any] | None, tool_choice: Any) -> tuple[list[Tool], str | None]:
@@ -74,6 +91,37 @@ def parse_tools(tools: list[Any] | None, tool_choice: Any) -> tuple[list[Tool], 
             raise ToolError("tool_choice", "tool_choice is 'required' but no tools were given.")
         return [], None
     return parsed, ("*" if choice == "required" else None)
+
+
+#: A tool and a tool result no conversation holds: :func:`template_renders_tools` looks for them.
+_PROBE = Tool("attnchat_probe_fn", "Probe.", {"type": "object", "properties": {}})
+_PROBE_RESULT = "attnchat-probe-result"
+
+
+def template_renders_tools(tokenizer: Any) -> bool:
+    """True when ``tokenizer``'s chat template shows a request's tools itself.
+
+    Decided by rendering, not by reading the template: a conversation with a probe tool
+    must show the tool's name (and show it only when the tool is given), and a ``tool``
+    message after a call must show its content. A template that fails either, raises,
+    or runs past the template limits (:mod:`runtime.chat_format`) gets the fallback
+    prompt. Renders three short conversations (milliseconds for real templates).
+    """
+    from runtime.chat_format import Message, render
+
+    if not getattr(tokenizer, "chat_template", None):
+        return False
+    ask = [Message("user", "Hi.")]
+    try:
+        shown = render(tokenizer, ask, tools=[_PROBE.openai()])
+        if _PROBE.name not in shown or _PROBE.name in render(tokenizer, ask):
+            return False
+        after = ask + [Message("assistant", render_call(_PROBE.name, {})), Message("tool", _PROBE_RESULT)]
+        return _PROBE_RESULT in render(tokenizer, after, tools=[_PROBE.openai()])
+    except Exception as e:  # a template that refuses these (or its limits): the fallback
+        log.info("the chat template cannot render tools (%s: %s); using the fallback prompt",
+                 type(e).__name__, e)
+        return False
 
 
 def system_prompt(tools: list[Tool]) -> str:

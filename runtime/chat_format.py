@@ -48,12 +48,15 @@ def _plain(messages: Sequence[Message]) -> str:
 
 
 def render(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt: bool = True,
-           continue_final: bool = False) -> str:
+           continue_final: bool = False, tools: Sequence[dict] | None = None) -> str:
     """The prompt text for ``messages`` (the model's chat template, else plain completion).
 
     With ``continue_final`` the last message is left open (no end-of-turn after it, no
     generation prompt), so what the model generates continues its text: a reply
     "prefill", as llama-server and Ollama do for a trailing assistant message.
+    ``tools``: function descriptions in OpenAI's shape (``{"type": "function",
+    "function": {...}}``) handed to the template as its ``tools`` variable (a template
+    that does not use it ignores them; plain completion never shows them).
     An empty conversation renders as the empty string.
 
     Raises:
@@ -73,6 +76,7 @@ def render(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt
                 add_generation_prompt=add_generation_prompt and not continue_final,
                 continue_final_message=continue_final,
                 tokenize=False,
+                **({"tools": list(tools)} if tools else {}),
             )
         finally:
             _deadline.value = None
@@ -220,7 +224,8 @@ def _marker(i: int) -> str:
 
 
 def encode_conversation(tokenizer: Any, messages: Sequence[Message], *,
-                        add_generation_prompt: bool = True, continue_final: bool = False) -> EncodedPrompt:
+                        add_generation_prompt: bool = True, continue_final: bool = False,
+                        tools: Sequence[dict] | None = None) -> EncodedPrompt:
     """Token ids of :func:`render`, with each reply's own ``token_ids`` spliced in.
 
     Re-tokenizing a reply's text does not give back the ids the model wrote (SmolLM2
@@ -233,11 +238,12 @@ def encode_conversation(tokenizer: Any, messages: Sequence[Message], *,
     reasoning, say) gets the plain re-tokenized prompt instead.
 
     Control tokens typed inside messages are read as text (:func:`neutralize_control_tokens`).
-    ``continue_final``: see :func:`render`.
+    ``continue_final``, ``tools``: see :func:`render`.
     """
     controls = _control_strings(tokenizer)  # once per call, not per message
     safe = [replace(m, content=_neutralize(m.content, controls)) for m in messages]
-    text = render(tokenizer, safe, add_generation_prompt=add_generation_prompt, continue_final=continue_final)
+    text = render(tokenizer, safe, add_generation_prompt=add_generation_prompt, continue_final=continue_final,
+                  tools=tools)
 
     def encode(t: str) -> list[int]:
         return list(tokenizer.encode(t, add_special_tokens=False)) if t else []
@@ -247,7 +253,8 @@ def encode_conversation(tokenizer: Any, messages: Sequence[Message], *,
     spliced = [i for i, m in enumerate(safe) if m.role == "assistant" and m.token_ids is not None]
     if spliced:
         marked = [replace(m, content=_marker(i)) if i in spliced else m for i, m in enumerate(safe)]
-        mtext = render(tokenizer, marked, add_generation_prompt=add_generation_prompt, continue_final=continue_final)
+        mtext = render(tokenizer, marked, add_generation_prompt=add_generation_prompt, continue_final=continue_final,
+                       tools=tools)
         verbatim = mtext
         for i in spliced:
             verbatim = verbatim.replace(_marker(i), safe[i].content)
@@ -278,10 +285,10 @@ def _plain_start(tokenizer: Any) -> list[int]:
 
 
 def encode_messages(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt: bool = True,
-                    continue_final: bool = False) -> list[int]:
+                    continue_final: bool = False, tools: Sequence[dict] | None = None) -> list[int]:
     """The ids of :func:`encode_conversation` (replies' own ids spliced in)."""
     return encode_conversation(tokenizer, messages, add_generation_prompt=add_generation_prompt,
-                               continue_final=continue_final).ids
+                               continue_final=continue_final, tools=tools).ids
 
 
 def token_counter(tokenizer: Any) -> Callable[[Sequence[str]], list[int]] | None:

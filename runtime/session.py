@@ -61,6 +61,8 @@ class GenerationSettings:
         logits_processors: :data:`LogitsProcessor` hooks applied in order before each
             sampling step (structured output, penalties, logprobs); none by default, and
             then the decode loop does nothing extra.
+        tools: function descriptions (OpenAI's ``tools`` entries, JSON-like dicts) the
+            chat template renders in the prompt (its ``tools`` variable); none by default.
 
     Raises:
         ValueError: values out of range (one sentence, with the allowed range).
@@ -76,6 +78,7 @@ class GenerationSettings:
     cache_dtype: str | None = None
     cache_limit_bytes: int | None = None
     logits_processors: tuple[LogitsProcessor, ...] = ()
+    tools: tuple[dict, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -281,7 +284,8 @@ class ChatSession:
         # A conversation ending with an assistant message is one to continue (see reply()).
         cont = bool(messages) and messages[-1].role == "assistant"
         return encode_conversation(self.model.tokenizer, self._conversation(list(messages)),
-                                   add_generation_prompt=not cont, continue_final=cont)
+                                   add_generation_prompt=not cont, continue_final=cont,
+                                   tools=self.settings.tools or None)
 
     # ---- the cache -----------------------------------------------------------------------
     def _sync_cache(self, ids: list[int]) -> int:
