@@ -18,7 +18,7 @@ from attnchat import tools
 from attnchat.server import create_app
 from runtime import GenerationSettings, Message, load_model
 from runtime.chat_format import encode_messages, render
-from tests.runtime.tiny_models import CHAT_TEMPLATE, make_tiny_model, make_tokenizer
+from tests.runtime.tiny_models import CHAT_TEMPLATE, SMOLLM2_TEMPLATE, make_tiny_model, make_tokenizer
 
 TOOL_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\n# Tools\n<tools>"
@@ -53,9 +53,9 @@ def tokenizer():
 
 
 @pytest.mark.parametrize("template, knows", [
-    (TOOL_TEMPLATE, True), (CHAT_TEMPLATE, False), (TOOLS_ONLY_TEMPLATE, False), (REFUSING_TEMPLATE, False),
-    (None, False),
-], ids=["hermes-style", "chatml", "drops-tool-messages", "refuses-tools", "no-template"])
+    (TOOL_TEMPLATE, True), (CHAT_TEMPLATE, False), (SMOLLM2_TEMPLATE, False), (TOOLS_ONLY_TEMPLATE, False),
+    (REFUSING_TEMPLATE, False), (None, False),
+], ids=["hermes-style", "chatml", "smollm2", "drops-tool-messages", "refuses-tools", "no-template"])
 def test_which_templates_render_tools(tokenizer, template, knows):
     tokenizer.chat_template = template
     try:
