@@ -5,7 +5,7 @@ Must not import torch or runtime; it reads the plain dicts the engine worker emi
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
+from PySide6.QtWidgets import QLabel, QProgressBar, QSizeGrip, QStatusBar, QWidget
 
 __all__ = ["ChatStatusBar", "PREFILL_BAR_MIN_TOKENS"]
 
@@ -120,9 +120,15 @@ class ChatStatusBar(QStatusBar):
         return list(self._permanent)
 
     def message_room(self) -> int:
-        """Pixels a message gets left of the permanent labels now shown (and the prefill bar)."""
-        used = sum(w.sizeHint().width() + 6 for w in (*self.fields(), self.prefill) if not w.isHidden())
-        return max(self.width() - used - 24, 0)
+        """Pixels Qt draws a message in now: from x 6 to the first permanent widget still shown
+        (less 2), or to the size grip (QStatusBarPrivate::messageRect), after a layout pass."""
+        self.layout().activate()
+        right = self.width() - 12
+        grip = next((g for g in self.findChildren(QSizeGrip) if g.parent() is self and g.isVisible()), None)
+        if grip is not None:
+            right = min(right, grip.x())
+        shown = [w.x() - 2 for w in self.fields() if w.isVisible()]
+        return max(min([right, *shown]) - 6, 0)
 
     def showMessage(self, text: str, timeout: int = 0) -> None:  # noqa: N802 - Qt API
         """Show ``text`` whole: a message longer than the room beside the permanent labels
@@ -137,8 +143,7 @@ class ChatStatusBar(QStatusBar):
             self._hidden_for_message = [w for w in self.fields() if not w.isHidden()]
             for w in self._hidden_for_message:
                 w.setMaximumWidth(0)
-        room = max(self.width() - 24, 40)
-        shown = fm.elidedText(text, Qt.TextElideMode.ElideRight, room) if text else text
+        shown = fm.elidedText(text, Qt.TextElideMode.ElideRight, self.message_room()) if text else text
         self.setToolTip(text if shown != text else "")
         super().showMessage(shown, timeout)
 

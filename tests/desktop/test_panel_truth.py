@@ -6,6 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QSizeGrip
+
 from desktop.panels.kv.panel import EMPTY_TOP_BYTES, KVPanel
 from desktop.settings.values import Settings
 from desktop.worker import EngineWorker
@@ -121,10 +124,12 @@ def test_the_legend_stays_clear_of_the_lines(qtbot, tmp_path):
 
 
 def _message_fits(status, text: str) -> bool:
-    """The message's width fits left of every permanent field still taking room."""
+    """The message fits where Qt draws it: from x 6 to 2 px before the first permanent widget
+    shown (a folded one too), and before the size grip."""
     status.layout().activate()
-    lefts = [w.geometry().left() for w in status.fields() if w.isVisible() and w.width() > 0]
-    return status.fontMetrics().horizontalAdvance(text) + 8 <= min(lefts, default=status.width())
+    grips = [g.x() for g in status.findChildren(QSizeGrip) if g.isVisible()]
+    right = min([status.width() - 12, *grips, *(w.x() - 2 for w in status.fields() if w.isVisible())])
+    return status.fontMetrics().horizontalAdvance(text) <= right - 6
 
 
 def test_status_messages_are_shown_whole(qtbot, make_window):
@@ -154,6 +159,21 @@ def test_status_messages_are_shown_whole(qtbot, make_window):
     w.show_error(error)
     qtbot.wait(20)
     assert st.currentMessage().endswith("…") and st.toolTip() == error
+    assert _message_fits(st, st.currentMessage())   # the "…" itself is not cut off
     assert w.notice.isVisible() and w.notice.text() == error and w.notice.wordWrap()
     w.status.clearMessage()
     assert st.toolTip() == ""
+
+
+def test_the_chart_lines_keep_their_width_at_device_pixel_ratio_2(qtbot, monkeypatch):
+    """pyqtgraph's pens are cosmetic (device pixels): at a ratio of 2 every line was half as thick."""
+    widths = {}
+    for ratio in (1.0, 2.0):
+        monkeypatch.setattr(KVPanel, "devicePixelRatioF", lambda self, r=ratio: r)
+        panel = KVPanel()
+        qtbot.addWidget(panel)
+        panel.show()
+        widths[ratio] = [panel.used_curve.opts["pen"].widthF(), panel.allocated_curve.opts["pen"].widthF(),
+                         panel.theory["float32"].opts["pen"].widthF(), panel.context_line.pen.widthF()]
+        assert panel.theory["float32"].opts["pen"].style() == Qt.PenStyle.DashLine
+    assert widths[1.0] == [3, 2, 1, 1.5] and widths[2.0] == [6, 4, 2, 3]

@@ -18,7 +18,7 @@ from typing import Callable
 
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, Qt, QTimer
-from PySide6.QtGui import QColor, QPalette
+from PySide6.QtGui import QColor, QPalette, QPen
 from PySide6.QtWidgets import QCheckBox, QLabel, QVBoxLayout, QWidget
 
 import runtime
@@ -78,13 +78,11 @@ class KVPanel(QWidget):
         self.legend = pg.LegendItem(offset=None, labelTextSize="8pt", colCount=2)
         item.layout.addItem(self.legend, 4, 1)
         self.theory: dict[str, pg.PlotDataItem] = {
-            "float32": item.plot(pen=pg.mkPen(COLORS["float32"], width=1, style=Qt.PenStyle.DashLine)),
-            "16-bit": item.plot(pen=pg.mkPen(COLORS["16-bit"], width=1, style=Qt.PenStyle.DashLine)),
-            "int8": item.plot(pen=pg.mkPen(COLORS["int8"], width=1, style=Qt.PenStyle.DashLine)),
+            "float32": item.plot(), "16-bit": item.plot(), "int8": item.plot(),
         }
         # connect="finite": a NaN breaks the line where the cache shrank (no line drawn backwards).
-        self.allocated_curve = item.plot(pen=pg.mkPen(COLORS["allocated"], width=2), connect="finite")
-        self.used_curve = item.plot(pen=pg.mkPen(COLORS["used"], width=3), connect="finite")
+        self.allocated_curve = item.plot(connect="finite")
+        self.used_curve = item.plot(connect="finite")
         # Short names: two columns must fit the panel's narrowest width (270 px); the readout
         # gives the bytes per token of each (int8: a float32 scale per vector beside the codes).
         for curve, name in ((self.theory["float32"], "float32"), (self.theory["16-bit"], "bf16 / fp16"),
@@ -92,15 +90,24 @@ class KVPanel(QWidget):
                             (self.allocated_curve, "allocated"), (self.used_curve, "used")):
             self.legend.addItem(curve, name)
         self.now_dot = item.plot(pen=None, symbol="o", symbolSize=8, symbolBrush=COLORS["used"], symbolPen=None)
-        self.context_line = pg.InfiniteLine(angle=90, pen=pg.mkPen(COLORS["limit"], width=1.5),
+        self.context_line = pg.InfiniteLine(angle=90,
                                             label="context limit", labelOpts={"position": 0.62, "color": COLORS["limit"],
                                                                               "rotateAxis": (1, 0), "anchors": [(0.5, 1), (0.5, 1)]})
-        self.memory_line = pg.InfiniteLine(angle=0, pen=pg.mkPen(COLORS["limit"], width=1.5, style=Qt.PenStyle.DotLine),
+        self.memory_line = pg.InfiniteLine(angle=0,
                                            label="memory limit", labelOpts={"position": 0.6, "color": COLORS["limit"],
                                                                             "anchors": [(0.5, 1), (0.5, 1)]})
         item.addItem(self.context_line, ignoreBounds=True)
         item.addItem(self.memory_line, ignoreBounds=True)
         self.event_items: list = []
+        dash, dot, solid = Qt.PenStyle.DashLine, Qt.PenStyle.DotLine, Qt.PenStyle.SolidLine
+        #: Each line's pen: (colour, width in logical pixels, style); see :meth:`_apply_pens`.
+        self.pen_specs = {
+            self.theory["float32"]: ("float32", 1, dash), self.theory["16-bit"]: ("16-bit", 1, dash),
+            self.theory["int8"]: ("int8", 1, dash), self.allocated_curve: ("allocated", 2, solid),
+            self.used_curve: ("used", 3, solid), self.context_line: ("limit", 1.5, solid),
+            self.memory_line: ("limit", 1.5, dot),
+        }
+        self._apply_pens()
 
         self.zoom = QCheckBox("Zoom to the conversation")
         self.zoom.setToolTip("On: the chart spans twice the tokens used so far (at least 1,024, at most the context); "
@@ -278,7 +285,7 @@ class KVPanel(QWidget):
             item.removeItem(it)
         self.event_items = []
         for before, after, kind in self.series.events[-20:]:
-            line = pg.InfiniteLine(pos=before, angle=90, pen=pg.mkPen(COLORS["event"], width=1, style=Qt.PenStyle.DashLine),
+            line = pg.InfiniteLine(pos=before, angle=90, pen=self._pen("event", 1, Qt.PenStyle.DashLine),
                                    label=f"{kind} {before - after:,}",
                                    labelOpts={"position": 0.75, "color": COLORS["event"], "rotateAxis": (1, 0)})
             item.addItem(line, ignoreBounds=True)
@@ -342,10 +349,29 @@ class KVPanel(QWidget):
         for sample, label in self.legend.items:
             label.setText(label.text, color=text)
 
+    # ---- pens at the screen's pixel ratio -------------------------------------------------------
+    def _pen(self, color: str, width: float, style: Qt.PenStyle) -> QPen:
+        """A pen ``width`` logical pixels wide: pyqtgraph's pens are cosmetic, so their width is
+        in device pixels, and at a device pixel ratio of 2 (a 4K screen at 200 %) every line
+        was drawn half as thick, its dashes half as long."""
+        return pg.mkPen(COLORS[color], width=width * max(self.devicePixelRatioF(), 1.0), style=style)
+
+    def _apply_pens(self) -> None:
+        for item, (color, width, style) in self.pen_specs.items():
+            item.setPen(self._pen(color, width, style))
+        for line in self.event_items:
+            line.setPen(self._pen("event", 1, Qt.PenStyle.DashLine))
+
+    def showEvent(self, event) -> None:  # noqa: N802 - the screen it opens on decides the ratio
+        super().showEvent(event)
+        self._apply_pens()
+
     def changeEvent(self, event) -> None:  # noqa: N802
         super().changeEvent(event)
         if event.type() == QEvent.Type.PaletteChange:
             self._recolor()
+        elif event.type() == QEvent.Type.DevicePixelRatioChange:   # moved to another screen
+            self._apply_pens()
 
 
 def install_kv_panel(window) -> KVPanel:
