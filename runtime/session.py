@@ -256,8 +256,24 @@ class ChatSession:
         idx = max((i for i, m in enumerate(self.messages) if m.role == "user"), default=None)
         if idx is None:
             raise ValueError("there is no user message to edit")
+        return self.edit(idx, text)
+
+    def edit(self, index: int, text: str) -> Iterator[Event]:
+        """Replace user message ``index`` of :attr:`messages` with ``text``, drop every message
+        after it, and generate the reply.
+
+        The cache is reused up to the first token where the new prompt differs from what it
+        holds (the system prompt and every turn before the edited message, and the edited
+        message's own first tokens when they are unchanged); only the rest is prefilled.
+
+        Raises:
+            ValueError: ``index`` is not the position of a user message.
+        """
+        if not (0 <= index < len(self.messages)) or self.messages[index].role != "user":
+            raise ValueError(f"message {index} is not a user message; edit one of "
+                             f"{[i for i, m in enumerate(self.messages) if m.role == 'user']}")
         before = list(self.messages)
-        del self.messages[idx:]
+        del self.messages[index:]
         self.messages.append(Message("user", text))
         return self._generate(before)
 

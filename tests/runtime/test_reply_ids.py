@@ -128,16 +128,18 @@ def test_an_edited_reply_is_re_tokenized_and_counted(tiny):
     assert done.stats.retokenized_tokens == len(tiny.tokenizer.encode("what the user typed", add_special_tokens=False))
 
 
-def test_a_length_stop_feeds_its_last_token_so_turn2_prefills_only_the_new_message(tiny):
+@pytest.fixture(scope="module")
+def only_words(tiny):
+    """A logits processor: a random model's greedy pick is a byte token that decodes to
+    nothing; this one makes it write the tokenizer's words."""
+    mask = torch.full((tiny.config.vocab_size,), float("-inf"))
+    mask[list(set(tiny.tokenizer.encode(" ".join(WORDS), add_special_tokens=False)))] = 0.0
+    return lambda ids, logits: logits + mask
+
+
+def test_a_length_stop_feeds_its_last_token_so_turn2_prefills_only_the_new_message(tiny, only_words):
     """The issue's two-turn command prefilled 20 = 1 too many: a length stop sampled its last
     token but never fed it. Now the cache holds the whole reply when the turn ends."""
-    words = set(tiny.tokenizer.encode(" ".join(WORDS), add_special_tokens=False))
-    mask = torch.full((tiny.config.vocab_size,), float("-inf"))
-    mask[list(words)] = 0.0
-
-    def only_words(ids, logits):   # a random model's greedy pick is a byte token: make it write words
-        return logits + mask
-
     s = ChatSession(tiny, system_prompt=SYS, settings=GenerationSettings(max_new_tokens=5,
                                                                           logits_processors=(only_words,)))
     first = s.run(s.send("the cat"))
@@ -151,3 +153,33 @@ def test_a_length_stop_feeds_its_last_token_so_turn2_prefills_only_the_new_messa
     new_part = tiny.tokenizer.encode(ChatML_NEXT.format("and then"), add_special_tokens=False)
     assert second.stats.reused_tokens == first.stats.prompt_tokens + 5
     assert second.stats.prefilled_tokens == len(new_part)
+
+
+def test_editing_the_first_of_three_turns_reuses_the_cache_up_to_the_first_changed_token(tiny, only_words):
+    tok = tiny.tokenizer
+    s = ChatSession(tiny, system_prompt=SYS, settings=GenerationSettings(max_new_tokens=4,
+                                                                          logits_processors=(only_words,)))
+    for text in ("the cat is here", "and the dog", "or a bird"):
+        s.run(s.send(text))
+    assert [m.role for m in s.messages] == ["user", "assistant"] * 3
+    old = encode_conversation(tok, [Message("system", SYS), Message("user", "the cat is here")]).ids
+    new = encode_conversation(tok, [Message("system", SYS), Message("user", "the cat is there")]).ids
+    assert s.cached_token_ids[: len(old)] == old
+    lcp = next(i for i, (a, b) in enumerate(zip(old, new)) if a != b)
+    assert 0 < lcp < len(new)
+
+    edited = s.run(s.edit(0, "the cat is there"))
+    # Everything before the first changed token comes from the cache; only the rest is prefilled.
+    assert (edited.stats.prompt_tokens, edited.stats.reused_tokens, edited.stats.prefilled_tokens) == (
+        len(new), lcp, len(new) - lcp)
+    assert [(m.role, m.content) for m in s.messages] == [("user", "the cat is there"), ("assistant", edited.text)]
+    assert s.cached_token_ids == new + list(edited.token_ids)   # the dropped turns left the cache too
+
+
+def test_editing_a_message_that_is_not_a_users_raises_and_changes_nothing(tiny):
+    s = ChatSession(tiny, settings=GenerationSettings(max_new_tokens=2))
+    s.messages = [Message("user", "hi"), Message("assistant", "there")]
+    for index in (1, 2, -1):
+        with pytest.raises(ValueError, match="is not a user message"):
+            s.edit(index, "x")
+    assert s.messages == [Message("user", "hi"), Message("assistant", "there")]
