@@ -242,10 +242,6 @@ class EngineWorker(QObject):
     def regenerate(self, request: int, conv_id: int, history: list, settings: dict) -> None:
         self._generate(request, conv_id, "regenerate", history, settings, lambda s: s.regenerate())
 
-    @Slot(int, int, object, str, object)
-    def edit_last(self, request: int, conv_id: int, history: list, text: str, settings: dict) -> None:
-        self._generate(request, conv_id, "edit", history, settings, lambda s: s.edit_last_user(text))
-
     @Slot(int)
     def forget(self, conv_id: int) -> None:
         """Drop a conversation's session (it was deleted)."""
@@ -382,7 +378,6 @@ class Engine(QObject):
     _load = Signal(str, str)
     _send = Signal(int, int, object, str, object)
     _regenerate = Signal(int, int, object, object)
-    _edit = Signal(int, int, object, str, object)
     _forget = Signal(int)
     _configure = Signal(object)
 
@@ -397,7 +392,6 @@ class Engine(QObject):
         self._load.connect(self.worker.load_model)
         self._send.connect(self.worker.send)
         self._regenerate.connect(self.worker.regenerate)
-        self._edit.connect(self.worker.edit_last)
         self._forget.connect(self.worker.forget)
         self._configure.connect(self.worker.configure)
         w = self.worker
@@ -428,9 +422,6 @@ class Engine(QObject):
 
     def regenerate(self, conv_id: int, history: list, settings: dict) -> int:
         return self._queue(self._regenerate, conv_id, list(history), dict(settings))
-
-    def edit_last(self, conv_id: int, history: list, text: str, settings: dict) -> int:
-        return self._queue(self._edit, conv_id, list(history), text, dict(settings))
 
     def forget(self, conv_id: int) -> None:
         self._forget.emit(conv_id)

@@ -55,6 +55,18 @@ class ChatPage(QWidget):
         lay.addWidget(self.input)
         lay.addLayout(buttons)
 
+    def show_edit_banner(self, after: int, *, last: bool) -> None:
+        """Say what sending an edit does: ``after`` messages follow the edited one (``last``:
+        it is your last message, so only its reply goes)."""
+        if last:
+            text = "Editing your last message: Enter sends it again" + (
+                " and replaces its reply" if after else "") + ", Esc cancels."
+        else:
+            text = (f"Editing an earlier message: sending it drops the {after} messages after it "
+                    "(shown faded). Enter sends, Esc cancels.")
+        self.edit_banner.setText(text)
+        self.edit_banner.show()
+
 
 class EmptyState(QWidget):
     """First run: no model yet. Offers the download and File > Open model."""

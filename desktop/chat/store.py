@@ -225,6 +225,25 @@ class Store:
                 self._db.execute("DELETE FROM messages WHERE conversation_id=? AND id>=?", (conv_id, row[0]))
             return self._insert(conv_id, "user", content, None, None)
 
+    def edit_message(self, conv_id: int, message_id: int, content: str) -> StoredMessage:
+        """Edit-and-resend's save for any user message: drop message ``message_id`` and every
+        message after it, and append ``content`` as a new user message, in one transaction
+        (a crash leaves the conversation as it was before or after, never half of it).
+
+        Raises:
+            KeyError: the conversation has no message ``message_id``.
+            ValueError: message ``message_id`` is not a user message.
+        """
+        with self._tx():
+            row = self._db.execute("SELECT role FROM messages WHERE id=? AND conversation_id=?",
+                                   (message_id, conv_id)).fetchone()
+            if row is None:
+                raise KeyError(f"conversation {conv_id} has no message {message_id}")
+            if row[0] != "user":
+                raise ValueError(f"message {message_id} is a {row[0]} message; only your own messages can be edited")
+            self._db.execute("DELETE FROM messages WHERE conversation_id=? AND id>=?", (conv_id, message_id))
+            return self._insert(conv_id, "user", content, None, None)
+
     def delete_last_message(self, conv_id: int, message_id: int) -> bool:
         """Drop message ``message_id`` when it is still the conversation's last (a message
         that got no reply because the context was full); returns whether it was dropped."""

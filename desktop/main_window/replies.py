@@ -1,5 +1,9 @@
-"""The main window's replies: send, regenerate, edit the last message, stop, and the
+"""The main window's replies: send, regenerate, edit any of your messages, stop, and the
 worker's streamed text, stats and finish.
+
+Editing a message that is not the last drops the messages after it (the banner says how
+many, and the chat shows them faded until the edit is sent or cancelled): the branch left
+is not kept. The database makes the change in one transaction when the edit is sent.
 
 A mixin of :class:`desktop.main_window.window.MainWindow`: it uses the window's ``store``,
 ``engine``, ``messages``, ``input``, ``status`` and the conversation methods of
@@ -28,10 +32,11 @@ class ReplyActions:
         out.update(self.generation_overrides)
         return out
 
-    def _history(self, conv_id: int) -> list[tuple]:
+    def _history(self, conv_id: int, before: int | None = None) -> list[tuple]:
         """``(role, content, token_ids, token_model)`` per stored message (the worker uses the ids
-        when they belong to its model)."""
-        return [(m.role, m.content, m.token_ids, m.token_model) for m in self.store.messages(conv_id)]
+        when they belong to its model); with ``before``, only the messages before that id."""
+        return [(m.role, m.content, m.token_ids, m.token_model) for m in self.store.messages(conv_id)
+                if before is None or m.id < before]
 
     def _can_start(self) -> bool:
         if self._reply is not None:
@@ -43,35 +48,42 @@ class ReplyActions:
         return True
 
     def submit(self, text: str) -> None:
-        """Send ``text`` (or, while editing, replace the last user message with it).
+        """Send ``text`` (or, while editing, replace the edited message with it and drop the
+        messages after it).
 
         A message the database refuses (disk full) is not sent: it stays in the input
         box, the error is shown, and sending again tries again.
         """
         if not text.strip() or not self._can_start():
             return
+        editing = self._editing
         try:
             self._save_unsaved()
             conv = self._conv_id or self.new_conversation()
-            history = self._history(conv)
-            if self._editing:
-                msg = self.store.replace_last_user(conv, text)
+            history = self._history(conv, before=editing or None)
+            if editing:
+                msg = self.store.edit_message(conv, editing, text)
             else:
                 msg = self.store.add_message(conv, "user", text)
         except (sqlite3.Error, OSError) as e:
             self._save_failed(e, "your message", "it is still in the message box: send it again")
             return
-        if self._editing:
-            self._editing = False
-            self.edit_banner.hide()
+        except (KeyError, ValueError):   # the edited message is gone (not expected: edits end on a switch)
+            log.warning("the edited message %s is gone", editing, exc_info=True)
+            self._end_edit()
+            self.show_error("The message you were editing is no longer there; your text is in the message box: "
+                            "send it as a new message.")
+            return
+        if editing:
+            self._end_edit()
             self.messages.set_messages(self._rows_of(conv))
-            request = self.engine.edit_last(conv, history, text, self.generation())
             kind = "edit"
         else:
             self.messages.append("user", text, id=msg.id)
-            request = self.engine.send(conv, history, text, self.generation())
             kind = "send"
-            self._sent = (conv, msg.id, text)
+        # The session is rebuilt from this history: the cache is reused up to the first changed token.
+        request = self.engine.send(conv, history, text, self.generation())
+        self._sent = (conv, msg.id, text)
         if self.conversations.title(conv) == DEFAULT_TITLE:
             first = text.strip().splitlines()[0]
             try:
@@ -86,6 +98,9 @@ class ReplyActions:
         conv = self._conv_id
         if not conv or not self._can_start():
             return
+        if self._editing:
+            self.status.showMessage("Send the message you are editing, or cancel the edit (Esc), first", 4000)
+            return
         last_user = self.messages.last_row("user")
         if last_user < 0:
             return
@@ -99,18 +114,35 @@ class ReplyActions:
         self._begin(self.engine.regenerate(conv, history, self.generation()), conv, "regenerate")
 
     def edit_last(self) -> None:
-        row = self.messages.last_row("user")
-        if row < 0 or self._reply is not None:
+        self.edit_message(self.messages.last_row("user"))
+
+    def edit_message(self, row: int) -> None:
+        """Edit your message at ``row``: its text goes to the message box; sending it replaces
+        the message and drops every message after it (the banner says how many, and the chat
+        shows them faded until then); Esc cancels."""
+        if not 0 <= row < self.messages.rowCount():
             return
-        self._editing = True
-        self.input.setPlainText(self.messages.message(row)["content"])
-        self.edit_banner.show()
+        if self._reply is not None:
+            self.status.showMessage("A reply is being written: wait for it, or press Stop", 4000)
+            return
+        m = self.messages.message(row)
+        if m["role"] != "user" or m["id"] is None:
+            return
+        self._editing = m["id"]
+        self.input.setPlainText(m["content"])
+        last = row == self.messages.last_row("user")
+        self.page.show_edit_banner(self.messages.rowCount() - row - 1, last=last)
+        self.chat.edit_row = row
         self.input.setFocus()
         self._sync()
 
-    def cancel_edit(self) -> None:
-        self._editing = False
+    def _end_edit(self) -> None:
+        self._editing = 0
         self.edit_banner.hide()
+        self.chat.edit_row = -1
+
+    def cancel_edit(self) -> None:
+        self._end_edit()
         self.input.clear()
         self._sync()
 
@@ -135,6 +167,7 @@ class ReplyActions:
     def _on_prefill(self, done: int, total: int) -> None:
         if self._reply is not None and self._reply["row"] >= 0:
             self.status.set_prefill(done, total)
+            self.messages.set_progress(self._reply["row"], done, total)
 
     def _on_stats(self, stats: dict) -> None:
         r = self._reply
@@ -149,9 +182,10 @@ class ReplyActions:
         if r is None or result["request"] != r["request"]:
             return
         self._reply = None
+        result = dict(result, kind=r["kind"])   # an edit goes to the worker as a send
         conv, text, reason, stats = r["conv_id"], result["text"], result["reason"], result["stats"]
         sent, self._sent = getattr(self, "_sent", None), None
-        if reason == "context" and not text and r["kind"] == "send" and sent and sent[0] == conv:
+        if reason == "context" and not text and r["kind"] in ("send", "edit") and sent and sent[0] == conv:
             self._context_full(conv, sent[1], sent[2])
         saved = unsaved = None
         if text and self.store.conversation(conv) is not None:

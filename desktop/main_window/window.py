@@ -64,7 +64,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self.generation_overrides: dict = {}
         self._conv_id = 0
         self._reply: dict | None = None
-        self._editing = False
+        self._editing = 0   # the id of the message being edited, or 0
         self._closed = False
         self._model_source = ""
         # Replies the database refused (disk full): shown, and saved again before the next write.
@@ -160,7 +160,10 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self.regen_button.clicked.connect(self.regenerate)
         self.edit_button.clicked.connect(self.edit_last)
         self.chat.regenerate_requested.connect(self.regenerate)
-        self.chat.edit_requested.connect(self.edit_last)
+        self.chat.edit_requested.connect(self.edit_message)
+        self.chat.stop_requested.connect(self.stop)
+        self.chat.copied.connect(lambda what: self.status.showMessage(
+            "Copied the code block" if what == "code" else "Copied the message", 3000))
         self.empty_download.clicked.connect(self.download_requested.emit)
         self.empty_open.clicked.connect(self.open_model_file)
         self.settings.changed.connect(self._on_setting)
@@ -305,6 +308,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         busy = self._reply is not None
         ready = bool(self.engine.model) and not busy
         has_user = self.messages.last_row("user") >= 0
+        self.chat.busy = busy
         self.send_button.setVisible(not busy)
         self.send_button.setEnabled(ready)
         self.stop_button.setVisible(busy)

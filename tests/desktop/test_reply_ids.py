@@ -46,3 +46,41 @@ def test_reply_ids_are_stored_and_reused_after_a_restart(qtbot, make_window, tin
         again.store.add_message(conv, "assistant", "typed by hand")
         again.submit("and then")
     assert done.args[0]["stats"]["retokenized_tokens"] == len(tiny.tokenizer.encode("typed by hand", add_special_tokens=False))
+
+
+def test_editing_the_first_of_three_turns_reuses_the_cached_prefix_and_stores_a_whole_conversation(
+        qtbot, make_window, tiny):
+    from runtime import Message
+    from runtime.chat_format import encode_conversation
+
+    tok = tiny.tokenizer
+    w = make_window(worker=EngineWorker(load_fn=lambda source, device: tiny))
+    w.generation_overrides = {"max_new_tokens": 16, "temperature": 0.0}
+    for text in ("the cat is here", "and the dog", "or a bird"):
+        assert send_and_wait(qtbot, w, text)["text"]
+    conv = w._conv_id
+    assert [m.role for m in w.store.messages(conv)] == ["user", "assistant"] * 3
+    system = w.generation().get("system_prompt") or None
+    head = [Message("system", system)] if system else []
+    old = encode_conversation(tok, head + [Message("user", "the cat is here")]).ids
+    new = encode_conversation(tok, head + [Message("user", "the cat is there")]).ids
+    lcp = next(i for i, (a, b) in enumerate(zip(old, new)) if a != b)
+
+    w.edit_message(0)
+    w.input.setPlainText("the cat is there")
+    with qtbot.waitSignal(w.reply_finished, timeout=30_000) as done:
+        w.input.submit()
+    result = done.args[0]
+    stats = result["stats"]
+    # The cache held three turns; the edit reuses it up to the first changed token only.
+    assert (stats["prompt_tokens"], stats["reused_tokens"], stats["prefilled_tokens"]) == (len(new), lcp, len(new) - lcp)
+    stored = w.store.messages(conv)
+    assert [(m.role, m.content) for m in stored] == [("user", "the cat is there"), ("assistant", result["text"])]
+    assert tok.decode(list(stored[1].token_ids)) == stored[1].content
+    w.close()
+
+    again = make_window(worker=EngineWorker(load_fn=lambda source, device: tiny))
+    again.open_conversation(conv)
+    assert again.store.messages(conv) == stored
+    assert [again.messages.message(r)["content"] for r in range(again.messages.rowCount())] == [
+        "the cat is there", result["text"]]

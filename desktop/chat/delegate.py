@@ -1,0 +1,234 @@
+"""How one message is painted: who wrote it, its one-click actions, its Markdown.
+
+The header of every bubble carries its actions as small buttons: Copy (every message),
+Edit (a user message), Regenerate (the last reply); the reply being written shows instead
+a coloured state ("Reading the prompt… 40%", then "Writing…") and a Stop button. Each code
+block has a "Copy code" button at its top right. :meth:`MessageDelegate.hit` maps a point
+to the button under it, with the geometry :meth:`MessageDelegate.paint` used.
+
+Laid-out documents (:func:`desktop.chat.markdown.build_document`) are kept in a small
+cache, so repainting and relayout cost a dictionary lookup for unchanged rows.
+Must not import torch or runtime.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from PySide6.QtCore import QModelIndex, QPoint, QRect, QRectF, QSize, Qt
+from PySide6.QtGui import QAbstractTextDocumentLayout, QFont, QPainter, QPalette
+from PySide6.QtWidgets import QListView, QStyle, QStyledItemDelegate, QStyleOptionViewItem
+
+from desktop.chat.markdown import Rendered, build_document, mix
+from desktop.chat.messages import MessageListModel, describe_finish
+
+__all__ = ["Button", "MessageDelegate", "MARKDOWN_LIMIT"]
+
+#: Past this many characters a message is shown as plain text: Markdown layout of a
+#: huge paste costs more than it is worth (and a paste is rarely Markdown).
+MARKDOWN_LIMIT = 16_000
+
+#: Button name -> label. "code" buttons carry the code block's number.
+LABELS = {"copy": "Copy", "edit": "Edit", "regenerate": "Regenerate", "stop": "■ Stop", "code": "Copy code"}
+COPIED = "Copied ✓"
+
+
+@dataclass(frozen=True)
+class Button:
+    """A painted button: ``name`` (a :data:`LABELS` key), ``arg`` (a code block's number,
+    else -1) and its rectangle in viewport coordinates."""
+
+    name: str
+    rect: QRect
+    arg: int = -1
+
+
+class MessageDelegate(QStyledItemDelegate):
+    """Paints a message (see the module docstring). Reads from its view (a
+    :class:`desktop.chat.view.ChatView`): ``busy``, ``edit_row`` and ``flash``."""
+
+    PAD = 10       # inside a bubble (px)
+    MARGIN = 6     # around a bubble (px)
+    CACHE = 256    # laid-out documents kept
+    GAP = 6        # between buttons (px)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self._docs: OrderedDict[tuple, Rendered] = OrderedDict()
+
+    def clear_cache(self) -> None:
+        self._docs.clear()
+
+    def rendered(self, text: str, width: int, font: QFont, palette: QPalette) -> Rendered:
+        """``text``'s laid-out document and code blocks (cached)."""
+        key = (text, width, font.key(), palette.cacheKey())
+        got = self._docs.get(key)
+        if got is not None:
+            self._docs.move_to_end(key)
+            return got
+        got = build_document(text, font, palette, width, plain=len(text) > MARKDOWN_LIMIT)
+        self._docs[key] = got
+        while len(self._docs) > self.CACHE:
+            self._docs.popitem(last=False)
+        return got
+
+    def _document(self, text, width, font, palette):
+        return self.rendered(text, width, font, palette).doc
+
+    # ---- geometry --------------------------------------------------------------------------
+    def _view(self):
+        view = self.parent()
+        return view if isinstance(view, QListView) else None
+
+    def _row_width(self, option: QStyleOptionViewItem) -> int:
+        # QListView sometimes asks for a size hint with an empty rect: rows span the viewport.
+        view = self._view()
+        return view.viewport().width() if view is not None else option.rect.width()
+
+    def _text_width(self, option: QStyleOptionViewItem) -> int:
+        return self._row_width(option) - 2 * (self.MARGIN + self.PAD)
+
+    def _header_height(self, option: QStyleOptionViewItem) -> int:
+        return option.fontMetrics.height() + 6
+
+    def _bubble(self, option: QStyleOptionViewItem) -> QRect:
+        return option.rect.adjusted(self.MARGIN, self.MARGIN, -self.MARGIN, -self.MARGIN)
+
+    def _header(self, option: QStyleOptionViewItem) -> QRect:
+        b = self._bubble(option)
+        return QRect(b.left() + self.PAD, b.top() + self.PAD // 2 + 1, b.width() - 2 * self.PAD,
+                     self._header_height(option))
+
+    def _origin(self, option: QStyleOptionViewItem) -> QPoint:
+        return QPoint(self._bubble(option).left() + self.PAD, self._header(option).bottom() + 3)
+
+    def content(self, option, index) -> Rendered:
+        return self.rendered(index.data(MessageListModel.ContentRole) or " ", self._text_width(option),
+                             option.font, option.palette)
+
+    def names(self, index: QModelIndex) -> list[str]:
+        """The header's buttons for this message, left to right."""
+        view = self._view()
+        busy = bool(getattr(view, "busy", False))
+        if index.data(MessageListModel.StreamingRole):
+            return ["stop"]
+        if index.data(MessageListModel.RoleRole) == "user":
+            return ["copy"] + ([] if busy else ["edit"])
+        last = index.row() == index.model().rowCount() - 1
+        return ["copy"] + (["regenerate"] if last and not busy and index.row() > 0 else [])
+
+    def buttons(self, option: QStyleOptionViewItem, index: QModelIndex) -> list[Button]:
+        """Every button of the message at ``option.rect``: the header's, then "Copy code" per code block."""
+        fm = option.fontMetrics
+        head = self._header(option)
+        out: list[Button] = []
+        right = head.right()
+        for name in reversed(self.names(index)):
+            w = max(fm.horizontalAdvance(LABELS[name]), fm.horizontalAdvance(COPIED)) + 14
+            out.insert(0, Button(name, QRect(right - w + 1, head.top(), w, head.height())))
+            right -= w + self.GAP
+        rendered = self.content(option, index)
+        if rendered.code:
+            layout = rendered.doc.documentLayout()
+            origin = self._origin(option)
+            w = max(fm.horizontalAdvance(LABELS["code"]), fm.horizontalAdvance(COPIED)) + 12
+            for k, block in enumerate(rendered.code):
+                top = layout.blockBoundingRect(rendered.doc.findBlockByNumber(block.first)).top()
+                x = origin.x() + int(rendered.doc.textWidth()) - w
+                out.append(Button("code", QRect(x, origin.y() + int(top) + 1, w, fm.height() + 2), k))
+        return out
+
+    def hit(self, option: QStyleOptionViewItem, index: QModelIndex, pos: QPoint) -> Button | None:
+        """The button under ``pos`` (viewport coordinates), or None."""
+        for b in self.buttons(option, index):
+            if b.rect.contains(pos):
+                return b
+        return None
+
+    def state_text(self, index: QModelIndex) -> str:
+        """The header's note: the reply being written's state, else why it ended and its speed."""
+        if index.data(MessageListModel.StreamingRole):
+            progress = index.data(MessageListModel.ProgressRole)
+            if progress and not index.data(MessageListModel.ContentRole):
+                done, total = progress
+                return f"Reading the prompt… {100 * done // max(1, total)}%"
+            return "Writing…"
+        return describe_finish(index.data(MessageListModel.FinishRole), index.data(MessageListModel.StatsRole))
+
+    # ---- painting --------------------------------------------------------------------------
+    def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex) -> QSize:
+        doc = self.content(option, index).doc
+        h = self._header_height(option) + 4 + int(doc.size().height()) + 2 * self.PAD + 2 * self.MARGIN
+        return QSize(self._row_width(option), h)
+
+    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
+        painter.save()
+        pal = option.palette
+        view = self._view()
+        edit_row = getattr(view, "edit_row", -1)
+        if 0 <= edit_row < index.row():
+            painter.setOpacity(0.4)   # dropped when the edited message is sent
+        role = index.data(MessageListModel.RoleRole)
+        streaming = bool(index.data(MessageListModel.StreamingRole))
+        bubble = self._bubble(option)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        base, text_c, accent = (pal.color(QPalette.ColorRole.Base), pal.color(QPalette.ColorRole.Text),
+                                pal.color(QPalette.ColorRole.Highlight))
+        painter.setBrush(mix(base, accent, 0.12) if role == "user" else base)
+        marked = bool(option.state & QStyle.StateFlag.State_Selected) or streaming or index.row() == edit_row
+        pen = painter.pen()
+        pen.setColor(accent if marked else mix(base, text_c, 0.15))
+        pen.setWidth(2 if streaming or index.row() == edit_row else 1)
+        painter.setPen(pen)
+        painter.drawRoundedRect(bubble, 8, 8)
+
+        head = self._header(option)
+        bold = QFont(option.font)
+        bold.setBold(True)
+        painter.setFont(bold)
+        painter.setPen(text_c)
+        painter.drawText(head, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+                         "You" if role == "user" else "Assistant")
+        buttons = self.buttons(option, index)
+        flash = getattr(view, "flash", None)
+        note_right = head.right()
+        for b in buttons:
+            copied = flash == (index.row(), b.name, b.arg)
+            self._paint_button(painter, option, b, COPIED if copied else LABELS[b.name], filled=b.name == "stop")
+            if b.name != "code":
+                note_right = min(note_right, b.rect.left() - self.GAP)
+        note = self.state_text(index)
+        if note:
+            painter.setFont(bold if streaming else option.font)
+            painter.setPen(accent if streaming else pal.color(QPalette.ColorRole.PlaceholderText))
+            painter.drawText(QRect(head.left(), head.top(), note_right - head.left(), head.height()),
+                             Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter,
+                             ("● " if streaming else "") + note)
+
+        doc = self.content(option, index).doc
+        origin = self._origin(option)
+        painter.translate(origin)
+        ctx = QAbstractTextDocumentLayout.PaintContext()
+        ctx.palette = pal
+        # Draw only what is visible: a long message is mostly off screen.
+        visible = option.rect.intersected(view.viewport().rect()) if view is not None else option.rect
+        ctx.clip = QRectF(visible.translated(-origin))
+        doc.documentLayout().draw(painter, ctx)
+        painter.translate(-origin)
+        for b in buttons:   # over the code, which was drawn after the header
+            if b.name == "code":
+                copied = flash == (index.row(), b.name, b.arg)
+                self._paint_button(painter, option, b, COPIED if copied else LABELS[b.name], filled=False)
+        painter.restore()
+
+    def _paint_button(self, painter: QPainter, option, b: Button, label: str, *, filled: bool) -> None:
+        pal = option.palette
+        accent = pal.color(QPalette.ColorRole.Highlight)
+        base = pal.color(QPalette.ColorRole.Base)
+        r = b.rect.adjusted(0, 2, 0, -2) if b.name != "code" else b.rect
+        painter.setBrush(accent if filled else mix(base, pal.color(QPalette.ColorRole.Text), 0.06))
+        painter.setPen(accent if filled else mix(base, pal.color(QPalette.ColorRole.Text), 0.25))
+        painter.drawRoundedRect(r, 5, 5)
+        painter.setFont(option.font)
+        painter.setPen(pal.color(QPalette.ColorRole.HighlightedText) if filled else pal.color(QPalette.ColorRole.Text))
+        painter.drawText(r, Qt.AlignmentFlag.AlignCenter, label)

@@ -1,0 +1,180 @@
+"""Markdown that fails gracefully: a model's broken fences, deep indents, raw HTML and
+unfinished lists never swallow the text after them into a code box, finished or while
+streaming; well-formed Markdown is left as it is; code blocks keep their source for Copy."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from PySide6.QtGui import QFont, QPalette
+
+from desktop.chat.markdown import build_document, is_prose, tidy, tidy_markdown
+
+
+def blocks(text: str) -> list[tuple[bool, str]]:
+    """(is code, text) per block of the document the chat paints for ``text``."""
+    from desktop.chat.markdown import _is_code
+
+    doc = build_document(text, QFont(), QPalette(), 600).doc
+    out, b = [], doc.begin()
+    while b.isValid():
+        out.append((_is_code(b.blockFormat()), b.text()))
+        b = b.next()
+    return out
+
+
+def as_text(text: str) -> list[str]:
+    return [t for code, t in blocks(text) if not code]
+
+
+def as_code(text: str) -> list[str]:
+    return [t for code, t in blocks(text) if code]
+
+
+# ---- the cases seen, one by one --------------------------------------------------------------
+@pytest.mark.parametrize("reply, code, text", [
+    # A fence never closed: the code ends before the prose paragraph (CommonMark: never).
+    ("Here:\n```python\nx = 1\n\nThat sets x to one.", ["x = 1"], ["Here:", "That sets x to one."]),
+    # Closed with two marks, or with text after the marks, or with fewer marks than it opened with.
+    ("```\ncode\n``\nAfter the code.", ["code"], ["After the code."]),
+    ("```\ncode\n```After the code.", ["code"], ["After the code."]),
+    ("````\ncode\n```\nAfter the code.", ["code"], ["After the code."]),
+    ("````\nx = 1\n```\n\nIn between the two.\n\n````\ny = 2\n```\n\nAfter the two.", ["x = 1", "y = 2"],
+     ["In between the two.", "After the two."]),
+    # The next block opened before this one was closed.
+    ("```python\na = 1\n```bash\nls\n```\nThe end.", ["a = 1", "ls"], ["The end."]),
+    # Four spaces in: an indented code block in CommonMark.
+    ("Tips:\n\n    Tip one is good.\n\nDone.", [], ["Tips:", "Tip one is good.", "Done."]),
+    ("- a\n\n      deep text here\n\nEnd.", [], ["a", "deep text here", "End."]),
+    ("- a\n\n          - b is nested\n\nEnd.", [], ["a", "b is nested", "End."]),
+    # Raw HTML hid everything after it.
+    ("<div>\n\nafter the div", [], ["<div>", "after the div"]),
+    ("Use <pre>\n\n<pre>\n\nmore text", [], ["Use <pre>", "<pre>", "more text"]),
+    ("<!-- a comment\n\nThe rest.", [], ["<!-- a comment", "The rest."]),
+    # An unfinished list.
+    ("1. First\n2.\n\nThen text.", [], ["First", "Then text."]),
+])
+def test_broken_markdown_keeps_the_text_after_it_as_text(qapp, reply, code, text):
+    assert as_code(reply) == code
+    assert as_text(reply) == text
+
+
+def test_well_formed_markdown_is_left_as_it_is(qapp):
+    reply = ("# Title\n\nA paragraph with `code` and **bold**.\n\n1. one\n   ```bash\n   ls\n   ```\n2. two\n"
+             "    - nested\n\n````md\n```python\nx = 1\n```\n\nDear John,\n\nThank you for the letter.\n````\n\n"
+             "| a | b |\n|---|---|\n| 1 | 2 |\n")
+    assert tidy_markdown(reply) == reply
+    # The email inside the four-backtick block stays code: a proper closing line is trusted.
+    assert "Thank you for the letter." in as_code(reply)
+
+
+def test_code_blocks_keep_their_source_for_copy(qapp):
+    reply = "Make:\n```make\nall:\n\tcc x.c\n```\n1. Then\n   ```bash\n   ls -la\n   ```\n```python\na\n```bash\nb\n```\n"
+    r = build_document(reply, QFont(), QPalette(), 600)
+    # Tabs kept (Qt shows them as spaces), the fence's indentation removed, blocks with
+    # nothing between them told apart.
+    assert [c.text for c in r.code] == ["all:\n\tcc x.c", "ls -la", "a", "b"]
+    assert tidy(reply).code == ("all:\n\tcc x.c", "ls -la", "a", "b")
+
+
+def test_a_block_being_written_is_code_until_prose_follows(qapp):
+    assert as_code("Here:\n```python\ndef f():\n    return 1\n") == ["def f():", "    return 1"]
+    # Python's comments and docstrings are not prose.
+    assert as_code("```python\nx = 1\n\n# Compute the sum.\n\n\"\"\"Adds them all up.\"\"\"\n") == [
+        "x = 1", "", "# Compute the sum.", "", '"""Adds them all up."""']
+
+
+@pytest.mark.parametrize("line, prose", [
+    ("This sets x to one.", True), ("## Explanation", True), ("1. First, install it", True),
+    ("x = 1", False), ("print(x)", False), ("# Compute the sum.", False), ("Hello world!", False),
+    ("    This is indented past the fence.", False), ("If x > 1: return y.", False)])
+def test_what_reads_as_prose(line, prose):
+    assert is_prose(line, 0) is prose
+
+
+# ---- generated replies ---------------------------------------------------------------------
+words = st.lists(st.sampled_from(["the", "river", "runs", "past", "old", "town", "walls", "at", "night"]),
+                 min_size=3, max_size=8).map(" ".join)
+code_lines = st.lists(st.sampled_from(["x = 1", "print(x)", "def f(a):", "    return a + 1", "ls -la",
+                                       "}", "for i in range(3):", "", "# a comment"]), min_size=1, max_size=4)
+
+
+@st.composite
+def prose(draw, n):
+    """A paragraph of prose with a unique marker word (so it can be found again)."""
+    return f"Zq{n} {draw(words)}{draw(st.sampled_from(['.', '!', '?', ':']))}"
+
+
+@st.composite
+def broken(draw):
+    """A piece of Markdown a model might write wrong, and the code lines that must stay code."""
+    body = draw(code_lines)
+    code = "\n".join(body)
+    # Not generated: ```` closed by ``` with other fences after it (a nested fence can look
+    # just like that; the parametrized cases above have it alone and twice).
+    kind = draw(st.sampled_from(["short", "reopen", "indent", "listdeep", "html", "list", "fine"]))
+    if kind == "short":
+        return f"```\n{code}\n``", body
+    if kind == "reopen":
+        return f"```python\n{code}\n```bash\n{code}\n```", body
+    if kind == "indent":
+        return f"    {draw(words)}", []
+    if kind == "listdeep":
+        return f"- item\n\n        {draw(words)}", []
+    if kind == "html":
+        return draw(st.sampled_from(["<div>", "<pre>", "<!-- note", "<script>"])), []
+    if kind == "list":
+        return "1. First\n2.", []
+    return f"```python\n{code}\n```", body
+
+
+@st.composite
+def reply(draw):
+    """Prose paragraphs between broken pieces; maybe an unclosed fence or a closing line with
+    text after it; returns (reply, prose paragraphs)."""
+    parts, paragraphs = [], []
+    for n in range(draw(st.integers(1, 5))):
+        if draw(st.booleans()):
+            parts.append(draw(broken())[0])
+        p = draw(prose(n))
+        paragraphs.append(p)
+        if draw(st.booleans()) and parts and parts[-1].startswith("```\n") and parts[-1].endswith("\n``"):
+            parts[-1] = parts[-1] + "`" + p   # ```Text after the marks
+        else:
+            parts.append(p)
+    if draw(st.booleans()):   # an unclosed fence, then a last paragraph
+        parts.append("```python\n" + "\n".join(draw(code_lines)))
+        paragraphs.append(draw(prose(99)))
+        parts.append(paragraphs[-1])
+    return "\n\n".join(parts), paragraphs
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=reply())
+def test_prose_after_broken_markdown_is_rendered_as_text(qapp, data):
+    text, paragraphs = data
+    shown = as_text(text)
+    for p in paragraphs:
+        assert p in shown, f"{p!r} was not shown as text in {text!r}"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=reply(), cuts=st.lists(st.floats(0, 1), min_size=1, max_size=4))
+def test_while_streaming_every_finished_paragraph_is_text(qapp, data, cuts):
+    text, paragraphs = data
+    for cut in cuts:
+        head = text[: int(len(text) * cut)]
+        shown = as_text(head)
+        for p in paragraphs:
+            if p in head:
+                assert p in shown, f"{p!r} was not shown as text while streaming {head!r}"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pieces=st.lists(broken(), min_size=1, max_size=4))
+def test_code_inside_fences_stays_code(qapp, pieces):
+    text = "\n\n".join(p for p, _ in pieces if p.startswith("```"))
+    code = as_code(text)
+    for piece, body in pieces:
+        if piece.startswith("```"):
+            for line in filter(None, body):
+                assert line in code
