@@ -216,15 +216,6 @@ class Store:
             self._drop_trailing(conv_id, roles=("assistant",))
             return self._insert(conv_id, "assistant", content, finish_reason, stats, token_ids, token_model)
 
-    def replace_last_user(self, conv_id: int, content: str) -> StoredMessage:
-        """Edit-and-resend's save: drop the last user message and everything after it, append ``content``."""
-        with self._tx():
-            row = self._db.execute(
-                "SELECT MAX(id) FROM messages WHERE conversation_id=? AND role='user'", (conv_id,)).fetchone()
-            if row[0] is not None:
-                self._db.execute("DELETE FROM messages WHERE conversation_id=? AND id>=?", (conv_id, row[0]))
-            return self._insert(conv_id, "user", content, None, None)
-
     def edit_message(self, conv_id: int, message_id: int, content: str) -> StoredMessage:
         """Edit-and-resend's save for any user message: drop message ``message_id`` and every
         message after it, and append ``content`` as a new user message, in one transaction

@@ -91,6 +91,8 @@ class ChatView(QListView):
     def edit_row(self, row: int) -> None:
         if row != self._edit_row:
             self._edit_row = row
+            if row >= 0 and self.model() is not None:
+                self.scrollTo(self.model().index(row, 0), QAbstractItemView.ScrollHint.PositionAtTop)
             self.viewport().update()
 
     def setModel(self, model) -> None:  # noqa: N802 - Qt API

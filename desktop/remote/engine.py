@@ -5,7 +5,8 @@
 batching and Stop) whose loading connects to a server when the source is a URL, and
 loads the model locally otherwise; a connected server's conversations run in
 :class:`RemoteSession`, which looks like :class:`runtime.ChatSession` to the worker
-(``send``, ``regenerate``, ``edit_last_user``, ``cancel``, runtime events out). So the
+(``send``, ``regenerate``, ``cancel``, runtime events out; an edit is a send after the
+history before the edited message). So the
 window needs no special case: it loads a source, and the source decides. Sources, the
 connection and errors in words live in :mod:`desktop.remote.client`.
 
@@ -67,8 +68,8 @@ class RemoteTurnStats(runtime.TurnStats):
 class RemoteSession:
     """A conversation on a server, shaped like :class:`runtime.ChatSession` for the worker.
 
-    The worker sets ``messages`` (the database's) before each call; ``send``,
-    ``regenerate`` and ``edit_last_user`` return iterators of runtime events
+    The worker sets ``messages`` (the database's) before each call; ``send`` and
+    ``regenerate`` return iterators of runtime events
     (:class:`runtime.TextPiece` ..., then one :class:`runtime.Finish`). :meth:`cancel`
     is thread-safe.
     """
@@ -89,12 +90,6 @@ class RemoteSession:
         while self.messages and self.messages[-1].role == "assistant":
             self.messages.pop()
         return self._generate()
-
-    def edit_last_user(self, text: str) -> Iterator["runtime.Event"]:
-        users = [i for i, m in enumerate(self.messages) if m.role == "user"]
-        if users:
-            del self.messages[users[-1]:]
-        return self.send(text)
 
     def _payload(self) -> list[dict]:
         msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []

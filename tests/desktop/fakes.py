@@ -19,7 +19,7 @@ def fake_load(source: str, device: str):
 
 
 class FakeSession:
-    """Like runtime.ChatSession: ``messages``, ``send``/``regenerate``/``edit_last_user``, ``cancel``."""
+    """Like runtime.ChatSession: ``messages``, ``send``/``regenerate``, ``cancel``."""
 
     instances: list["FakeSession"] = []
 
@@ -45,11 +45,6 @@ class FakeSession:
         while self.messages and self.messages[-1].role == "assistant":
             self.messages.pop()
         return self._generate()
-
-    def edit_last_user(self, text):
-        idx = max(i for i, m in enumerate(self.messages) if m.role == "user")
-        del self.messages[idx:]
-        return self.send(text)
 
     def _generate(self):
         self._cancel.clear()

@@ -110,15 +110,21 @@ def test_the_prompt_being_read_shows_its_progress(qtbot, make_window):
 
 
 # ---- edit any message ----------------------------------------------------------------------------
+LONG = "Answer" + "\n\nand more" * 12
+
+
 def test_edit_an_earlier_message_drops_what_came_after_and_says_so(qtbot, make_window, tmp_path):
-    w = make_window(script=["Answer"])
+    w = make_window(script=[LONG])
     conv = three_turns(qtbot, w)
     stored = w.store.messages(conv)
     assert len(stored) == 6
 
-    click(qtbot, w, 0, "edit")
+    w.chat.scrollToBottom()
+    qtbot.waitUntil(lambda: w.chat.visualRect(w.messages.index(0)).bottom() < 0)   # out of sight
+    w.edit_message(0)   # as the button does (tested on message 2 below)
     assert w.input.toPlainText() == "First question"
     assert w.chat.edit_row == 0
+    assert w.chat.visualRect(w.messages.index(0)).top() >= 0   # scrolled to the message being edited
     assert w.edit_banner.isVisible() and "drops the 5 messages after it" in w.edit_banner.text()
     # Esc cancels: nothing changed.
     w.input.setFocus()
@@ -133,7 +139,7 @@ def test_edit_an_earlier_message_drops_what_came_after_and_says_so(qtbot, make_w
     with qtbot.waitSignal(w.reply_finished, timeout=5000) as done:
         qtbot.keyClick(w.input, Qt.Key.Key_Return)
     assert done.args[0]["kind"] == "edit" and done.args[0]["text"] == "New answer"
-    want = [("user", "First question"), ("assistant", "Answer"), ("user", "Second question, edited"),
+    want = [("user", "First question"), ("assistant", LONG), ("user", "Second question, edited"),
             ("assistant", "New answer")]
     assert [(m.role, m.content) for m in w.store.messages(conv)] == want
     # The worker got the history before the edited message, then the edit.

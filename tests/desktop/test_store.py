@@ -48,13 +48,13 @@ def test_refuses_a_newer_file(tmp_path):
 def test_messages_regenerate_edit_and_export(tmp_path):
     store = Store(tmp_path / "c.sqlite3")
     conv = store.create_conversation("Trip")
-    store.add_message(conv.id, "user", "Where to?")
+    first = store.add_message(conv.id, "user", "Where to?")
     store.add_message(conv.id, "assistant", "Lyon.", finish_reason="stop", stats={"completion_tokens": 2})
     store.replace_last_reply(conv.id, "Paris.", finish_reason="length", stats={"completion_tokens": 3})
     msgs = store.messages(conv.id)
     assert [(m.role, m.content) for m in msgs] == [("user", "Where to?"), ("assistant", "Paris.")]
     assert msgs[1].finish_reason == "length" and msgs[1].stats == {"completion_tokens": 3}
-    store.replace_last_user(conv.id, "Where in Italy?")
+    store.edit_message(conv.id, first.id, "Where in Italy?")
     assert [(m.role, m.content) for m in store.messages(conv.id)] == [("user", "Where in Italy?")]
     store.add_message(conv.id, "assistant", "Rome:\n\n- the Forum")
     md = store.export_markdown(conv.id)
