@@ -153,6 +153,18 @@ def attention_kernels(device: torch.device | str) -> AttentionKernels:
     return AttentionKernels()
 
 
+def linear_path(device: torch.device | str) -> str:
+    """:func:`runtime.model.linear`'s path for matrix products on ``device``
+    (:data:`runtime.model.LINEAR_PATHS`; each also runs on the CPU when passed explicitly).
+
+    - CPU: ``"cpu"``: oneDNN's inner product for float32, float16 weights widened for
+      prefill and a float16 matrix-vector product for one token.
+    - CUDA and MPS: ``"accelerator"``: 16-bit weights take float32 activations rounded to
+      their dtype (tensor cores), everything else ``F.linear``.
+    """
+    return "cpu" if torch.device(device).type == "cpu" else "accelerator"
+
+
 def decode_mode(device: torch.device | str) -> str:
     """How one token is decoded on ``device`` (:data:`runtime.decode_step.DECODE_MODES`).
 

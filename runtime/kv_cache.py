@@ -50,18 +50,6 @@ from runtime.errors import CacheLimitError
 from runtime.kv_quant import QuantizedStorage
 
 
-def _free_bytes(device: torch.device) -> int | None:
-    """Bytes a new buffer can take on ``device`` (None if unknown).
-
-    CUDA: the driver's free memory plus what torch's caching allocator holds unused
-    (it hands that out first, so the driver's figure alone would refuse too early).
-    """
-    free = memory.free_memory_bytes(device)
-    if free is not None and device.type == "cuda":
-        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return free
-
-
 class KVCache(QuantizedStorage):
     """Per-layer K/V buffers ``(B, Hkv, capacity_i, D)`` with an explicit ``length``.
 
@@ -242,7 +230,7 @@ class KVCache(QuantizedStorage):
         need_bytes = sum((cap - old[i]) * self.layer_bytes_per_token(i) for i, cap in grow.items())
         need_bytes += max(old[i] * self.layer_bytes_per_token(i) for i in grow)
         new_bytes = sum(cap * self.layer_bytes_per_token(i) for i, cap in grow.items())
-        free = _free_bytes(self.device)
+        free = memory.free_memory_bytes(self.device)
         if free is not None and need_bytes > free:
             raise CacheLimitError(
                 f"a {max(grow.values())}-token KV cache needs {need_bytes / 2**20:,.1f} MiB more but {self.device} has "

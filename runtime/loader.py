@@ -24,7 +24,9 @@ import torch
 from runtime.config import ModelConfig
 from runtime.attention import AttentionKernels
 from runtime.decode_step import DECODE_MODES, DecodeStep
-from runtime.device import attention_kernels, compute_dtype, decode_mode, default_dtype, parse_weight_dtype, resolve_device
+from runtime.device import (
+    attention_kernels, compute_dtype, decode_mode, default_dtype, linear_path, parse_weight_dtype, resolve_device,
+)
 from runtime.errors import ModelLoadError, UnsupportedModelError
 from runtime.kv_cache import KVCache, parse_cache_dtype
 from runtime.model import Decoder
@@ -598,6 +600,7 @@ def load_model(
         raise ValueError(f"unknown compute dtype {compute!r}; use float32, bfloat16 or float16") from None
     decoder.load_weights({k: v.to(dev) for k, v in state.items()}, compute_dtype=cdtype)
     decoder.set_attention_kernels(kernels or attention_kernels(dev))
+    decoder.set_linear_path(linear_path(dev))
     decoder.eval()
     choice = None
     if dev.type == "cpu":

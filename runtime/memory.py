@@ -181,14 +181,17 @@ def weights_bytes(cfg: ModelConfig, weights_dtype: str | torch.dtype) -> int:
 def free_memory_bytes(device: str | torch.device = "cpu") -> int | None:
     """Free memory on a device in bytes (None if unknown).
 
-    CUDA: ``torch.cuda.mem_get_info`` (free bytes the driver reports); CPU: the
+    CUDA: ``torch.cuda.mem_get_info`` (free bytes the driver reports) plus what torch's
+    caching allocator holds unused (it hands that out first, so the driver's figure
+    alone would refuse a KV cache too early); CPU: the
     operating system's available memory (psutil); MPS: the recommended working set
     minus what torch has allocated.
     """
     dev = torch.device(device)
     try:
         if dev.type == "cuda":
-            return int(torch.cuda.mem_get_info(dev)[0])
+            spare = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+            return int(torch.cuda.mem_get_info(dev)[0]) + int(spare)
         if dev.type == "mps":
             return int(torch.mps.recommended_max_memory() - torch.mps.current_allocated_memory())
         import psutil

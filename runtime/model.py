@@ -105,25 +105,34 @@ def _rounded(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
     return out if bias is None else out + bias
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+#: The matrix-product paths of :func:`linear`, one per kind of device (chosen by
+#: :func:`runtime.device.linear_path`; any of them runs on the CPU when passed explicitly).
+LINEAR_PATHS = ("cpu", "accelerator")
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, path: str = "cpu"
+) -> torch.Tensor:
     """``x @ weight.T + bias``, as ``F.linear``: ``x (..., in)``, ``weight (out, in)`` -> ``(..., out)``
     in ``x``'s dtype.
 
-    - CPU, ``x`` and ``weight`` both float32 or both bfloat16: oneDNN's inner product
+    ``path`` (:data:`LINEAR_PATHS`, chosen per device by :func:`runtime.device.linear_path`):
+
+    - ``"cpu"``, ``x`` and ``weight`` both float32 or both bfloat16: oneDNN's inner product
       (the kernel PyTorch's own compiler uses for CPU linear layers), which keeps both
       cores busy on a single token (where this CPU's oneDNN has it for the dtype).
     - float32 ``x`` with 16-bit (float16 or bfloat16) ``weight``: 16-bit weights
-      computing in float32 (see :func:`runtime.device.compute_dtype`). On a GPU, and for
-      one token on the CPU, ``x`` is rounded to the weight's dtype for a 16-bit product
+      computing in float32 (see :func:`runtime.device.compute_dtype`). On the
+      ``"accelerator"`` path, and for one token on the ``"cpu"`` path, ``x`` is rounded to the weight's dtype for a 16-bit product
       (tensor cores; on the CPU torch's float16 matrix-vector kernel reads weights at
-      about 25 GB/s); on the CPU more tokens widen the weight to float32 (a transient
+      about 25 GB/s); on the ``"cpu"`` path more tokens widen the weight to float32 (a transient
       copy of one matrix), so prefill keeps float32 arithmetic.
     - Anything else, anything that needs gradients, and inside ``torch.compile``: ``F.linear``.
     """
     sixteen = x.dtype == torch.float32 and weight.dtype in (torch.float16, torch.bfloat16)
     if torch.compiler.is_compiling():  # inductor picks (and packs) its own kernels
         return _rounded(x, weight, bias) if sixteen else F.linear(x, weight.to(x.dtype), bias)
-    if x.device.type == "cpu" and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)):
+    if path == "cpu" and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)):
         if sixteen:
             if x.numel() == x.shape[-1]:  # one token
                 return _rounded(x, weight, bias)
@@ -138,10 +147,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def _kernel_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a product goes through the measured CPU kernels: float32 activations on the
-    CPU (what they were timed for), never with gradients, nor inside ``torch.compile``,
-    where inductor picks its own."""
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and not torch.compiler.is_compiling()
+    """Whether a product goes through the measured CPU kernels (set only on a CPU model, see
+    :meth:`Decoder.set_kernels`): float32 activations (what they were timed for), never
+    with gradients, nor inside ``torch.compile``, where inductor picks its own."""
+    return (x.dtype == torch.float32 and not torch.compiler.is_compiling()
             and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)))
 
 
@@ -157,6 +166,7 @@ class Linear(nn.Linear):
 
     kernels: KernelChoice | None = None
     weight_ref: WeightRef | None = None
+    path: str = "cpu"  # :data:`LINEAR_PATHS`, set by Decoder.set_linear_path
 
     def reset_parameters(self) -> None:
         pass
@@ -166,7 +176,7 @@ class Linear(nn.Linear):
             return kernel_lib.apply(self.kernels, x, self.weight_ref, self.bias)
         scale = getattr(self, "weight_scale", None)
         weight = self.weight if scale is None else _dequantized(self.weight, scale, x.dtype)
-        return linear(x, weight, self.bias)
+        return linear(x, weight, self.bias, path=self.path)
 
 
 class Embedding(nn.Embedding):
@@ -357,6 +367,7 @@ class Decoder(nn.Module):
         self.observer: AttentionObserver | None = None
         self.compute_dtype: torch.dtype = torch.float32
         self.kernels: KernelChoice | None = None
+        self.linear_path = "cpu"  # see set_linear_path
         self._head_ref: WeightRef | None = None
 
     def load_weights(self, state: dict[str, torch.Tensor], compute_dtype: torch.dtype | None = None) -> None:
@@ -500,10 +511,24 @@ class Decoder(nn.Module):
             logits = kernel_lib.apply(self.kernels, x, self._head_ref, None).float()
         else:
             head, scale = head_module.weight, getattr(head_module, "weight_scale", None)
-            logits = linear(x, head if scale is None else _dequantized(head, scale, x.dtype)).float()
+            logits = linear(x, head if scale is None else _dequantized(head, scale, x.dtype), path=self.linear_path).float()
         if self.cfg.final_softcap:
             logits = torch.tanh(logits / self.cfg.final_softcap) * self.cfg.final_softcap
         return logits
+
+    def set_linear_path(self, path: str) -> None:
+        """Run every matrix product (projections and the LM head) on :func:`linear`'s
+        ``path`` (:data:`LINEAR_PATHS`; per device: :func:`runtime.device.linear_path`).
+
+        Raises:
+            ValueError: an unknown path.
+        """
+        if path not in LINEAR_PATHS:
+            raise ValueError(f"unknown linear path {path!r}; use one of {', '.join(LINEAR_PATHS)}")
+        self.linear_path = path
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.path = path
 
     def set_attention_kernels(self, kernels: AttentionKernels) -> None:
         """Use ``kernels`` (see :class:`runtime.attention.AttentionKernels`) in every layer."""

@@ -35,3 +35,21 @@ def test_the_real_free_memory_check_passes_small_caches():
     cache = KVCache(2, 2, 8, 1024)
     cache.reserve(10)
     assert cache.capacity == 256
+
+
+def test_cuda_free_memory_counts_what_the_allocator_holds_unused(monkeypatch):
+    """The CUDA branch of the free-memory figure, on the CPU: the driver's free bytes plus
+    torch's cached-but-unused bytes (which a new KV buffer takes first)."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (3_000_000, 10_000_000))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 700_000)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 200_000)
+    assert runtime.memory.free_memory_bytes("cuda") == 3_000_000 + 500_000
+    assert runtime.memory.free_memory_bytes(torch.device("cuda", 0)) == 3_500_000
+
+
+def test_a_cuda_query_that_fails_reads_as_unknown(monkeypatch):
+    def broken(device=None):
+        raise RuntimeError("CUDA driver initialization failed")
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", broken)
+    assert runtime.memory.free_memory_bytes("cuda") is None

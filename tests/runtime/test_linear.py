@@ -95,3 +95,50 @@ def test_widened_weights_of_different_shapes_do_not_mix():
     torch.testing.assert_close(b, F.linear(x, small.float()), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(c, F.linear(x, other.float()), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(a2, a, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("wdtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_accelerator_path_rounds_the_input_for_every_row_count(monkeypatch, wdtype, rows):
+    """The GPU/MPS path (runtime.device.linear_path), run on the CPU: float32 activations
+    meet 16-bit weights in one 16-bit product whatever the number of rows (never widened,
+    never oneDNN): the result equals F.linear on the input rounded to the weight's dtype."""
+    monkeypatch.setattr(model_mod, "_widened", lambda w: pytest.fail("the accelerator path widened a weight"))
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, rows, 64, generator=g)
+    w = (torch.randn(32, 64, generator=g) / 8).to(wdtype)
+    b = torch.randn(32, generator=g)
+    with torch.inference_mode():
+        out = linear(x, w, b, path="accelerator")
+    assert out.dtype == torch.float32 and out.shape == (1, rows, 32)
+    torch.testing.assert_close(out, F.linear(x.to(wdtype), w).float() + b, rtol=0, atol=0)
+    # and that is not what the CPU path does for several rows (it widens the weight)
+    if rows > 1:
+        monkeypatch.undo()
+        with torch.inference_mode():
+            cpu = linear(x, w, b, path="cpu")
+        torch.testing.assert_close(cpu, F.linear(x, w.float(), b), rtol=1e-5, atol=1e-5)
+
+
+def test_float32_on_the_accelerator_path_is_f_linear(monkeypatch):
+    monkeypatch.setattr(model_mod, "_ONEDNN_LINEAR", {torch.float32: lambda *a: pytest.fail("oneDNN on the accelerator path")})
+    g = torch.Generator().manual_seed(6)
+    x, w = torch.randn(3, 16, generator=g), torch.randn(8, 16, generator=g)
+    with torch.inference_mode():
+        torch.testing.assert_close(linear(x, w, path="accelerator"), F.linear(x, w), rtol=0, atol=0)
+
+
+def test_a_decoder_takes_the_path_its_device_chooses():
+    from runtime.config import ModelConfig
+    from runtime.device import linear_path
+    from runtime.model import Decoder
+
+    assert (linear_path("cpu"), linear_path("cuda"), linear_path(torch.device("mps"))) == ("cpu", "accelerator", "accelerator")
+    cfg = ModelConfig(family="llama", model_type="llama", vocab_size=32, hidden_size=16, n_layers=1, n_heads=2,
+                      n_kv_heads=1, head_dim=8, intermediate_size=32, max_position_embeddings=64, norm_eps=1e-5)
+    dec = Decoder(cfg)
+    dec.set_linear_path("accelerator")
+    paths = {m.path for m in dec.modules() if isinstance(m, Linear)}
+    assert paths == {"accelerator"} and dec.linear_path == "accelerator"
+    with pytest.raises(ValueError, match="unknown linear path 'gpu'"):
+        dec.set_linear_path("gpu")
