@@ -147,6 +147,7 @@ def test_truncation_at_a_new_turn_is_marked_and_a_regenerate_crop_is_not(panel):
 def test_before_the_first_reply_and_for_a_remote_engine(panel):
     panel.redraw()
     assert "No reply yet" in panel.readout.text() and "46,080 bytes per token in float32" in panel.readout.text()
+    assert "23,040 in 16-bit, 12,240 in int8 (with its scales)." in panel.readout.text()   # 2 x 30 x 3 x (64 + 4)
     assert panel.context_line.value() == 8192
     panel.on_model({"name": "m", "device": "server x", "dtype": "", "context_limit": 4096, "remote": True})
     panel.on_stats({"conv_id": 1, "request": 1, "remote": True, "kv_cache": {}})

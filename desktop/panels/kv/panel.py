@@ -314,7 +314,8 @@ class KVPanel(QWidget):
             per = self.theoretical()
             head = "No reply yet in this conversation."
             if per:
-                head += f" This model's cache: {per['float32']:,} bytes per token in float32, {per['16-bit']:,} in 16-bit."
+                head += (f" This model's cache: {per['float32']:,} bytes per token in float32, {per['16-bit']:,} in 16-bit"
+                         + (f", {per['int8']:,} in int8 (with its scales)." if per.get("int8") else "."))
             if limit:
                 head += f"<br>Context limit {limit:,} tokens" + (f"; memory limit {mem / MIB:,.1f} MiB." if mem else ".")
             return head
