@@ -66,7 +66,7 @@ def _turns(result: subprocess.CompletedProcess) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
-def test_two_prompts_print_two_json_lines_and_reuse_the_cache(results):
+def test_two_prompts_print_two_json_lines_and_reuse_the_cache(results, default_tokenizer):
     turns = _turns(results["two-turns"])
     assert len(turns) == 2
     t1, t2 = turns
@@ -77,10 +77,13 @@ def test_two_prompts_print_two_json_lines_and_reuse_the_cache(results):
         # The CPU default: float16 weights computing (and caching) in float32.
         assert (t["device"], t["dtype"], t["compute_dtype"], t["kv_cache"]["dtype"]) == ("cpu", "float16", "float32", "float32")
     assert t1["reused_tokens"] == 0
-    # Turn 2 reuses turn 1's prompt and reply from the cache.
-    assert t2["reused_tokens"] >= t1["prompt_tokens"]
-    assert t2["prompt_tokens"] > t1["prompt_tokens"] + t1["completion_tokens"]
-    assert t2["kv_cache"]["tokens"] == t2["prompt_tokens"] + t2["completion_tokens"] - (t2["finish_reason"] == "length")
+    # Turn 2 reuses turn 1's prompt and whole reply from the cache (a length stop feeds its
+    # last token too), and prefills only the template's end-of-turn and the new message.
+    assert t2["reused_tokens"] == t1["prompt_tokens"] + t1["completion_tokens"]
+    new_part = default_tokenizer.encode(f"<|im_end|>\n<|im_start|>user\n{TURNS[1]}<|im_end|>\n<|im_start|>assistant\n",
+                                        add_special_tokens=False)
+    assert t2["prefilled_tokens"] == len(new_part)
+    assert t2["kv_cache"]["tokens"] == t2["prompt_tokens"] + t2["completion_tokens"]
 
 
 def test_rolling_at_a_128_token_context(results):
