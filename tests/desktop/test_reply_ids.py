@@ -84,3 +84,21 @@ def test_editing_the_first_of_three_turns_reuses_the_cached_prefix_and_stores_a_
     assert again.store.messages(conv) == stored
     assert [again.messages.message(r)["content"] for r in range(again.messages.rowCount())] == [
         "the cat is there", result["text"]]
+
+
+def test_an_edit_too_long_for_the_context_is_refused_in_one_line_like_a_send(qtbot, make_window, tiny):
+    w = make_window(worker=EngineWorker(load_fn=lambda source, device: tiny))
+    w.generation_overrides = {"max_new_tokens": 8, "temperature": 0.0, "overflow": "stop", "context": 40}
+    assert send_and_wait(qtbot, w, "the cat")["reason"] in ("stop", "length")
+    conv = w._conv_id
+    w.edit_message(0)
+    long = " ".join(["the cat and the dog"] * 12)   # over 40 tokens alone
+    w.input.setPlainText(long)
+    with qtbot.waitSignal(w.reply_finished, timeout=30_000) as done:
+        w.input.submit()
+    assert done.args[0]["kind"] == "edit" and done.args[0]["reason"] == "error" and done.args[0]["text"] == ""
+    assert w.notice.isVisible() and "context" in w.notice.text() and "Traceback" not in w.notice.text()
+    # As a send that fails: the message stays (no empty reply); the turn after it went with the
+    # edit, as the banner said; nothing half-stored.
+    assert [(m.role, m.content) for m in w.store.messages(conv)] == [("user", long)]
+    assert w.messages.rowCount() == 1 and not w.edit_banner.isVisible() and w.chat.edit_row == -1
