@@ -116,10 +116,10 @@ def test_a_2048_token_snapshot_renders_without_stalling_the_event_loop(qtbot, ma
     T = 2048
     snap = {"request": 0, "conv_id": 1, "layer": 3, "head": 5, "matrix": causal_rows(T),
             "tokens": [f"t{i}" for i in range(T)], "offset": 0, "total": T}
-    gaps, last = [], [time.perf_counter()]
+    gaps, last = [], [time.thread_time()]  # the GUI thread's CPU time: descheduling does not count
 
     def tick():
-        now = time.perf_counter()
+        now = time.thread_time()
         gaps.append(now - last[0])
         last[0] = now
 
@@ -170,8 +170,6 @@ def test_snapshot_hover_shows_query_key_and_weight_and_the_masked_triangle(qtbot
 
 
 # ---- live capture on a real (tiny) model, through the real worker thread ----------------------
-@pytest.mark.xfail(reason="timed out waiting for the final live frame in one full-suite run (passes alone); "
-                          "not yet diagnosed", strict=False)
 def test_live_attention_only_while_the_panel_is_open(qtbot, make_window, tiny, monkeypatch):
     seen = []   # the decoder's observer at every forward
     real = tiny.decoder.forward
@@ -244,6 +242,29 @@ def test_hiding_mid_reply_removes_the_observer_at_the_next_step(tiny):
             probe.set_active(False)
     assert observers[1] is not None and all(o is None for o in observers[4:])
     assert tiny.decoder.observer is None and probe.last_context(1)
+
+
+def test_a_reply_whose_every_step_sent_a_frame_still_sends_the_final_one(tiny, monkeypatch):
+    """When each step takes longer than the live interval (a busy machine), every step's
+    frame goes out; the Finish must still send one marked final (the panel waits for it)."""
+    from desktop.panels.attention import probe as probe_mod
+    from runtime import ChatSession, GenerationSettings, SamplingParams
+
+    monkeypatch.setattr(probe_mod, "LIVE_INTERVAL_S", 0.0)
+
+    class Stub:
+        model = tiny
+        live_attention = None
+
+    probe = AttentionProbe(Stub())
+    frames = []
+    probe.live.connect(frames.append)
+    probe.set_active(True)
+    s = ChatSession(tiny, settings=GenerationSettings(sampling=SamplingParams(temperature=0.0), max_new_tokens=5,
+                                                      context_limit=128))
+    list(probe.wrap(1, s, s.send("the")))
+    assert len(frames) >= 2 and [f["final"] for f in frames].count(True) == 1 and frames[-1]["final"]
+    assert len(frames[-1]["tokens"]) == len(probe.last_context(1))
 
 
 def test_snapshot_atlas_formula_and_export_through_the_worker(qtbot, make_window, tiny, tmp_path):

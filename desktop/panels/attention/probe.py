@@ -116,9 +116,11 @@ class AttentionProbe(QObject):
                 elif not on and cap is not None:
                     cap.__exit__(None, None, None)
                     cap = None
-                if cap is not None and cap.version != seen:
+                final = isinstance(ev, runtime.Finish)
+                # The final frame goes out even when the last step's frame already did (a
+                # slow step, over LIVE_INTERVAL_S, emits every frame): the panel waits for it.
+                if cap is not None and (final or cap.version != seen):
                     now = time.perf_counter()
-                    final = isinstance(ev, runtime.Finish)
                     if final or now - last >= LIVE_INTERVAL_S:
                         self._emit_live(conv_id, session, cap, final)
                         seen, last = cap.version, now
