@@ -22,9 +22,14 @@ the weights). The variants change ``inv_freq`` (and for two of them scale cos/si
   blend between.
 
 Formulas as in transformers' ``modeling_rope_utils`` (the reference our tests compare
-with), computed in float64 here and rounded once to float32. ``dynamic`` and
-``longrope`` depend on the sequence length: a forward over positions ``.. end-1`` uses
-``seq_len = end`` for all its tokens, as transformers does.
+with), in float32 and in transformers' order of operations: ``inv_freq`` from a float32
+power, angles ``position * inv_freq`` rounded to float32, float32 cos/sin. The model was
+trained with float32 angles too (Gemma's JAX code, llama.cpp compute them so); float64
+angles differ from these by up to ~1e-4 rad at position 1,200, which moved Gemma 3
+270M's float32 logits 2.3e-3 away from transformers' (7.5e-5 with float32 angles;
+measured on an AMD EPYC Zen 3). ``dynamic`` and ``longrope`` depend on the sequence
+length: a forward over positions ``.. end-1`` uses ``seq_len = end`` for all its
+tokens, as transformers does.
 """
 from __future__ import annotations
 
@@ -136,33 +141,34 @@ class RopeSpec:
 
 
 def inverse_frequencies(spec: RopeSpec, head_dim: int, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
-    """``inv_freq`` ``(rotary_dim / 2,)`` float64 (radians per position) and the cos/sin scale.
+    """``inv_freq`` ``(rotary_dim / 2,)`` float32 (radians per position) and the cos/sin scale.
 
     ``seq_len``: the length of the sequence so far (``dynamic``, ``longrope``); ``None``
-    means within the trained context.
+    means within the trained context. Float32 operations in transformers' order (see the
+    module docstring).
     """
     dim = spec.rotary_dim(head_dim)
-    exponent = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # (dim / 2,)
+    exponent = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim  # (dim / 2,) float32
     base = spec.theta
     scale = 1.0
     if spec.type == "dynamic":
         L = max(seq_len or 0, spec.max_positions)
         base = base * ((spec.factor * L / spec.max_positions) - (spec.factor - 1)) ** (dim / (dim - 2))
+    if spec.type == "yarn":
+        return _yarn(base ** exponent, spec, dim)
+    if spec.type == "longrope":
+        factor = spec.factor or spec.max_positions / spec.original_max_positions
+        long = seq_len is not None and seq_len > spec.original_max_positions
+        ext = torch.tensor(spec.long_factor if long else spec.short_factor, dtype=torch.float32)
+        scale = spec.attention_factor or (
+            1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(spec.original_max_positions))
+        )
+        return 1.0 / (ext * base ** exponent), scale
     inv_freq = 1.0 / (base ** exponent)
     if spec.type == "linear":
         inv_freq = inv_freq / spec.factor
     elif spec.type == "llama3":
         inv_freq = _llama3(inv_freq, spec)
-    elif spec.type == "yarn":
-        inv_freq, scale = _yarn(inv_freq, spec, dim)
-    elif spec.type == "longrope":
-        factor = spec.factor or spec.max_positions / spec.original_max_positions
-        long = seq_len is not None and seq_len > spec.original_max_positions
-        ext = torch.tensor(spec.long_factor if long else spec.short_factor, dtype=torch.float64)
-        inv_freq = inv_freq / ext
-        scale = spec.attention_factor or (
-            1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(spec.original_max_positions))
-        )
     return inv_freq, scale
 
 
@@ -177,7 +183,8 @@ def _llama3(inv_freq: torch.Tensor, spec: RopeSpec) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def _yarn(inv_freq: torch.Tensor, spec: RopeSpec, dim: int) -> tuple[torch.Tensor, float]:
+def _yarn(pos_freqs: torch.Tensor, spec: RopeSpec, dim: int) -> tuple[torch.Tensor, float]:
+    """``pos_freqs``: ``theta ** (2i / d)``, float32."""
     factor = spec.factor or spec.max_positions / spec.original_max_positions
 
     def mscale(scale: float, m: float = 1.0) -> float:
@@ -197,9 +204,10 @@ def _yarn(inv_freq: torch.Tensor, spec: RopeSpec, dim: int) -> tuple[torch.Tenso
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # no zero-width ramp
-    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
     extrapolation = 1 - ramp  # 1: keep the frequency, 0: interpolate it
-    return (inv_freq / factor) * (1 - extrapolation) + inv_freq * extrapolation, attn
+    kept, interpolated = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    return interpolated * (1 - extrapolation) + kept * extrapolation, attn
 
 
 def rope_tables(
@@ -211,10 +219,10 @@ def rope_tables(
     tables carry their cos/sin scale.
     """
     inv_freq, scale = inverse_frequencies(spec, head_dim, seq_len)
-    pos = torch.arange(start, end, dtype=torch.float64)
-    freqs = torch.outer(pos, inv_freq)  # (T, rotary_dim / 2)
+    pos = torch.arange(start, end, dtype=torch.int64).float()
+    freqs = pos[:, None] * inv_freq[None, :]  # (T, rotary_dim / 2), float32 angles as transformers'
     emb = torch.cat([freqs, freqs], dim=-1)  # (T, rotary_dim)
-    return (emb.cos() * scale).float(), (emb.sin() * scale).float()
+    return emb.cos() * scale, emb.sin() * scale
 
 
 def rotation_by(spec: RopeSpec, head_dim: int, delta: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,6 +233,7 @@ def rotation_by(spec: RopeSpec, head_dim: int, delta: int) -> tuple[torch.Tensor
     context, which a cache shift never reaches in practice).
     """
     inv_freq, _ = inverse_frequencies(spec, head_dim)
+    inv_freq = inv_freq.double()
     emb = torch.cat([inv_freq, inv_freq]) * delta
     return emb.cos().float(), emb.sin().float()
 
