@@ -26,7 +26,7 @@ lint: venv
 
 test: venv
 	$(VENV)/bin/lint-imports
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q --durations=25
 
 # The packaged app: PyInstaller's one folder (dist/attnchat/, the default model inside),
 # then dist/attnchat_<version>_<arch>.deb and dist/attnchat-<version>-linux-<arch>.tar.gz.
