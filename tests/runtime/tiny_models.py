@@ -159,13 +159,15 @@ def _more_config(family: str, llama_like: dict):
     raise ValueError(family)
 
 
-def make_tiny_model(tmp_dir, family: str, *, max_positions: int = 128) -> Path:
+def make_tiny_model(tmp_dir, family: str, *, max_positions: int = 128, overrides: dict | None = None) -> Path:
     """Build a tiny seeded random ``family`` model and save it to ``tmp_dir / family``.
 
     Args:
         tmp_dir: a folder (e.g. pytest's ``tmp_path``); the model goes in a subfolder.
         family: one of :data:`FAMILIES` or :data:`MORE_FAMILIES`.
         max_positions: the model's maximum context (tokens).
+        overrides: config attributes set before the model is built (e.g. Gemma 3's
+            ``layer_types``).
 
     Returns:
         The folder: config.json, model.safetensors and tokenizer files.
@@ -175,6 +177,8 @@ def make_tiny_model(tmp_dir, family: str, *, max_positions: int = 128) -> Path:
 
     tok = make_tokenizer()
     cfg = _config(family, len(tok), tok.eos_token_id, tok.bos_token_id, max_positions)
+    for name, value in (overrides or {}).items():
+        setattr(cfg, name, value)
     assert cfg.vocab_size == len(tok)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg).float().eval()
