@@ -411,6 +411,35 @@ class KVCache(QuantizedStorage):
         self.length = 0
         self.start = [0] * self.n_layers
 
+    @torch.inference_mode()
+    def shrink_to_fit(self) -> int:
+        """Reallocate each layer's buffers at the smallest chunk multiple that holds the
+        tokens it holds now (``length - start[i]``; :meth:`release` when ``length`` is 0);
+        nothing is dropped, so reads, :meth:`crop_point` and the next :meth:`reserve` act
+        as before. For an idle cache (a pooled server session): a long reply's buffers
+        otherwise stay at their peak.
+
+        Returns:
+            the bytes freed (:attr:`allocated_bytes` before minus after).
+        """
+        before = self.allocated_bytes
+        if self.length == 0:
+            self.release()
+            return before
+        for i in range(len(self.k)):
+            held = self.length - self.start[i]
+            cap = self._target(i, max(held, 1))
+            if cap >= self.k[i].shape[2]:
+                continue
+            for plane in self._planes():
+                buf = plane[i]
+                with torch.inference_mode(False):  # normal tensors, as reserve() makes them
+                    small = torch.zeros((*buf.shape[:2], cap, buf.shape[3]), dtype=buf.dtype, device=buf.device)
+                small[:, :, :held].copy_(buf[:, :, :held])
+                plane[i] = small
+        self._read_k = self._read_v = None  # sized for the largest layer: re-made on the next read
+        return before - self.allocated_bytes
+
     def release(self) -> None:
         """Free the buffers (``length = capacity = 0``)."""
         self.k, self.v, self.k_scale, self.v_scale = [], [], [], []

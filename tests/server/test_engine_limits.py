@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 
 import httpx2 as httpx
 import pytest
@@ -54,6 +55,39 @@ def test_another_conversation_never_reuses_a_cache(tiny):
         history = [Message("user", "who are you"), Message("assistant", first.text)]
         second = _run(engine, *_job("and then what", history))
         assert second.stats.reused_tokens >= first.stats.prompt_tokens
+    finally:
+        engine.close()
+
+
+def test_an_idle_session_keeps_only_the_cache_it_needs(tmp_path, monkeypatch):
+    """A long conversation (a 512-slot cache), then a short one on the same pooled session
+    (reset: the long one's buffers stay allocated): once idle, the cache shrinks to one
+    256-token chunk, and the freed memory is handed back to the OS."""
+    from attnchat import serve_engine
+
+    trims: list[int] = []
+    monkeypatch.setattr(serve_engine, "_give_back_heap", lambda: trims.append(1))
+    model = load_model(make_tiny_model(tmp_path, "llama", max_positions=1024), device="cpu", dtype="float32")
+    engine = Engine(model, settings=GenerationSettings(context_limit=1024), sessions=1, pool_bytes=1 << 30)
+    try:
+        per_token = engine._pool[0].cache.bytes_per_token
+
+        def trimmed(n: int) -> None:  # the pool is trimmed after the reply was sent
+            deadline = time.monotonic() + 30
+            while len(trims) < n:
+                assert time.monotonic() < deadline, "the heap was not given back"
+                time.sleep(0.01)
+
+        long = _run(engine, *_job("who are you " * 60))
+        assert 256 < long.stats.prompt_tokens < 500
+        trimmed(1)  # after a prefill over 256 tokens
+        assert engine.memory()["kv_allocated_bytes"] == 512 * per_token  # it holds all of them
+        short = _run(engine, *_job("who"))
+        assert short.stats.reused_tokens == 0
+        trimmed(2)  # the shrink freed bytes
+        held = short.stats.prompt_tokens + short.stats.completion_tokens
+        assert engine.memory() == {"kv_used_bytes": pytest.approx(held * per_token, abs=per_token),
+                                   "kv_allocated_bytes": 256 * per_token}
     finally:
         engine.close()
 
