@@ -55,9 +55,10 @@ class AttentionProbe(QObject):
     Signals (every result dict carries its ``request`` id):
         live: ``{"conv_id", "weights": float32 (L, H, Tk), "tokens": [str] (Tk), "final": bool}``.
         snapshot_ready: ``{"request", "conv_id", "layer", "head", "matrix": float32 (T, T),
-            "tokens": [str] (T), "offset": first token's position in the conversation, "total"}``.
+            "window": the layer's sliding window (tokens) or None, "tokens": [str] (T),
+            "offset": first token's position in the conversation, "total"}``.
         atlas_ready: ``{"request", "model", "induction": float32 (L, H), "previous_token": (L, H),
-            "repeat_len", "batch"}``.
+            "repeat_len", "batch", "windows": each layer's sliding window or None}``.
         numbers_ready: ``runtime.FormulaSteps`` as a dict, plus ``request``, ``conv_id``,
             ``tokens`` (the key tokens' texts), ``query_token``, ``offset``, ``total``.
         failed: ``(request, one line)``.
@@ -204,7 +205,7 @@ class AttentionProbe(QObject):
             window = ids[offset:]
             matrix = self._layer_attention(model, window, layer).matrix(head).numpy().astype(np.float32, copy=False)
             self.snapshot_ready.emit({"request": request, "conv_id": conv_id, "layer": layer, "head": head,
-                                      "matrix": matrix, "tokens": self._tokens(model, window),
+                                      "matrix": matrix, "window": model.config.window(layer), "tokens": self._tokens(model, window),
                                       "offset": offset, "total": len(ids)})
         self._run(request, go)
 
@@ -234,6 +235,7 @@ class AttentionProbe(QObject):
             if key not in self._atlas:
                 s = runtime.head_scores(model, repeat_len=self.REPEAT_LEN, batch=self.BATCH)
                 self._atlas[key] = {"model": model.name, "repeat_len": self.REPEAT_LEN, "batch": self.BATCH,
+                                    "windows": list(model.config.windows),
                                     "induction": np.asarray(s.induction, dtype=np.float32),
                                     "previous_token": np.asarray(s.previous_token, dtype=np.float32)}
             self.atlas_ready.emit({**self._atlas[key], "request": request})

@@ -39,24 +39,43 @@ def entropy_bits(w: np.ndarray) -> np.ndarray:
     return (-terms.sum(axis=-1)).astype(np.float32)
 
 
-def prepare_matrix(m: np.ndarray, *, hide_first: bool = False, renormalise: bool = False) -> np.ndarray:
+def prepare_matrix(m: np.ndarray, *, hide_first: bool = False, renormalise: bool = False,
+                   window: int | None = None) -> np.ndarray:
     """The snapshot's values as drawn, from causal ``(T, T)`` weights (zero above the diagonal):
     ``hide_first`` drops key 0 (the attention sink, Xiao et al. 2023) -> ``(T, T-1)``;
     ``renormalise`` divides each row by its sum over the keys shown (a row with nothing
     left, query 0 without key 0, stays 0). The causal mask is drawn by the heatmap
-    (``causal=1`` with ``hide_first``, else 0), not stored here: one pass over 4 million cells."""
+    (``causal=1`` with ``hide_first``, else 0), not stored here: one pass over 4 million cells.
+    ``window`` (a sliding layer's, in tokens): the keys out of each query's window
+    (key ``j <= i - window``) become ``NaN``, drawn masked like the causal triangle."""
     out = np.asarray(m, dtype=np.float32)
     if hide_first:
         out = out[:, 1:]
     if renormalise:
         s = out.sum(axis=1, keepdims=True)
         out = np.divide(out, s, out=np.zeros(out.shape, dtype=np.float32), where=s > 0)
+    if window is not None and window < out.shape[0]:
+        first = 1 if hide_first else 0
+        rows = np.arange(out.shape[0])[:, None]
+        keys = np.arange(out.shape[1])[None, :] + first
+        out = np.where(keys <= rows - window, np.float32(np.nan), out)  # a new array: m is never written to
     return out
 
 
 def quote(tok: str) -> str:
     """A token in curly quotes, HTML-escaped, newlines shown (for rich-text labels)."""
     return "“" + html.escape(display_token(tok)) + "”"
+
+
+def _layer_list(layers: list[int]) -> str:
+    """``[0, 1, 2, 4]`` -> ``"0–2, 4"``."""
+    runs: list[list[int]] = []
+    for i in layers:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs)
 
 
 def _head_name(head) -> str:
@@ -234,8 +253,8 @@ class SnapshotView(QWidget):
         job, opts = self._job, (self.hide_first.isChecked(), self.renormalise.isChecked())
 
         def prepare():
-            shown = prepare_matrix(s["matrix"], hide_first=opts[0], renormalise=opts[1])
-            return shown, (float(shown.max()) if shown.size else 0.0) or 1.0
+            shown = prepare_matrix(s["matrix"], hide_first=opts[0], renormalise=opts[1], window=s.get("window"))
+            return shown, (float(np.nanmax(shown)) if shown.size else 0.0) or 1.0
 
         if s["matrix"].size <= SYNC_CELLS:
             self._show(job, s, opts, prepare())
@@ -254,8 +273,9 @@ class SnapshotView(QWidget):
         self.scale.set_scale(vmax, gamma, "re-normalised weight" if opts[1] else "weight")
         T = s["matrix"].shape[0]
         part = f"the last {T:,} of {s['total']:,} tokens" if s["offset"] else f"{T:,} tokens"
+        slides = f"; this layer slides: each token sees the {s['window']:,} newest" if s.get("window") else ""
         self.caption.setText(f"Layer {s['layer']} · {_head_name(s['head'])} · {part} "
-                             f"(rows: query tokens, columns: key tokens; grey: masked)")
+                             f"(rows: query tokens, columns: key tokens; grey: masked{slides})")
 
     def _hover(self, i: int, j: int) -> None:
         s = self.snap
@@ -267,6 +287,9 @@ class SnapshotView(QWidget):
         head = f"query #{off + i} {quote(tok[i])} → key #{off + k} {quote(tok[k])}: "
         if k > i:
             self.readout.setText(head + "masked (a token never sees later tokens)")
+            return
+        if s.get("window") and k <= i - s["window"]:
+            self.readout.setText(head + f"masked (out of this layer's {s['window']:,}-token window)")
             return
         extra = f" (re-normalised {self.shown[i, j]:.4f})" if self._opts[1] else ""
         self.readout.setText(head + f"weight {s['matrix'][i, k]:.4f}{extra}")
@@ -332,8 +355,11 @@ class AtlasView(QWidget):
                 it = QListWidgetItem(f"L{l}.H{h}  {name}  {v:.3f}")
                 it.setData(Qt.ItemDataRole.UserRole, (l, h))
                 self.top.addItem(it)
+        blind = [i for i, w in enumerate(scores.get("windows") or ()) if w is not None and w <= scores["repeat_len"]]
+        note = (f" Layers {_layer_list(blind)} slide with a window shorter than one copy: they cannot score "
+                "induction." if blind else "")
         self.caption.setText(f"{scores['model']}: mean attention over {scores['batch']} sequences of "
-                             f"{scores['repeat_len']} random tokens repeated twice (Olsson et al. 2022). "
+                             f"{scores['repeat_len']} random tokens repeated twice (Olsson et al. 2022).{note} "
                              "Click a head to choose it.")
 
     def top_heads(self, kind: str, n: int) -> list[tuple[int, int, float]]:
