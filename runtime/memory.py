@@ -265,6 +265,7 @@ def plan(
     weights_dtype: str | torch.dtype | None = None,
     device: str | torch.device = "cpu",
     windows: Sequence[int | None] | None = None,
+    n_heads: int | None = None,
 ) -> MemoryPlan:
     """Plan the memory of a model at a context length.
 
@@ -279,6 +280,8 @@ def plan(
         device: whose free memory to report.
         windows: per layer its sliding window in tokens or None (from ``config`` when
             given); default every layer full.
+        n_heads: query heads per layer (from ``config`` when given): adds the
+            multi-head row to :attr:`MemoryPlan.variants`.
 
     Raises:
         ValueError: non-positive numbers, an unknown dtype, a window list of the wrong length.
@@ -318,7 +321,7 @@ def plan(
         fits_device=None if free is None else total <= free,
         layer_types=layer_type_figures(windows, kv_heads, head_dim, eb, context, sb),
         variants=attention_variants(windows, kv_heads, head_dim, eb, context,
-                                    n_heads=config.n_heads if config is not None else None, scale_bytes=sb),
+                                    n_heads=config.n_heads if config is not None else n_heads, scale_bytes=sb),
     )
 
 

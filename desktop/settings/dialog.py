@@ -23,7 +23,7 @@ from PySide6.QtCore import QEvent, Signal
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (
     QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QPlainTextEdit,
-    QPushButton, QSpinBox, QTabWidget, QVBoxLayout, QWidget,
+    QPushButton, QScrollArea, QSpinBox, QTabWidget, QVBoxLayout, QWidget,
 )
 
 import runtime
@@ -79,6 +79,14 @@ class _Field(QWidget):
         self.editor.setToolTip(reason or "")
 
 
+def _scrolled(page: QWidget) -> QScrollArea:
+    area = QScrollArea()
+    area.setWidgetResizable(True)
+    area.setFrameShape(QScrollArea.Shape.NoFrame)
+    area.setWidget(page)
+    return area
+
+
 def _note(text: str) -> QLabel:
     label = QLabel(text)
     label.setWordWrap(True)
@@ -112,7 +120,8 @@ class SettingsDialog(QDialog):
         self.fields: dict[str, _Field] = {}
         self.errors: dict[str, str] = {}
         self.tabs = QTabWidget()
-        self.tabs.addTab(self._context_tab(), "Context && memory")
+        # Scrolled: the memory plan and its comparison of attention variants need the height.
+        self.tabs.addTab(_scrolled(self._context_tab()), "Context && memory")
         self.tabs.addTab(self._generation_tab(), "Generation")
         self.tabs.addTab(self._model_tab(), "Model")
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Apply

@@ -13,6 +13,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QLabel, QSpinBox, QVBoxLayout, QWidget
 
 import runtime
+from desktop.settings.variants_table import VariantsTable
 
 __all__ = ["MemoryPlanner", "fmt_mib", "resolve_device"]
 
@@ -42,6 +43,15 @@ def resolve_device(device: str, devices: list[str], model: dict | None = None) -
         if found:
             return found[0]
     return "cpu"
+
+
+def _layers_text(layers: int, windows) -> str:
+    """``"18 layers"``, or ``"18 layers (15 slide over 512 tokens)"``."""
+    sliding = [w for w in windows or () if w is not None]
+    if not sliding:
+        return f"{layers} layers"
+    sizes = sorted(set(sliding))
+    return f"{layers} layers ({len(sliding)} slide over {', '.join(f'{w:,}' for w in sizes)} tokens)"
 
 
 class MemoryPlanner(QGroupBox):
@@ -112,6 +122,8 @@ class MemoryPlanner(QGroupBox):
             self.figures.addRow(title, label)
         self._titles = {key: self.figures.labelForField(lbl) for key, lbl in self.rows.items()}
         outer.addLayout(self.figures)
+        self.variants = VariantsTable()  # multi-head vs grouped-query vs multi-query vs sliding window
+        outer.addWidget(self.variants)
         self.source.setCurrentIndex(self.LOADED if model else self.NUMBERS)
         if not model:
             self.source.model().item(self.LOADED).setEnabled(False)
@@ -158,13 +170,17 @@ class MemoryPlanner(QGroupBox):
             cdtype = str(runtime.compute_dtype(device, wdtype)).removeprefix("torch.")
         else:
             cdtype = cache_dtype
+        windows, n_heads = None, None
         if m:
             layers, kv_heads, head_dim = int(m["n_layers"]), int(m["n_kv_heads"]), int(m["head_dim"])
             context = min(context or int(m["context_limit"]), int(m["context_limit"]))
             weights = m.get("weights_bytes")
             if weights and m.get("dtype") in runtime.CACHE_DTYPES:
                 weights = weights * runtime.element_bytes(wdtype) // runtime.element_bytes(m["dtype"])
-            shape = f"{m.get('name', 'model')}: {layers} layers × {kv_heads} KV heads × {head_dim} dims"
+            # Sliding layers hold at most their window (Gemma 3: 15 of 18 layers, 512 tokens).
+            windows = m.get("layer_windows") if len(m.get("layer_windows") or ()) == layers else None
+            n_heads = m.get("n_heads")
+            shape = f"{m.get('name', 'model')}: {_layers_text(layers, windows)} × {kv_heads} KV heads × {head_dim} dims"
         else:
             layers, kv_heads, head_dim = self.layers.value(), self.kv_heads.value(), self.head_dim.value()
             context = self.context.value()
@@ -172,10 +188,13 @@ class MemoryPlanner(QGroupBox):
             shape = f"{layers} layers × {kv_heads} KV heads × {head_dim} dims"
         try:
             p = runtime.plan(layers=layers, kv_heads=kv_heads, head_dim=head_dim, cache_dtype=cdtype,
-                             context=context, budget_bytes=budget_bytes, device="cpu")
+                             context=context, budget_bytes=budget_bytes, device="cpu", windows=windows,
+                             n_heads=n_heads)
         except ValueError as e:
             self.rows["model"].setText(str(e))
+            self.variants.clear("Attention variants: no plan (see above).")
             return None
+        self.variants.set_variants(p.variants, context=context, cache_dtype=p.cache_dtype, layers=layers)
         self.last_plan = p
         free = self.free_bytes(device)
         r = self.rows
@@ -205,7 +224,8 @@ class MemoryPlanner(QGroupBox):
             r["in_free"].setText("unknown")
         else:
             room = free - (0 if resident or not weights else weights)
-            n = max(room, 0) // p.kv_bytes_per_token
+            n = runtime.plan(layers=layers, kv_heads=kv_heads, head_dim=head_dim, cache_dtype=cdtype, context=1,
+                             budget_bytes=max(room, 0), device="cpu", windows=windows).max_context_in_budget
             limit = int(m["context_limit"]) if m else None
             r["in_free"].setText(f"{n:,} tokens" + ("" if resident else " after the weights" if weights else "")
                                  + (f" (the model stops at {limit:,})" if limit and n > limit else ""))
