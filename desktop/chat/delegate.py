@@ -3,8 +3,10 @@
 The header of every bubble carries its actions as small buttons: Copy (every message),
 Edit (a user message), Regenerate (the last reply); the reply being written shows instead
 a coloured state ("Reading the prompt… 40%", then "Writing…") and a Stop button. Each code
-block has a "Copy code" button at its top right. :meth:`MessageDelegate.hit` maps a point
-to the button under it, with the geometry :meth:`MessageDelegate.paint` used.
+block has a "Copy code" button at its top right (the block's first line wraps before it).
+In a narrow column the header's note moves under the name rather than over it
+(:class:`Header`). :meth:`MessageDelegate.hit` maps a point to the button under it, with the
+geometry :meth:`MessageDelegate.paint` used.
 
 Laid-out documents (:func:`desktop.chat.markdown.build_document`) are kept in a small
 cache, so repainting and relayout cost a dictionary lookup for unchanged rows.
@@ -16,13 +18,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from PySide6.QtCore import QModelIndex, QPoint, QRect, QRectF, QSize, Qt
-from PySide6.QtGui import QAbstractTextDocumentLayout, QFont, QPainter, QPalette
+from PySide6.QtGui import QAbstractTextDocumentLayout, QFont, QFontMetrics, QPainter, QPalette
 from PySide6.QtWidgets import QListView, QStyle, QStyledItemDelegate, QStyleOptionViewItem
 
-from desktop.chat.markdown import Rendered, build_document, mix
+from desktop.chat.markdown import Rendered, build_document, code_tint, mix
 from desktop.chat.messages import MessageListModel, describe_finish
 
-__all__ = ["Button", "MessageDelegate", "MARKDOWN_LIMIT"]
+__all__ = ["Button", "Header", "MessageDelegate", "MARKDOWN_LIMIT"]
 
 #: Past this many characters a message is shown as plain text: Markdown layout of a
 #: huge paste costs more than it is worth (and a paste is rarely Markdown).
@@ -41,6 +43,22 @@ class Button:
     name: str
     rect: QRect
     arg: int = -1
+
+
+@dataclass(frozen=True)
+class Header:
+    """A bubble's header as painted (viewport coordinates): who wrote it (``name``, elided
+    to fit), the note (:meth:`MessageDelegate.state_text`, "" when none) and the header's
+    buttons. The note sits between the name and the buttons when it fits there whole, else
+    on a second line under them (``lines`` == 2), elided only if even that line is too
+    narrow: no two of these rectangles ever intersect."""
+
+    name: str
+    name_rect: QRect
+    note: str
+    note_rect: QRect
+    buttons: list[Button]
+    lines: int
 
 
 class MessageDelegate(QStyledItemDelegate):
@@ -66,7 +84,8 @@ class MessageDelegate(QStyledItemDelegate):
         if got is not None:
             self._docs.move_to_end(key)
             return got
-        got = build_document(text, font, palette, width, plain=len(text) > MARKDOWN_LIMIT)
+        reserve = self._code_button_width(QFontMetrics(font)) + self.GAP
+        got = build_document(text, font, palette, width, plain=len(text) > MARKDOWN_LIMIT, code_reserve=reserve)
         self._docs[key] = got
         while len(self._docs) > self.CACHE:
             self._docs.popitem(last=False)
@@ -88,19 +107,54 @@ class MessageDelegate(QStyledItemDelegate):
     def _text_width(self, option: QStyleOptionViewItem) -> int:
         return self._row_width(option) - 2 * (self.MARGIN + self.PAD)
 
-    def _header_height(self, option: QStyleOptionViewItem) -> int:
+    def _line_height(self, option: QStyleOptionViewItem) -> int:
         return option.fontMetrics.height() + 6
 
     def _bubble(self, option: QStyleOptionViewItem) -> QRect:
         return option.rect.adjusted(self.MARGIN, self.MARGIN, -self.MARGIN, -self.MARGIN)
 
-    def _header(self, option: QStyleOptionViewItem) -> QRect:
+    def _header_line(self, option: QStyleOptionViewItem) -> QRect:
+        """The header's first line: the name, the note when it fits, the buttons."""
         b = self._bubble(option)
         return QRect(b.left() + self.PAD, b.top() + self.PAD // 2 + 1, b.width() - 2 * self.PAD,
-                     self._header_height(option))
+                     self._line_height(option))
 
-    def _origin(self, option: QStyleOptionViewItem) -> QPoint:
-        return QPoint(self._bubble(option).left() + self.PAD, self._header(option).bottom() + 3)
+    def header(self, option: QStyleOptionViewItem, index: QModelIndex) -> Header:
+        """Where the header's parts go (see :class:`Header`)."""
+        line = self._header_line(option)
+        fm = option.fontMetrics
+        bold = QFont(option.font)
+        bold.setBold(True)
+        bold_fm = QFontMetrics(bold)
+        buttons: list[Button] = []
+        right = line.right()
+        for name in reversed(self.names(index)):
+            w = max(fm.horizontalAdvance(LABELS[name]), fm.horizontalAdvance(COPIED)) + 14
+            buttons.insert(0, Button(name, QRect(right - w + 1, line.top(), w, line.height())))
+            right -= w + self.GAP
+        end = (buttons[0].rect.left() - self.GAP) if buttons else line.right() + 1   # first x past the text
+        who = "You" if index.data(MessageListModel.RoleRole) == "user" else "Assistant"
+        name = bold_fm.elidedText(who, Qt.TextElideMode.ElideRight, max(0, end - line.left()))
+        name_rect = QRect(line.left(), line.top(), bold_fm.horizontalAdvance(name), line.height())
+        streaming = bool(index.data(MessageListModel.StreamingRole))
+        note = self.state_text(index)
+        if not note:
+            return Header(name, name_rect, "", QRect(), buttons, 1)
+        note = ("● " if streaming else "") + note
+        note_fm = bold_fm if streaming else fm
+        w = note_fm.horizontalAdvance(note)
+        if name_rect.right() + 1 + self.GAP + w <= end:   # fits between the name and the buttons
+            return Header(name, name_rect, note, QRect(end - w, line.top(), w, line.height()), buttons, 1)
+        note = note_fm.elidedText(note, Qt.TextElideMode.ElideRight, line.width())
+        rect = QRect(line.left(), line.bottom() + 1, note_fm.horizontalAdvance(note), line.height())
+        return Header(name, name_rect, note, rect, buttons, 2)
+
+    def _header_height(self, option: QStyleOptionViewItem, index: QModelIndex) -> int:
+        return self.header(option, index).lines * self._line_height(option)
+
+    def _origin(self, option: QStyleOptionViewItem, index: QModelIndex) -> QPoint:
+        line = self._header_line(option)
+        return QPoint(self._bubble(option).left() + self.PAD, line.top() + self._header_height(option, index) + 2)
 
     def content(self, option, index) -> Rendered:
         return self.rendered(index.data(MessageListModel.ContentRole) or " ", self._text_width(option),
@@ -120,23 +174,21 @@ class MessageDelegate(QStyledItemDelegate):
     def buttons(self, option: QStyleOptionViewItem, index: QModelIndex) -> list[Button]:
         """Every button of the message at ``option.rect``: the header's, then "Copy code" per code block."""
         fm = option.fontMetrics
-        head = self._header(option)
-        out: list[Button] = []
-        right = head.right()
-        for name in reversed(self.names(index)):
-            w = max(fm.horizontalAdvance(LABELS[name]), fm.horizontalAdvance(COPIED)) + 14
-            out.insert(0, Button(name, QRect(right - w + 1, head.top(), w, head.height())))
-            right -= w + self.GAP
+        out = list(self.header(option, index).buttons)
         rendered = self.content(option, index)
         if rendered.code:
             layout = rendered.doc.documentLayout()
-            origin = self._origin(option)
-            w = max(fm.horizontalAdvance(LABELS["code"]), fm.horizontalAdvance(COPIED)) + 12
+            origin = self._origin(option, index)
+            w = self._code_button_width(fm)
             for k, block in enumerate(rendered.code):
                 top = layout.blockBoundingRect(rendered.doc.findBlockByNumber(block.first)).top()
                 x = origin.x() + int(rendered.doc.textWidth()) - w
                 out.append(Button("code", QRect(x, origin.y() + int(top) + 1, w, fm.height() + 2), k))
         return out
+
+    @staticmethod
+    def _code_button_width(fm: QFontMetrics) -> int:
+        return max(fm.horizontalAdvance(LABELS["code"]), fm.horizontalAdvance(COPIED)) + 12
 
     def hit(self, option: QStyleOptionViewItem, index: QModelIndex, pos: QPoint) -> Button | None:
         """The button under ``pos`` (viewport coordinates), or None."""
@@ -158,7 +210,7 @@ class MessageDelegate(QStyledItemDelegate):
     # ---- painting --------------------------------------------------------------------------
     def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex) -> QSize:
         doc = self.content(option, index).doc
-        h = self._header_height(option) + 4 + int(doc.size().height()) + 2 * self.PAD + 2 * self.MARGIN
+        h = self._header_height(option, index) + 4 + int(doc.size().height()) + 2 * self.PAD + 2 * self.MARGIN
         return QSize(self._row_width(option), h)
 
     def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
@@ -182,31 +234,25 @@ class MessageDelegate(QStyledItemDelegate):
         painter.setPen(pen)
         painter.drawRoundedRect(bubble, 8, 8)
 
-        head = self._header(option)
+        head = self.header(option, index)
         bold = QFont(option.font)
         bold.setBold(True)
         painter.setFont(bold)
         painter.setPen(text_c)
-        painter.drawText(head, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
-                         "You" if role == "user" else "Assistant")
+        painter.drawText(head.name_rect, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, head.name)
         buttons = self.buttons(option, index)
         flash = getattr(view, "flash", None)
-        note_right = head.right()
         for b in buttons:
-            copied = flash == (index.row(), b.name, b.arg)
-            self._paint_button(painter, option, b, COPIED if copied else LABELS[b.name], filled=b.name == "stop")
             if b.name != "code":
-                note_right = min(note_right, b.rect.left() - self.GAP)
-        note = self.state_text(index)
-        if note:
+                copied = flash == (index.row(), b.name, b.arg)
+                self._paint_button(painter, option, b, COPIED if copied else LABELS[b.name], filled=b.name == "stop")
+        if head.note:
             painter.setFont(bold if streaming else option.font)
             painter.setPen(accent if streaming else pal.color(QPalette.ColorRole.PlaceholderText))
-            painter.drawText(QRect(head.left(), head.top(), note_right - head.left(), head.height()),
-                             Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter,
-                             ("● " if streaming else "") + note)
+            painter.drawText(head.note_rect, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, head.note)
 
         doc = self.content(option, index).doc
-        origin = self._origin(option)
+        origin = self._origin(option, index)
         painter.translate(origin)
         ctx = QAbstractTextDocumentLayout.PaintContext()
         ctx.palette = pal
@@ -215,8 +261,14 @@ class MessageDelegate(QStyledItemDelegate):
         ctx.clip = QRectF(visible.translated(-origin))
         doc.documentLayout().draw(painter, ctx)
         painter.translate(-origin)
+        rendered = self.content(option, index)
         for b in buttons:   # over the code, which was drawn after the header
             if b.name == "code":
+                # The code's tint behind the button (the first line keeps that place free).
+                first = rendered.doc.findBlockByNumber(rendered.code[b.arg].first)
+                r = rendered.doc.documentLayout().blockBoundingRect(first).translated(origin.x(), origin.y())
+                painter.fillRect(QRectF(b.rect.left() - self.GAP, r.top(), origin.x() + rendered.doc.textWidth()
+                                        - b.rect.left() + self.GAP, r.height()), code_tint(pal))
                 copied = flash == (index.row(), b.name, b.arg)
                 self._paint_button(painter, option, b, COPIED if copied else LABELS[b.name], filled=False)
         painter.restore()

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 from PySide6.QtGui import (
     QColor, QFont, QFontDatabase, QPalette, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument,
-    QTextFormat,
+    QTextFormat, QTextOption,
 )
 
-__all__ = ["CodeBlock", "MARKDOWN_FEATURES", "Rendered", "Tidied", "build_document", "code_blocks", "is_prose", "tidy", "tidy_markdown"]
+__all__ = ["CodeBlock", "MARKDOWN_FEATURES", "Rendered", "Tidied", "build_document", "code_blocks", "code_tint", "is_prose", "tidy", "tidy_markdown"]
 
 #: GitHub's dialect (tables, strikethrough, task lists, autolinks) without raw HTML:
 #: ``<div>`` in a reply hid every line after it.
@@ -282,12 +282,18 @@ class Rendered:
     code: list[CodeBlock]
 
 
-def build_document(text: str, font: QFont, palette: QPalette, width: int, *, plain: bool = False) -> Rendered:
+def build_document(text: str, font: QFont, palette: QPalette, width: int, *, plain: bool = False,
+                   code_reserve: int = 0) -> Rendered:
     """``text`` laid out ``width`` px wide: tidied Markdown (:func:`tidy`) with tinted
-    monospace code blocks, or (``plain``) the text as it is, with no code blocks."""
+    monospace code blocks, or (``plain``) the text as it is, with no code blocks. Every line
+    wraps inside ``width``, a code line too (at a space, else anywhere). ``code_reserve`` px
+    are kept free at the right of each code block's first line (its Copy button's place)."""
     doc = QTextDocument()
     doc.setDefaultFont(font)
     doc.setDocumentMargin(0)
+    wrap = QTextOption()
+    wrap.setWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)   # a long identifier or URL too
+    doc.setDefaultTextOption(wrap)
     if plain:
         doc.setPlainText(text)
         code: list[CodeBlock] = []
@@ -296,6 +302,11 @@ def build_document(text: str, font: QFont, palette: QPalette, width: int, *, pla
         doc.setMarkdown(tidied.markdown, MARKDOWN_FEATURES)
         _style_code(doc, palette)
         code = code_blocks(doc, tidied.code)
+        if code_reserve > 0:
+            for block in code:
+                bf = QTextBlockFormat()
+                bf.setRightMargin(code_reserve)
+                QTextCursor(doc.findBlockByNumber(block.first)).mergeBlockFormat(bf)
     doc.setTextWidth(max(40, width))
     return Rendered(doc, code)
 
@@ -306,10 +317,15 @@ def mix(a: QColor, b: QColor, t: float) -> QColor:
                   round(a.blue() + (b.blue() - a.blue()) * t))
 
 
+def code_tint(palette: QPalette) -> QColor:
+    """The background of a code block."""
+    return mix(palette.color(QPalette.ColorRole.Base), palette.color(QPalette.ColorRole.Text), 0.08)
+
+
 def _style_code(doc: QTextDocument, palette: QPalette) -> None:
     """Code blocks: a monospace font on a tinted background (setMarkdown gives neither a background)."""
     fixed = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
-    tint = mix(palette.color(QPalette.ColorRole.Base), palette.color(QPalette.ColorRole.Text), 0.08)
+    tint = code_tint(palette)
     block = doc.begin()
     while block.isValid():
         if _is_code(block.blockFormat()):
@@ -317,6 +333,7 @@ def _style_code(doc: QTextDocument, palette: QPalette) -> None:
             bf = QTextBlockFormat()
             bf.setBackground(tint)
             bf.setLeftMargin(6)
+            bf.setNonBreakableLines(False)   # Qt's import makes code lines unbreakable: they ran past the bubble
             cur.mergeBlockFormat(bf)
             cur.select(QTextCursor.SelectionType.BlockUnderCursor)
             cf = QTextCharFormat()

@@ -11,7 +11,7 @@ from PySide6.QtCore import QEvent, QModelIndex, QPoint, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QPainter, QPalette
 from PySide6.QtWidgets import QAbstractItemView, QListView, QMenu, QPlainTextEdit, QStyleOptionViewItem
 
-from desktop.chat.delegate import MARKDOWN_LIMIT, Button, MessageDelegate
+from desktop.chat.delegate import MARKDOWN_LIMIT, Button, Header, MessageDelegate
 from desktop.chat.messages import MessageListModel, describe_finish
 
 __all__ = ["MessageListModel", "MessageDelegate", "ChatView", "MessageInput", "describe_finish", "MARKDOWN_LIMIT"]
@@ -138,6 +138,11 @@ class ChatView(QListView):
         """The buttons of message ``row`` as painted now (viewport coordinates)."""
         index = self.model().index(row, 0)
         return self.delegate().buttons(self._option(index), index) if index.isValid() else []
+
+    def header(self, row: int) -> Header:
+        """Message ``row``'s header as painted now (viewport coordinates)."""
+        index = self.model().index(row, 0)
+        return self.delegate().header(self._option(index), index)
 
     def button_at(self, pos: QPoint) -> tuple[int, Button] | None:
         """(row, button) under ``pos`` in the viewport, or None."""
