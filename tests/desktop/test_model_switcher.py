@@ -1,0 +1,89 @@
+"""File > Models…: both catalog models listed with their state; the one not downloaded shows its
+size and license before anything is fetched; a download or a Load switches the window's model."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import models
+from desktop.download_dialog import DownloadDialog
+
+SMOL, GEMMA = models.DEFAULT_MODEL, models.get("gemma3-270m")
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """Installed files: the default model only, at first."""
+    files = {SMOL.id: tmp_path / SMOL.filename}
+    files[SMOL.id].write_bytes(b"x")
+    return files
+
+
+def _switcher(window, folder, fetched: list):
+    def fetch(entry, progress, cancel):
+        fetched.append(entry.id)
+        progress(entry.size_bytes, entry.size_bytes)
+        folder[entry.id] = Path(folder[SMOL.id]).with_name(entry.filename)
+        return folder[entry.id]
+
+    s = window.model_switcher
+    s.installed_fn, s.fetch_fn = (lambda e: folder.get(e.id)), fetch
+    return s
+
+
+def test_a_model_not_downloaded_shows_size_and_license_first_then_downloads_and_loads(qtbot, make_window, folder, tmp_path):
+    w = make_window(load=False)
+    with qtbot.waitSignal(w.engine.model_loaded, timeout=5000):
+        w.load_model(str(folder[SMOL.id]))
+    fetched: list = []
+    d = _switcher(w, folder, fetched).open()
+    assert [a.text() for a in w.file_menu.actions()].index("&Models…") == 3  # after Open model folder…
+    rows = [d.list.item(i).text() for i in range(d.list.count())]
+    assert rows == ["SmolLM2-135M-Instruct\nloaded · Apache-2.0", "Gemma 3 270M\n253 MB to download · Gemma Terms of Use"]
+    assert d.list.currentRow() == 0 and not d.load_button.isEnabled() and d.load_button.text() == "Loaded"
+    assert d.download_button.isHidden()
+
+    d.list.setCurrentRow(1)
+    text = d.details.text()
+    for want in ("253 MB (253,113,024 bytes)", '<a href="https://ai.google.dev/gemma/terms">Gemma Terms of Use</a>',
+                 "18 layers, 1 KV head of 256 (multi-query); 15 of 18 layers slide over 512 tokens",
+                 "plain completion", "Not downloaded", "36,864 bytes per token"):
+        assert want in text, want
+    assert not d.load_button.isEnabled() and not d.download_button.isHidden()
+    d.show()
+    qtbot.wait(50)
+    assert d.grab().save(str(tmp_path / "models.png"))
+
+    d.download_button.click()
+    dl = d.download
+    assert isinstance(dl, DownloadDialog) and dl.isVisible() and fetched == []  # asks first
+    intro = dl.intro.text()
+    assert "Switch to Gemma 3 270M." in intro and "253 MB" in intro and "Gemma Terms of Use" in intro
+    assert dl.grab().save(str(tmp_path / "download.png"))
+    with qtbot.waitSignal(w.engine.model_loaded, timeout=5000) as loaded:
+        dl.download_button.click()
+    assert fetched == [GEMMA.id] and loaded.args[0]["path"] == str(folder[GEMMA.id])
+    assert w.settings.get("model/source") == str(folder[GEMMA.id])
+
+
+def test_load_switches_to_an_installed_model(qtbot, make_window, folder):
+    folder[GEMMA.id] = folder[SMOL.id].with_name(GEMMA.filename)
+    w = make_window(load=False)
+    with qtbot.waitSignal(w.engine.model_loaded, timeout=5000):
+        w.load_model(str(folder[SMOL.id]))
+    d = _switcher(w, folder, []).open()
+    assert d.list.item(1).text() == "Gemma 3 270M\ninstalled · Gemma Terms of Use"
+    d.list.setCurrentRow(1)
+    assert d.load_button.isEnabled() and d.download_button.isHidden()
+    assert f"Installed: <code>{folder[GEMMA.id]}</code>" in d.details.text()
+    with qtbot.waitSignal(w.engine.model_loaded, timeout=5000) as loaded:
+        d.load_button.click()
+    assert loaded.args[0]["path"] == str(folder[GEMMA.id])  # and the dialog closed (deleted)
+    # Opened again: the new model is the loaded one.
+    again = w.model_switcher.open()
+    assert again.list.currentRow() == 1 and again.load_button.text() == "Loaded"
+    again.close()
+
+
+def test_the_catalog_names_a_license_text_for_every_model():
+    assert all(e.license_url.startswith("https://") for e in models.CATALOG)
