@@ -39,6 +39,9 @@ class ChatPage(QWidget):
         self.notice.hide()
         self.edit_banner = QLabel("Editing your last message: Enter sends it again, Esc cancels.")
         self.edit_banner.setObjectName("editBanner")
+        # Wrapped: on one line its ~500 px of text set the chat's minimum width, and with the
+        # panels open the window grew by that much when Edit was clicked.
+        self.edit_banner.setWordWrap(True)
         self.edit_banner.hide()
 
         buttons = QHBoxLayout()
