@@ -29,7 +29,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 import runtime
 
-__all__ = ["Engine", "EngineWorker", "generation_settings", "live_threads", "start_thread"]
+__all__ = ["Engine", "EngineWorker", "generation_settings", "live_threads", "model_key", "start_thread"]
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,12 @@ def model_info(model: "runtime.Model") -> dict[str, Any]:
     }
 
 
+def model_key(info: dict | None) -> str:
+    """Which model a reply came from, as its stats record it (``stats["model"]``): a server's
+    source (address and model id), else the model file's or folder's path; "" for none."""
+    return str((info or {}).get("source") or (info or {}).get("path") or "")
+
+
 class EngineWorker(QObject):
     """Owns the model and one :class:`runtime.ChatSession` per conversation (the 4 most recent).
 
@@ -143,7 +149,7 @@ class EngineWorker(QObject):
     load_failed = Signal(str)
     prefill_progress = Signal(int, int)      # done, total prompt tokens
     text_batch = Signal(str)                 # new reply text since the last batch
-    stats = Signal(object)                   # TurnStats.to_dict() + conv_id, request
+    stats = Signal(object)                   # TurnStats.to_dict() + conv_id, request, model (model_key)
     finished = Signal(object)                # request, conv_id, kind, reason, text, stats
     error = Signal(str)                      # one line for the user
 
@@ -159,6 +165,7 @@ class EngineWorker(QObject):
             lambda model, system, settings: runtime.ChatSession(model, system_prompt=system, settings=settings))
         self._batch_s = batch_ms / 1000.0
         self._model = None
+        self._model_key = ""
         self._sessions: OrderedDict[int, Any] = OrderedDict()
         self._current = None            # the session generating now (read by stop())
         self._cancel_upto = 0           # requests with ids <= this are cancelled
@@ -219,6 +226,7 @@ class EngineWorker(QObject):
             return
         self._model = model
         info = model_info(model)
+        self._model_key = model_key(info)
         notices = []
         if fallback is not None:
             info["device_fallback"] = fallback
@@ -351,9 +359,9 @@ class EngineWorker(QObject):
                     ids = getattr(last, "token_ids", None)
                     result.update(token_ids=ids, token_model=self.token_model() if ids is not None else "")
 
-    @staticmethod
-    def _stats(stats: "runtime.TurnStats", conv_id: int, request: int) -> dict:
+    def _stats(self, stats: "runtime.TurnStats", conv_id: int, request: int) -> dict:
         d = stats.to_dict()
+        d["model"] = self._model_key   # whose figures these are (model_key)
         d["context_used"] = d.get("kv_cache", {}).get("tokens", d["prompt_tokens"] + d["completion_tokens"])
         d["conv_id"], d["request"] = conv_id, request
         return d

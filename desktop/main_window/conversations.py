@@ -14,6 +14,7 @@ from pathlib import Path
 from PySide6.QtWidgets import QFileDialog
 
 from desktop.chat.conversations import ConversationListModel
+from desktop.worker import model_key
 
 __all__ = ["ConversationActions"]
 
@@ -100,17 +101,29 @@ class ConversationActions:
 
     def _show_context_of(self, conv_id: int) -> None:
         """The conversation's figures (its last reply's stats; none for a new chat) in the status
-        bar and, through :attr:`conversation_stats`, in the panels: both show the same."""
-        stats = {}
+        bar and, through :attr:`conversation_stats`, in the panels: both show the same.
+
+        Figures another model wrote do not apply to the loaded one (another tokenizer, another
+        cache; its cache is empty until the next message): then both show an empty cache with
+        this model's limits, and the panels are told why (``{"other_model": True}``)."""
+        stats: dict = {}
         for m in reversed(self.store.messages(conv_id) if conv_id else []):
             if m.role == "assistant" and m.stats:
-                stats = m.stats
+                stats = m.stats if self._by_loaded_model(m.stats) else {"other_model": True}
                 break
         r = self._reply
         if r is not None and r["conv_id"] == conv_id and r.get("stats"):
             stats = r["stats"]   # a reply being written here: its newest figures
-        self.status.set_stats(stats)
+        self.status.set_stats({} if stats.get("other_model") else stats)
         self.conversation_stats.emit(dict(stats))
+
+    def _by_loaded_model(self, stats: dict) -> bool:
+        """Whether a stored reply's ``stats`` came from the loaded model (``stats["model"]``,
+        :func:`desktop.worker.model_key`). Figures stored without it (before it was recorded)
+        are taken as the first model's of this window, as they were before."""
+        if "model" not in stats:
+            return self._models_loaded <= 1
+        return bool(self.engine.model) and stats["model"] == model_key(self.engine.model)
 
     def delete_conversation(self, conv_id: int) -> None:
         title = self.conversations.title(conv_id)

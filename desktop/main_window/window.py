@@ -50,7 +50,9 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
 
     reply_finished = Signal(object)   # the worker's finished dict, after it is saved
     stats_updated = Signal(object)    # every stats dict of the open conversation's reply (for panels)
-    conversation_stats = Signal(object)  # a conversation was opened: its last reply's stats ({}: none yet)
+    # A conversation was opened, or a model loaded: its last reply's stats ({}: none yet;
+    # {"other_model": True}: its last reply came from another model, so none apply).
+    conversation_stats = Signal(object)
     model_changed = Signal(object)    # the loaded model's info dict
     download_requested = Signal()
 
@@ -67,6 +69,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self._editing = 0   # the id of the message being edited, or 0
         self._closed = False
         self._model_source = ""
+        self._models_loaded = 0   # in this window; stored figures without a model key fit only the first
         # Replies the database refused (disk full): shown, and saved again before the next write.
         self._unsaved: list[dict] = []
         self.panels: dict[str, QDockWidget] = {}
@@ -250,6 +253,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self._sync()
 
     def _on_model_loaded(self, info: dict) -> None:
+        self._models_loaded += 1
         self.status.set_model(info, self.context_limit())
         self.chat.placeholder = ASK
         self.stack.setCurrentIndex(0)

@@ -111,11 +111,31 @@ def test_lines_limits_and_readout(panel):
                  "of a 200.0 MiB limit", "In 2,862 tokens the context is full: truncate-middle drops the oldest turns"):
         assert part in text, (part, text)
     panel.zoom.setChecked(True)
-    # Zoomed (the default): twice the tokens used, at least 1,024, at most the context.
+    # Zoomed (the default): twice the tokens used, at least 128, at most the context.
     assert panel.zoom.isChecked() and panel.theory["float32"].getData()[0][-1] == 2468
     panel.on_stats(stats(100, limit=4096, limit_bytes=200 * MIB))
     panel.redraw()
     assert panel.theory["float32"].getData()[0][-1] == 2468   # the span follows the longest the chat got
+
+
+def test_zoom_spans_a_short_chat_and_an_edit_cuts_the_line_to_the_cache(panel):
+    for t in range(45, 84, 4):
+        panel.on_stats(stats(t, request=1))
+    panel.redraw()
+    # Zoomed: twice the 81 tokens used (it stayed 0..1,024 for a 45..90-token chat).
+    assert panel.theory["float32"].getData()[0][-1] == 162
+    assert panel.plot.getPlotItem().viewRange()[0][1] == pytest.approx(162 * 1.02)
+    panel.zoom.setChecked(False)
+    assert panel.plot.getPlotItem().viewRange()[0][1] == pytest.approx(4096 * 1.02)
+    panel.zoom.setChecked(True)
+    # An edit of the first message: the cache kept the 30 tokens before it, then read 15 more.
+    panel.on_stats(dict(stats(45, request=2), reused_tokens=30))
+    panel.redraw()
+    xs, _, _ = panel.plotted()
+    assert xs == [45.0] and panel.series.events == []   # nothing left of the 81-token line
+    assert panel.theory["float32"].getData()[0][-1] == 128   # the span follows: at least 128
+    panel.on_stats(dict(stats(60, request=3), reused_tokens=45))   # the next turn keeps it all
+    assert panel.series.tokens == [45, 60]
 
 
 def test_an_eviction_shows_on_the_chart(panel):

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QSizeGrip
 
-from desktop.panels.kv.panel import EMPTY_TOP_BYTES, KVPanel
+from desktop.panels.kv.panel import EMPTY_TOP_BYTES, OTHER_MODEL, KVPanel
 from desktop.settings.values import Settings
-from desktop.worker import EngineWorker
+from desktop.worker import EngineWorker, model_key
 from tests.desktop.fakes import fake_load, fake_session_factory
 
 MIB = 2**20
@@ -74,9 +74,17 @@ def test_a_remote_model_shows_the_open_conversations_reply(qtbot, make_window):
         w.load_model("http://127.0.0.1:37123/v1")
     kv = kv_of(w)
     assert kv.remote and kv.plot.isHidden()
-    replies = w.store.messages(w.current_conversation)[-1].stats["completion_tokens"]
-    assert "No reply yet" not in kv.readout.text() and f"about {replies:,} reply tokens" in kv.readout.text()
-    assert w.status.context_label.text().endswith("/ 8,192")   # that reply's own figures
+    # The reply came from the local model: its figures are not the server's, and the panel says
+    # why it shows none (it said "No reply yet." beside that reply).
+    assert "No reply yet" not in kv.readout.text() and OTHER_MODEL in kv.readout.text()
+    assert w.status.context_label.text() == "Context 0 / 4,096"
+    conv = w.current_conversation
+    w.store.add_message(conv, "user", "and again")
+    w.store.add_message(conv, "assistant", "yes", stats={"model": model_key(w.engine.model), "completion_tokens": 7,
+                                                          "context_used": 40, "context_limit": 4096})
+    w.new_conversation()
+    w.open_conversation(conv)   # a reply from the server: its figures
+    assert "about 7 reply tokens" in kv.readout.text() and w.status.context_label.text() == "Context 40 / 4,096"
     w.new_conversation()
     assert "No reply yet." in kv.readout.text() and w.status.context_label.text() == "Context 0 / 4,096"
 

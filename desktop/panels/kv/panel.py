@@ -31,8 +31,11 @@ __all__ = ["KVPanel", "KVSeries", "REDRAW_MS", "install_kv_panel", "policy_next"
 
 MIB = 2**20
 REDRAW_MS = 125
-#: The narrowest zoomed span (tokens): four of the cache's 256-token growth chunks.
-ZOOM_MIN_TOKENS = 1024
+#: The narrowest zoomed span (tokens): a 90-token chat is half the chart, not a sliver of 1,024.
+ZOOM_MIN_TOKENS = 128
+#: Said when the open conversation's replies came from another model than the loaded one.
+OTHER_MODEL = ("This model has not read this conversation yet (its replies came from another model): "
+               "the cache is empty until your next message, which reads the conversation again.")
 #: The y axis' top with nothing to draw (no model, no reply): 1 MiB, in readable steps.
 EMPTY_TOP_BYTES = MIB
 COLORS = {"float32": "#e8a33d", "16-bit": "#5aa469", "int8": "#c45ab3", "allocated": "#8e7cc3", "used": "#3d7bd9",
@@ -57,6 +60,8 @@ class KVPanel(QWidget):
         self.context_fn = context_fn
         self.model: dict | None = None
         self.remote_stats: dict | None = None
+        #: The open conversation's replies came from another model: none of their figures apply.
+        self.other_model = False
         self.series = KVSeries()
         self.redraws = 0
         self._dirty = False
@@ -110,7 +115,7 @@ class KVPanel(QWidget):
         self._apply_pens()
 
         self.zoom = QCheckBox("Zoom to the conversation")
-        self.zoom.setToolTip("On: the chart spans twice the tokens used so far (at least 1,024, at most the context); "
+        self.zoom.setToolTip("On: the chart spans twice the tokens used so far (at least 128, at most the context); "
                              "off: the whole context, with both limits")
         self.zoom.setChecked(True)   # a short chat is a sliver of an 8k context: show it growing
         self.zoom.toggled.connect(self.redraw)
@@ -133,6 +138,7 @@ class KVPanel(QWidget):
         self.model = info
         self.series = KVSeries()
         self.remote_stats = None
+        self.other_model = False
         self.plot.setVisible(not self.remote)
         self.zoom.setVisible(not self.remote)
         self.redraw()
@@ -143,9 +149,12 @@ class KVPanel(QWidget):
         return bool(self.model and self.model.get("remote"))
 
     def on_conversation(self, stats: dict | None) -> None:
-        """Another conversation is open: its last reply's stats (None or ``{}``: no reply yet),
-        so the panel shows the same conversation as the status bar, not the previous one's."""
+        """Another conversation is open, or a model loaded: its last reply's stats (None or
+        ``{}``: no reply yet; ``{"other_model": True}``: its replies came from another model,
+        so the cache is empty), so the panel shows what the status bar shows."""
         self.series = KVSeries()
+        self.other_model = bool(stats and stats.get("other_model"))
+        stats = None if self.other_model else stats
         self.remote_stats = stats or None
         if stats and not self.remote:
             self.series.add(stats, self._setting("generation/overflow", "truncate-middle"))
@@ -153,6 +162,7 @@ class KVPanel(QWidget):
 
     def on_stats(self, stats: dict) -> None:
         """Record a stats dict; the chart follows within :data:`REDRAW_MS`."""
+        self.other_model = False
         if self.remote:
             self.remote_stats = stats
         else:
@@ -304,7 +314,7 @@ class KVPanel(QWidget):
 
     def _readout(self) -> str:
         if self.remote:
-            return f"{REMOTE_KV_NOTE}<br>{usage_text(self.remote_stats)}"
+            return f"{REMOTE_KV_NOTE}<br>{OTHER_MODEL if self.other_model else usage_text(self.remote_stats)}"
         s = self.series
         limit = self.context_limit()
         mem = self.limit_bytes()
@@ -312,7 +322,7 @@ class KVPanel(QWidget):
             return "No model is loaded: the chart shows its KV cache once one is."
         if not s.tokens:
             per = self.theoretical()
-            head = "No reply yet in this conversation."
+            head = OTHER_MODEL if self.other_model else "No reply yet in this conversation."
             if per:
                 head += (f" This model's cache: {per['float32']:,} bytes per token in float32, {per['16-bit']:,} in 16-bit"
                          + (f", {per['int8']:,} in int8 (with its scales)." if per.get("int8") else "."))

@@ -44,6 +44,11 @@ class KVSeries:
         self.limit_bytes = kv.get("limit_bytes")
         dropped = int(stats.get("dropped_tokens") or 0)
         event = None
+        if request != self.request and not dropped and "reused_tokens" in stats:
+            # A new reply kept only the prefix its prompt shares with the cache (an edit or a
+            # regenerate crops it; a new model or an evicted session keeps nothing): the line
+            # shows what the cache holds now, so what was cut goes from the chart.
+            self.cut(int(stats["reused_tokens"] or 0))
         if self.tokens and tokens < self.tokens[-1]:
             before = self.tokens[-1]
             if request == self.request:   # within a reply: only the overflow policy shrinks the cache
@@ -67,6 +72,14 @@ class KVSeries:
             for name in ("tokens", "used", "allocated"):
                 setattr(self, name, getattr(self, name)[::2])
         return event
+
+    def cut(self, tokens: int) -> None:
+        """Forget the points past ``tokens`` (the cache was cropped to that length), and the
+        truncations and evictions that happened past it."""
+        while self.tokens and self.tokens[-1] > tokens:
+            for name in ("tokens", "used", "allocated"):
+                getattr(self, name).pop()
+        self.events = [e for e in self.events if e[1] <= tokens]
 
 
 def policy_next(policy: str, tokens: int, limit: int, sink_tokens: int) -> str:
