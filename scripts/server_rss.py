@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx2 as httpx  # noqa: E402
 
-from tests.server.conftest import start_server, stop_server  # noqa: E402
+from tests.live_server import start_server, stop_server  # noqa: E402
 
 
 def rss_mib(pid: int) -> float:

@@ -1,4 +1,5 @@
-"""Shared fixtures: the real default model (truth) fetched once per run."""
+"""Shared fixtures: the real default model (truth) fetched once per run, and one real
+``attnchat serve`` process on it for every module that needs one."""
 from __future__ import annotations
 
 import pytest
@@ -28,6 +29,20 @@ def default_model(default_model_file):
     from runtime import load_model
 
     return load_model(default_model_file, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def server(default_model_file):
+    """One server with an API key, a 2048-token context and two pooled sessions, shared by
+    tests/server and tests/desktop/test_remote_engine.py (starting one costs ~10 s and
+    stopping it ~2 s on the two-core test machine; it lives until the session ends). Tests
+    that count must count differences; no test may depend on another having run first."""
+    from tests.live_server import API_KEY, start_server, stop_server
+
+    s = start_server("--model", str(default_model_file), "--api-key", API_KEY, "--context", "2048",
+                     "--sessions", "2", "--device", "cpu")
+    yield s
+    stop_server(s)
 
 
 def pytest_collection_modifyitems(config, items):

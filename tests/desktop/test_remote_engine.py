@@ -1,8 +1,9 @@
 """The remote engine end to end: the window's worker chatting through a real ``attnchat serve``.
 
-One server process (module scope; the real default model on the CPU, an API key) answers
-every test that needs one. Key storage uses keyring's real API with an in-memory backend,
-so no test touches the user's own keyring.
+The session's shared server (``server`` in tests/conftest.py: the real default model on
+the CPU, an API key; tests/server uses the same process) answers every test that needs
+one. Key storage uses keyring's real API with an in-memory backend, so no test touches
+the user's own keyring.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from desktop.remote.client import (
 )
 from desktop.remote.engine import RemoteEngineWorker, usage_text
 from desktop.remote.secrets import SERVICE, KeyStore
-from tests.server.conftest import API_KEY, start_server, stop_server
+from tests.live_server import API_KEY
 
 FRANCE = "What is the capital of France?"
 LONG_ASK = "Count from 1 to 1000, separated by commas."
@@ -55,14 +56,6 @@ class MemoryKeyring(KeyringBackend):
     def delete_password(self, service, username):
         if self.items.pop((service, username), None) is None:
             raise PasswordDeleteError("no such key")
-
-
-@pytest.fixture(scope="module")
-def server(default_model_file):
-    s = start_server("--model", str(default_model_file), "--api-key", API_KEY, "--context", "2048",
-                     "--sessions", "2", "--device", "cpu")
-    yield s
-    stop_server(s)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import os
 import pytest
 from pydantic import BaseModel
 
-from tests.server.conftest import API_KEY
+from tests.live_server import API_KEY
 
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # before litellm is imported
 

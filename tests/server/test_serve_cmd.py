@@ -16,7 +16,7 @@ import pytest
 
 from attnchat import cli
 from attnchat.serve_cmd import API_KEY_ENV, is_loopback
-from tests.server.conftest import serve_env
+from tests.live_server import serve_env
 
 MISSING = "/nonexistent/model.gguf"
 LIBRARY_ENV = ("TQDM_DISABLE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TRANSFORMERS_VERBOSITY",

@@ -12,7 +12,7 @@ import httpx2 as httpx
 import openai
 import pytest
 
-from tests.server.conftest import API_KEY
+from tests.live_server import API_KEY
 
 pytestmark = pytest.mark.slow
 
