@@ -12,8 +12,8 @@ The tools reach the model one of two ways, chosen per model by :func:`template_r
 
 Either way a call is written ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
 (the form Hermes-style templates ask for) and generated under a grammar
-(:func:`grammar_source`) built from the functions' JSON schemas, so it always parses and
-its arguments validate:
+(:func:`grammar_source`) built from the functions' JSON schemas, closed and bounded
+(:mod:`runtime.json_bounds`), so it always parses, its arguments validate and it ends:
 
 - ``auto``: the reply is free text (not starting with ``<``) or exactly one call;
 - ``required`` or a named function: the reply is one call (of that function);
@@ -21,7 +21,8 @@ its arguments validate:
 
 Earlier calls (assistant ``tool_calls``) are rendered in that same form as the
 assistant's text, so a reply sent back as this server wrote it keeps its token ids. One
-call per reply (``parallel_tool_calls`` is accepted and has no effect). Must not import Qt.
+call per reply (``parallel_tool_calls`` is accepted and has no effect). A call cut short is
+returned as OpenAI does, the arguments so far (:func:`parse_cut`). Must not import Qt.
 """
 from __future__ import annotations
 
@@ -45,9 +46,14 @@ class ToolError(ValueError):
 
 @dataclass(frozen=True)
 class Tool:
+    """A function offered to the model. ``parameters``: its JSON schema as the client sent
+    it (shown to the model); ``strict``: the client's ``function.strict`` (only an
+    explicit ``False`` keeps objects open in the grammar, see :func:`grammar_source`)."""
+
     name: str
     description: str
     parameters: dict[str, Any]
+    strict: bool | None = None
 
     def openai(self) -> dict[str, Any]:
         """The tool in OpenAI's shape, as chat templates take it (``{"type": "function", ...}``)."""
@@ -76,7 +82,9 @@ def parse_tools(tools: list[Any] | None, tool_choice: Any) -> tuple[list[Tool], 
         params = fn.get("parameters") or {"type": "object", "properties": {}}
         if not isinstance(params, dict):
             raise ToolError(f"tools[{i}].function.parameters", f"tools[{i}].function.parameters must be a JSON schema object.")
-        parsed.append(Tool(name, str(fn.get("description") or ""), params))
+        strict = fn.get("strict")
+        parsed.append(Tool(name, str(fn.get("description") or ""), params,
+                           strict if isinstance(strict, bool) else None))
     choice = "auto" if tool_choice is None else tool_choice
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
@@ -134,10 +142,27 @@ def system_prompt(tools: list[Tool]) -> str:
 
 
 def grammar_source(tools: list[Tool], forced: str | None) -> str:
-    """The llguidance Lark grammar of a reply: one call, or (``forced`` None) text or one call."""
-    calls = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-              "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
-    schema = {"anyOf": calls, "x-guidance": {"whitespace_flexible": False}}
+    """The llguidance Lark grammar of a reply: one call, or (``forced`` None) text or one call.
+
+    The arguments follow each function's schema closed and bounded
+    (:func:`runtime.json_bounds.for_generation`): objects that leave
+    ``additionalProperties`` unset get ``false`` (as OpenAI's strict mode; not when the
+    tool says ``"strict": false``), numbers at most 15 digits before the point and 6
+    after. Without that the default model filled a plain ``{"city": ...}`` object with
+    invented keys and a ``15.000000…`` until its token limit.
+    """
+    from runtime import json_bounds
+
+    calls, any_used = [], False
+    for i, t in enumerate(tools):
+        args, uses_any = json_bounds.for_generation(t.parameters, close=t.strict is not False,
+                                                    ref_base=f"/anyOf/{i}/properties/arguments")
+        any_used |= uses_any
+        calls.append({"type": "object", "properties": {"name": {"const": t.name}, "arguments": args},
+                      "required": ["name", "arguments"], "additionalProperties": False})
+    schema: dict[str, Any] = {"anyOf": calls, "x-guidance": {"whitespace_flexible": False}}
+    if any_used:
+        schema = json_bounds.with_any(schema)
     call = f'call: "{OPEN}" body "{CLOSE}"\nbody: %json {json.dumps(schema)}\n'
     if forced is not None:
         return "start: call\n" + call
@@ -162,11 +187,41 @@ def render_result(name: str | None, content: str) -> str:
 def parse_reply(text: str) -> list[dict[str, Any]] | None:
     """The OpenAI ``tool_calls`` in a reply, or ``None`` when it is plain text (or a call cut short)."""
     m = _CALL.search(text)
-    if m is None or text.lstrip()[: len(OPEN)] != OPEN:
+    if m is None or not is_call(text):
         return None
     try:
         call = json.loads(m.group(1))
     except ValueError:
         return None
-    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}]
+    return [_call(call["name"], json.dumps(call["arguments"], ensure_ascii=False))]
+
+
+def is_call(text: str) -> bool:
+    """True when ``text`` is (the start of) a call rather than an answer in words."""
+    head = text.lstrip()[: len(OPEN)]
+    return bool(head) and OPEN.startswith(head)
+
+
+#: A call as the grammar writes it (compact JSON, the name first), possibly cut short.
+_PARTIAL = re.compile(r"\s*" + re.escape(OPEN) + r'\{"name":"([A-Za-z0-9_.-]{1,64})","arguments":(.*)\Z', re.S)
+
+
+def parse_cut(text: str) -> list[dict[str, Any]] | None:
+    """The ``tool_calls`` of a call the token limit cut short, as OpenAI returns one: the
+    name and the ``arguments`` written so far (a JSON text that may not parse; complete
+    when only the closing tag was cut). ``None`` while the name is unfinished."""
+    m = _PARTIAL.match(text)
+    if m is None:
+        return None
+    name, args = m.groups()
+    try:
+        value, _ = json.JSONDecoder().raw_decode(args)
+        args = json.dumps(value, ensure_ascii=False)  # whole (only the closing was cut): as parse_reply gives them
+    except ValueError:
+        pass
+    return [_call(name, args)]
+
+
+def _call(name: str, arguments: str) -> dict[str, Any]:
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": arguments}}

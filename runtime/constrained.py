@@ -23,9 +23,11 @@ from typing import Any, Sequence
 
 import torch
 
+from runtime import json_bounds
+
 log = logging.getLogger("attnchat.constrained")
 
-__all__ = ["Grammar", "GrammarCompiler", "GrammarError", "GrammarProcessor", "compiler_for", "schema_of"]
+__all__ = ["Grammar", "GrammarCompiler", "GrammarError", "GrammarProcessor", "closes", "compiler_for", "schema_of"]
 
 #: JSON with no free whitespace (``{"a":1}``): a small model left free to add whitespace
 #: can spend its whole budget on newlines and spaces.
@@ -51,6 +53,13 @@ class Grammar:
     def processor(self) -> "GrammarProcessor":
         """A fresh per-reply :class:`GrammarProcessor` (a :data:`runtime.LogitsProcessor`)."""
         return GrammarProcessor(self)
+
+    def matches(self, text: str) -> bool:
+        """True when the grammar allows exactly ``text`` (then its end), whatever tokens
+        spell it: ``text`` is split by the engine's view of the tokenizer."""
+        ll = self.compiler._ll
+        matcher = ll.LLMatcher(self.compiler.tokenizer, self.source)
+        return matcher.consume_tokens(self.compiler.tokenizer.tokenize_str(text)) and matcher.is_accepting()
 
 
 class GrammarCompiler:
@@ -79,19 +88,25 @@ class GrammarCompiler:
         self._ll = llguidance
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, eos_token=self.eos_token_id)
 
-    def json_schema(self, schema: dict[str, Any] | None) -> Grammar:
-        """The grammar of compact JSON values valid under ``schema`` (``None``: any JSON object).
+    def json_schema(self, schema: dict[str, Any] | None, *, close: bool = True) -> Grammar:
+        """The grammar of compact JSON values valid under ``schema`` (``None``: any JSON object),
+        closed and bounded by :func:`runtime.json_bounds.for_generation`: numbers have at
+        most 15 digits before the point and 6 after it, and (``close``) objects that leave
+        ``additionalProperties`` unset get ``false``.
 
         Raises:
             GrammarError: the schema is not a JSON object or uses what the engine cannot
                 constrain (the message names it).
         """
-        if schema is None:
-            schema = {"type": "object"}
+        if schema is None:  # JSON mode: any object, left open
+            schema, close = {"type": "object"}, False
         if not isinstance(schema, dict):
             raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
+        bounded, uses_any = json_bounds.for_generation(schema, close=close)
+        if uses_any:
+            bounded = json_bounds.with_any(bounded)
         try:
-            source = self._ll.LLMatcher.grammar_from_json_schema(schema, defaults=_COMPACT)
+            source = self._ll.LLMatcher.grammar_from_json_schema(bounded, defaults=_COMPACT)
         except Exception as e:  # the engine's own error types: one line for the client
             raise GrammarError(f"the JSON schema cannot be used: {_first_line(e)}") from None
         return self._checked(source)
@@ -185,7 +200,8 @@ class GrammarProcessor:
 
 def schema_of(response_format: dict[str, Any]) -> dict[str, Any] | None:
     """The JSON schema of an OpenAI ``response_format`` of type ``json_schema`` (``None``
-    for ``json_object``).
+    for ``json_object``). Its objects are closed unless ``json_schema.strict`` is ``false``
+    (:func:`closes`).
 
     Raises:
         GrammarError: no ``json_schema.schema`` object where one is needed.
@@ -196,3 +212,12 @@ def schema_of(response_format: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
         raise GrammarError("'response_format.json_schema' must be an object with a 'schema' object")
     return spec.get("schema") or {"type": "object"}
+
+
+def closes(response_format: dict[str, Any]) -> bool:
+    """Whether a ``response_format``'s objects are closed where the schema leaves
+    ``additionalProperties`` unset: unless ``json_schema.strict`` is ``false``, given
+    explicitly (OpenAI's strict mode requires them closed; without it the default model
+    went on adding keys until its token limit)."""
+    spec = response_format.get("json_schema")
+    return not (isinstance(spec, dict) and spec.get("strict") is False)

@@ -66,19 +66,30 @@ class LogprobsFormat:
 
 
 def reply_message(done: Done, with_tools: bool) -> dict[str, Any]:
-    """The choice's ``message`` and ``finish_reason``: a tool call when the reply is one."""
-    calls = tools.parse_reply(done.text) if with_tools and done.reason == "stop" else None
+    """The choice's ``message`` and ``finish_reason``: a tool call when the reply is one.
+
+    A call that did not finish (the token limit, the context or a stop sequence cut it) is
+    never returned as text: as OpenAI does, ``tool_calls`` holds its name and the arguments
+    written so far and ``finish_reason`` says why it stopped (``length``); cut before its
+    name was whole, the content is empty."""
+    if not (with_tools and tools.is_call(done.text)):
+        return {"message": {"role": "assistant", "content": done.text},
+                "finish_reason": FINISH_REASONS[done.reason]}
+    calls = tools.parse_reply(done.text) if done.reason == "stop" else None
     if calls:
         return {"message": {"role": "assistant", "content": None, "tool_calls": calls},
                 "finish_reason": "tool_calls"}
-    return {"message": {"role": "assistant", "content": done.text}, "finish_reason": FINISH_REASONS[done.reason]}
+    cut = tools.parse_cut(done.text)
+    message = {"role": "assistant", "content": None, "tool_calls": cut} if cut else {"role": "assistant", "content": ""}
+    return {"message": message, "finish_reason": FINISH_REASONS[done.reason]}
 
 
 class ChatChunks:
     """Chat completion chunks (``chat.completion.chunk``) for :func:`attnchat.server.relay.stream_reply`.
 
     With tools, a reply that starts with ``<`` is a call (see :mod:`attnchat.tools`): its
-    text is held back and sent as one ``tool_calls`` delta when it is complete.
+    text is held back and sent as one ``tool_calls`` delta when it ends (cut short: the
+    arguments so far, see :func:`reply_message`).
     """
 
     def __init__(self, job: Job, model_id: str, logprobs: LogprobsFormat, with_tools: bool = False,
@@ -112,10 +123,10 @@ class ChatChunks:
     def end(self, done: Done) -> str:
         shaped = reply_message(done, self.with_tools)
         out = ""
-        if shaped["finish_reason"] == "tool_calls":
+        if shaped["message"].get("tool_calls"):  # a call, whole or cut short
             deltas = [{"index": i, **c} for i, c in enumerate(shaped["message"]["tool_calls"])]
             out = self._chunk({"tool_calls": deltas}, lp=self.logprobs.ready())
-        elif self.held:  # text held back while it could have been a call
+        elif self.held and shaped["message"]["content"]:  # text held back while it could have been a call
             out = self._chunk({"content": self.held}, lp=self.logprobs.ready())
         return out + self._chunk({}, shaped["finish_reason"], lp=self.logprobs.rest(done.token_ids),
                                  attnchat=extension_of(done.reason, done.stats))

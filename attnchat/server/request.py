@@ -167,12 +167,12 @@ async def response_grammar(model: Model, response_format: dict[str, Any] | None)
     Compiled off the event loop: the first one builds the tokenizer's index (seconds)."""
     if not response_format or response_format.get("type", "text") == "text":
         return None
-    from runtime.constrained import GrammarError, compiler_for, schema_of
+    from runtime.constrained import GrammarError, closes, compiler_for, schema_of
 
     try:
         schema = schema_of(response_format)
         compiler = await asyncio.to_thread(compiler_for, model)
-        return await asyncio.to_thread(compiler.json_schema, schema)
+        return await asyncio.to_thread(compiler.json_schema, schema, close=closes(response_format))
     except GrammarError as e:
         raise APIError(400, f"Invalid 'response_format': {e}.", param="response_format",
                        code="invalid_value") from None

@@ -1,5 +1,6 @@
 """``response_format`` through the official ``openai`` client: JSON mode, a JSON schema,
-``chat.completions.parse`` into a pydantic model, and schemas the server refuses."""
+``chat.completions.parse`` into a pydantic model, a plain schema closed, and schemas the
+server refuses."""
 from __future__ import annotations
 
 import json
@@ -34,6 +35,19 @@ def test_json_object_mode_streams_an_object(client, model_id):
                                             response_format={"type": "json_object"})
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert isinstance(json.loads(text), dict), text
+
+
+def test_a_plain_schema_is_closed_unless_strict_is_false(client, model_id):
+    """Unset additionalProperties: the default model added "wind", "temperature_humid", ...
+    until max_tokens (100 tokens, 20 s) with the object left open; closed, it stops."""
+    plain = {"type": "object", "properties": {"city": {"type": "string"}, "temperature": {"type": "number"}},
+             "required": ["city", "temperature"]}
+    r = client.chat.completions.create(
+        model=model_id, max_tokens=100, temperature=0,
+        messages=[{"role": "user", "content": "What is the weather in Paris? Answer in JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": plain}})
+    assert r.choices[0].finish_reason == "stop"
+    assert set(json.loads(r.choices[0].message.content)) == {"city", "temperature"}
 
 
 class City(BaseModel):

@@ -1,5 +1,7 @@
 """Tool calls through the official ``openai`` client: a forced call that parses and
-validates, streamed as ``tool_calls`` deltas, a tool result fed back, bad tools refused."""
+validates, streamed as ``tool_calls`` deltas, a tool result fed back, a plain schema
+(objects left open, as in OpenAI's examples) that ends, a call cut by ``max_tokens``,
+bad tools refused."""
 from __future__ import annotations
 
 import json
@@ -63,6 +65,54 @@ def test_auto_answers_in_text_or_one_valid_call(client, model_id):
                             WEATHER["function"]["parameters"])
     else:
         assert choice.message.content and not choice.message.content.startswith("<")
+
+
+#: OpenAI's example: a plain object schema, ``additionalProperties`` unset.
+PLAIN = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+PARIS = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _plain(client, model_id, **kw):
+    return client.chat.completions.create(model=model_id, messages=PARIS, tools=[PLAIN], tool_choice="required",
+                                          temperature=0, **kw)
+
+
+@pytest.fixture(scope="module")
+def plain(client, model_id):
+    """The reported request (greedy): the model once wrote '"city":"Paris","type":"object",
+    "properties":{..."value":15.000000…' until max_tokens (150 tokens, 74 s)."""
+    return _plain(client, model_id, max_tokens=150, logprobs=True)
+
+
+def test_a_plain_schema_is_closed_and_the_call_ends(plain):
+    choice = plain.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert json.loads(choice.message.tool_calls[0].function.arguments) == {"city": "Paris"}
+    assert plain.usage.completion_tokens < 40
+
+
+def test_a_call_cut_by_max_tokens_comes_back_as_a_partial_call(client, model_id, plain):
+    """As OpenAI: finish_reason 'length' and the arguments written so far, never the raw text."""
+    pieces = [t.token for t in plain.choices[0].logprobs.content]  # the call as the model wrote it
+    text = "".join(pieces)
+    start = text.index('"arguments":') + len('"arguments":')
+    n = next(i for i in range(len(pieces)) if len("".join(pieces[:i])) > start + 3)  # a few characters in
+    partial = "".join(pieces[:n])[start:]
+    with pytest.raises(ValueError):
+        json.loads(partial)
+    cut = _plain(client, model_id, max_tokens=n).choices[0]
+    assert cut.finish_reason == "length" and cut.message.content is None
+    assert [(c.function.name, c.function.arguments) for c in cut.message.tool_calls] == [("get_weather", partial)]
+    chunks = list(_plain(client, model_id, max_tokens=n, stream=True))
+    deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [(d.function.name, d.function.arguments) for d in deltas] == [("get_weather", partial)]
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    # Cut before the name is whole: no call, empty content (not '<tool_call>{"na').
+    early = _plain(client, model_id, max_tokens=2).choices[0]
+    assert (early.finish_reason, early.message.content, early.message.tool_calls) == ("length", "", None)
 
 
 @pytest.mark.parametrize("extra, param", [
