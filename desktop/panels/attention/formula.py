@@ -1,6 +1,9 @@
 """The attention panel's Formula view: ``softmax(q·k/√d)·v`` for one query token, one
 layer and one head, with the numbers of each step (from ``runtime.LayerAttention.explain``,
-sent by the engine as a plain dict). Must not import torch or runtime.
+sent by the engine as a plain dict). The head is the panel's when it has chosen one, else
+(the mean or max of heads) this view's own Head box. Numbers of a conversation that has
+changed since are marked out of date until recomputed, and cleared when they cannot be.
+Must not import torch or runtime.
 """
 from __future__ import annotations
 
@@ -31,6 +34,11 @@ class NumbersView(QWidget):
         self.query.setSpecialValueText("newest")
         self.query.setValue(-1)
         self.query.setToolTip("The query token's position in the conversation (newest: the last one)")
+        self.head = QSpinBox()
+        self.head.setPrefix("Head ")
+        self.head.setRange(0, 0)
+        self.head.setToolTip("The head the formula is worked for: the one chosen above, or with the mean or "
+                             "max of heads chosen there, this one (q and k belong to one head)")
         self.top = QSpinBox()
         self.top.setRange(1, 50)
         self.top.setValue(5)
@@ -44,23 +52,48 @@ class NumbersView(QWidget):
         self.table.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
         self.table.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.footer = rich_label("", small=True)
+        # Two rows: on one, the controls made the tab (and so the dock) 406 px wide at least.
         row = QHBoxLayout()
         row.addWidget(QLabel("Query"))
         row.addWidget(self.query)
-        row.addWidget(QLabel("Top keys"))
-        row.addWidget(self.top)
+        row.addWidget(self.head)
         row.addStretch(1)
-        row.addWidget(self.compute_button)
+        row2 = QHBoxLayout()
+        row2.addWidget(QLabel("Top keys"))
+        row2.addWidget(self.top)
+        row2.addStretch(1)
+        row2.addWidget(self.compute_button)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
         lay.addLayout(row)
+        lay.addLayout(row2)
         lay.addWidget(self.explanation)
         lay.addWidget(self.table, 1)
         lay.addWidget(self.footer)
         self.compute_button.clicked.connect(self.compute_requested)
 
+    def set_heads(self, n: int) -> None:
+        """The model has ``n`` query heads per layer."""
+        self.head.setRange(0, max(n - 1, 0))
+
+    def mark_stale(self) -> None:
+        """The conversation changed: the numbers shown (if any) are of one that no longer is."""
+        if self.steps is not None and self.table.isEnabled():
+            self.table.setEnabled(False)
+            self.footer.setText("<b>Out of date:</b> the conversation changed since these numbers were computed; "
+                                "they are computed again when this tab is shown (or press Compute).")
+
+    def show_failure(self, message: str) -> None:
+        """No numbers for the current choice (``message``: why): nothing old stays on screen."""
+        self.steps = None
+        self.table.setRowCount(0)
+        self.table.setEnabled(True)
+        self.explanation.setText(f"No numbers: {message}. Choose another query token, or click a row of the snapshot.")
+        self.footer.setText("")
+
     def set_steps(self, d: dict) -> None:
         self.steps = d
+        self.table.setEnabled(True)
         off = d["offset"]
         rt = 1.0 / d["scale"]
         self.explanation.setText(

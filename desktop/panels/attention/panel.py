@@ -11,7 +11,8 @@ five tabs:
   weight; leave out the first token, re-normalise rows.
 - Heads: every head's previous-token and induction score (Olsson et al. 2022); click
   one to choose it.
-- Formula: ``softmax(q·k/√d)·v`` for one query token, with its numbers.
+- Formula: ``softmax(q·k/√d)·v`` for one query token and one head (with the mean or max
+  of heads chosen, the tab's own Head box), with its numbers.
 - Insight (:mod:`desktop.panels.attention.insight`): does attention explain a token,
   knock heads out, the formula by hand, why divide by √d_k, what long context costs.
 
@@ -112,6 +113,7 @@ class AttentionPanel(QWidget):
         self.snapshot.query_clicked.connect(self._explain_query)
         self.numbers.compute_requested.connect(lambda: self.request(NUMBERS, force=True))
         self.numbers.query.valueChanged.connect(self._schedule)
+        self.numbers.head.valueChanged.connect(self._formula_head_changed)
         self.numbers.top.valueChanged.connect(self._schedule)
         self.export_png_button.clicked.connect(self._export_png_dialog)
         self.export_npz_button.clicked.connect(self._export_npz_dialog)
@@ -128,6 +130,7 @@ class AttentionPanel(QWidget):
             self.status.setText("The attention view needs a model running in this app, not on a server.")
             return
         self.n_layers, self.n_heads = int(info["n_layers"]), int(info["n_heads"])
+        self.numbers.set_heads(self.n_heads)
         self.status.setText("")
         self.layer.blockSignals(True)
         self.head.blockSignals(True)
@@ -165,20 +168,40 @@ class AttentionPanel(QWidget):
         if i >= 0:
             self.head.setCurrentIndex(i)
 
+    @property
+    def formula_head(self) -> int:
+        """The head the Formula tab works for: the chosen one, else (the mean or max of heads)
+        the tab's own Head box."""
+        head = self.selected_head
+        return head if isinstance(head, int) else self.numbers.head.value()
+
     def _selection_changed(self, *_) -> None:
         layer, head = self.selected_layer, self.selected_head
         self.live.set_selection(layer, head)
         self.atlas.set_selection(layer, head)
+        if isinstance(head, int):   # the Formula tab's Head box follows a chosen head
+            self.numbers.head.blockSignals(True)
+            self.numbers.head.setValue(head)
+            self.numbers.head.blockSignals(False)
         self._schedule()
+
+    def _formula_head_changed(self, head: int) -> None:
+        if isinstance(self.selected_head, int) and self.selected_head != head:
+            self.select_head(head)   # one head chosen: the box changes it for every tab
+        else:
+            self._schedule()
 
     def context_changed(self, *_) -> None:
         """The open conversation (or its tokens) changed: the snapshot and formula are stale."""
         self._context += 1
+        self.numbers.mark_stale()
         self._schedule()
 
     def _explain_query(self, position: int) -> None:
         self.numbers.query.setValue(position)
-        self.status.setText(f"Query token #{position} chosen: see the Formula tab.")
+        per_head = "" if isinstance(self.selected_head, int) else \
+            f" (head {self.formula_head}: the formula is per head; choose another in its Head box)"
+        self.status.setText(f"Query token #{position} chosen: see the Formula tab{per_head}.")
 
     # ---- visibility: capture only while the Live tab is on screen ----------------------
     def set_on_screen(self, on: bool) -> None:
@@ -216,9 +239,7 @@ class AttentionPanel(QWidget):
         if view == SNAPSHOT:
             return (conv, self._context, layer, head)
         if view == NUMBERS:
-            if head in ("mean", "max"):
-                return None
-            return (conv, self._context, layer, head, self.numbers.query.value(), self.numbers.top.value())
+            return (conv, self._context, layer, self.formula_head, self.numbers.query.value(), self.numbers.top.value())
         if view == ATLAS:
             return (self._model_path(),)
         return None
@@ -241,9 +262,6 @@ class AttentionPanel(QWidget):
             self.status.setText("Load a model to see its attention.")
             return None
         key = self._key(view)
-        if view == NUMBERS and key is None:
-            self.numbers.explanation.setText("The formula is per head: choose one head (not the mean or max).")
-            return None
         if key is None or (not force and (self._done.get(view) == key or self._asked.get(view) == key)):
             return None
         conv = self.main.current_conversation
@@ -256,7 +274,7 @@ class AttentionPanel(QWidget):
         if view == SNAPSHOT:
             rid = self.client.snapshot(conv, history, system, layer, head)
         elif view == NUMBERS:
-            rid = self.client.explain(conv, history, system, layer, int(head), self.numbers.query.value(),
+            rid = self.client.explain(conv, history, system, layer, self.formula_head, self.numbers.query.value(),
                                       self.numbers.top.value())
         else:
             rid = self.client.atlas()
@@ -299,6 +317,8 @@ class AttentionPanel(QWidget):
             if rid == request:
                 del self._pending[view]
                 self._asked.pop(view, None)
+                if view == NUMBERS:   # e.g. a query token past the end of an edited conversation
+                    self.numbers.show_failure(message)
         self.status.setText(message)
 
     # ---- export ------------------------------------------------------------------------
