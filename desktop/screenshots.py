@@ -16,6 +16,7 @@ Headless; settings and the database live in a temporary folder. Must not import 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,8 +48,13 @@ def _settle(app: QApplication, ms: int = 150) -> None:
 
 
 def _save(widget: QWidget, path: Path, written: list[Path]) -> None:
-    widget.grab().save(str(path))
-    written.append(path)
+    """Write ``widget`` as drawn to ``path`` and say so at once (one line per file: a run
+    takes minutes, most of them waiting for the model's replies)."""
+    if widget.grab().save(str(path)):
+        written.append(path)
+        print(path, flush=True)
+    else:
+        print(f"attnchat: could not write {path}", file=sys.stderr, flush=True)
 
 
 def _wait(signal, timeout_s: float) -> object:
@@ -190,6 +196,5 @@ def run(args: argparse.Namespace) -> int:
         _serve_and_connect(app, window, out, written)
         window.close()
         store.close()
-    for p in written:
-        print(p)
+    print(f"{len(written)} screenshots in {out}", flush=True)
     return 0 if written else 1

@@ -16,12 +16,19 @@ import sqlite3
 
 from desktop.chat.store import DEFAULT_TITLE
 
-__all__ = ["ReplyActions", "TITLE_CHARS"]
+__all__ = ["ReplyActions", "TITLE_CHARS", "auto_title"]
 
 log = logging.getLogger(__name__)
 
 #: A new conversation's title: the first line of its first message, cut at this many characters.
 TITLE_CHARS = 48
+
+
+def auto_title(text: str) -> str:
+    """The title a conversation gets from its first message: its first line, cut at
+    :data:`TITLE_CHARS` characters (with "…")."""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return first[:TITLE_CHARS] + ("…" if len(first) > TITLE_CHARS else "")
 
 
 class ReplyActions:
@@ -57,6 +64,9 @@ class ReplyActions:
         if not text.strip() or not self._can_start():
             return
         editing = self._editing
+        # The edited message's text as it was: a title made from it follows the edit.
+        before = next((self.messages.message(r)["content"] for r in range(self.messages.rowCount())
+                       if self.messages.message(r)["id"] == editing), None) if editing else None
         try:
             self._save_unsaved()
             conv = self._conv_id or self.new_conversation()
@@ -84,10 +94,11 @@ class ReplyActions:
         # The session is rebuilt from this history: the cache is reused up to the first changed token.
         request = self.engine.send(conv, history, text, self.generation())
         self._sent = (conv, msg.id, text)
-        if self.conversations.title(conv) == DEFAULT_TITLE:
-            first = text.strip().splitlines()[0]
-            try:
-                self.store.rename(conv, first[:TITLE_CHARS] + ("…" if len(first) > TITLE_CHARS else ""))
+        title = self.conversations.title(conv)
+        first_edited = editing and not any(m[0] == "user" for m in history)
+        if title == DEFAULT_TITLE or (first_edited and before is not None and title == auto_title(before)):
+            try:   # a new chat's first message, or an edit of it under the title made from it
+                self.store.rename(conv, auto_title(text))
             except (sqlite3.Error, OSError):  # a title is not worth stopping the message for
                 log.warning("could not save the conversation's title", exc_info=True)
         self.conversations.refresh(conv)

@@ -15,6 +15,7 @@ from PySide6.QtCore import QCoreApplication, QEvent, Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox, QSplitter, QStackedWidget, QWidget
 
+import models
 from desktop.chat.conversations import ConversationListModel, ConversationPanel
 from desktop.chat.pages import ASK, ChatPage, EmptyState
 from desktop.chat.status_bar import ChatStatusBar
@@ -236,13 +237,24 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self.engine.load(source, self.settings.get("model/device"))
         self._sync()
 
+    @staticmethod
+    def models_folder() -> str:
+        """Where File > Open model… starts: the models folder (:func:`models.models_dir`, where
+        downloads go); "" (the current folder) when it cannot be made."""
+        try:
+            return str(models.models_dir())
+        except OSError:
+            return ""
+
     def open_model_file(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open a model file", "", "GGUF models (*.gguf);;All files (*)")
+        path, _ = QFileDialog.getOpenFileName(self, "Open a model file", self.models_folder(),
+                                              "GGUF models (*.gguf);;All files (*)")
         if path:
             self.load_model(path)
 
     def open_model_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Open a model folder (config.json + safetensors)")
+        path = QFileDialog.getExistingDirectory(self, "Open a model folder (config.json + safetensors)",
+                                                self.models_folder())
         if path:
             self.load_model(path)
 

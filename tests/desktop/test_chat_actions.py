@@ -189,3 +189,61 @@ def test_an_edit_is_one_transaction(tmp_path):
     assert [(m.role, m.content) for m in store.messages(conv)] == [("user", "a"), ("assistant", "b"), ("user", "c, edited")]
     assert new.id > ids[-1]
     store.close()
+
+
+def test_editing_the_first_message_retitles_a_chat_titled_after_it(qtbot, make_window):
+    w = make_window(script=["Paris."])
+    send(qtbot, w, "What is the capital of France? Answer with a short list of three facts.")
+    conv = w.current_conversation
+    assert w.conversations.title(conv) == "What is the capital of France? Answer with a sho…"
+    send(qtbot, w, "And of Spain?")
+    click(qtbot, w, 2, "edit")   # not the first message: the title stays
+    w.input.setPlainText("And of Portugal?")
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        w.input.submit()
+    assert w.conversations.title(conv).startswith("What is the capital of France?")
+    click(qtbot, w, 0, "edit")
+    w.input.setPlainText("What is the capital of Italy?")
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        w.input.submit()
+    assert w.conversations.title(conv) == "What is the capital of Italy?"
+    assert w.windowTitle() == "What is the capital of Italy? — attnchat"
+    # A title the user chose stays.
+    w.store.rename(conv, "Capitals")
+    w.conversations.refresh(conv)
+    click(qtbot, w, 0, "edit")
+    w.input.setPlainText("What is the capital of Peru?")
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        w.input.submit()
+    assert w.conversations.title(conv) == "Capitals"
+
+
+def test_open_model_starts_in_the_models_folder(qtbot, make_window, tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QFileDialog
+
+    folder = tmp_path / "my-models"
+    monkeypatch.setenv("ATTNCHAT_MODELS_DIR", str(folder))
+    asked = []
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: asked.append(a) or ("", "")))
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", staticmethod(lambda *a, **k: asked.append(a) or ""))
+    w = make_window()
+    opens = {a.text(): a for a in w.file_menu.actions()}
+    opens["&Open model…"].trigger()
+    opens["Open model &folder…"].trigger()
+    assert [a[2] for a in asked] == [str(folder), str(folder)] and folder.is_dir()
+
+
+def test_each_screenshot_is_announced_as_it_is_written(qtbot, tmp_path, capsys):
+    from PySide6.QtWidgets import QLabel
+
+    from desktop.screenshots import _save
+
+    label = QLabel("hello")
+    qtbot.addWidget(label)
+    written = []
+    _save(label, tmp_path / "a.png", written)
+    assert capsys.readouterr().out == f"{tmp_path / 'a.png'}\n" and written == [tmp_path / "a.png"]
+    _save(label, tmp_path / "missing" / "b.png", written)   # a folder that is not there: said, not listed
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == f"attnchat: could not write {tmp_path / 'missing' / 'b.png'}\n"
+    assert written == [tmp_path / "a.png"]
