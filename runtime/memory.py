@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from runtime.config import ModelConfig
-from runtime.device import default_dtype
+from runtime.device import compute_dtype, default_dtype
 from runtime.dtypes import QUANTIZED_CACHE_DTYPES, SCALE_BYTES, dtype_name, parse_cache_dtype, parse_weight_dtype, vector_bytes
 
 
@@ -258,7 +258,7 @@ def plan(
     layers: int,
     kv_heads: int,
     head_dim: int,
-    cache_dtype: str | torch.dtype = "float32",
+    cache_dtype: str | torch.dtype | None = None,
     context: int,
     budget_bytes: int | None = None,
     config: ModelConfig | None = None,
@@ -271,13 +271,16 @@ def plan(
 
     Args:
         layers, kv_heads, head_dim: the model's shape (from ``config`` when given).
-        cache_dtype: KV-cache dtype name.
+        cache_dtype: KV-cache dtype name (default: what the cache takes on ``device`` with
+            those weights, :func:`runtime.device.compute_dtype`: float32 on the CPU,
+            float16 on CUDA and MPS for their default float16 weights).
         context: context length in tokens (> 0).
         budget_bytes: optional KV budget in bytes: reports the longest context that fits.
         config: a model config: adds weights bytes and parameters.
         weights_dtype: weights' dtype for that figure (default: ``device``'s default,
             :func:`runtime.device.default_dtype`; float16 on the CPU).
-        device: whose free memory to report.
+        device: the device planned for (its defaults) and whose free memory to report
+            (none for a device this machine does not have).
         windows: per layer its sliding window in tokens or None (from ``config`` when
             given); default every layer full.
         n_heads: query heads per layer (from ``config`` when given): adds the
@@ -290,6 +293,12 @@ def plan(
         raise ValueError(f"the context must be a positive number of tokens; got {context}")
     if budget_bytes is not None and budget_bytes < 0:
         raise ValueError(f"the budget must not be negative; got {budget_bytes} bytes")
+    if cache_dtype is None:
+        dev = torch.device(device)
+        try:
+            cache_dtype = compute_dtype(dev, default_dtype(dev) if weights_dtype is None else weights_dtype)
+        except ValueError:
+            raise ValueError(f"unknown weights dtype {weights_dtype!r}; use float32, bfloat16, float16 or int8") from None
     dt = parse_cache_dtype(cache_dtype)
     eb, sb = dt.itemsize, (SCALE_BYTES if dt in QUANTIZED_CACHE_DTYPES else 0)
     per_token = cache_bytes_per_token(layers, kv_heads, head_dim, dt)

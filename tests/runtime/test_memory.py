@@ -88,3 +88,64 @@ def test_memory_command_half_given_numbers_exit_2():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "give all three" in out.stderr
+
+
+def _memory(capsys, *args: str) -> tuple[int, str, str]:
+    from attnchat import cli
+
+    status = cli.main(["memory", *args])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def _rows(out: str) -> dict[str, str]:
+    """The table's rows, label -> value (columns are two or more spaces apart)."""
+    import re
+
+    return dict(re.split(r"\s{2,}", ln.strip(), maxsplit=1) for ln in out.splitlines() if ln.strip())
+
+
+SHAPE = ("--layers", "30", "--kv-heads", "3", "--head-dim", "64")
+
+
+def test_a_device_this_machine_lacks_is_planned_for_with_its_defaults(capsys, monkeypatch):
+    """CUDA computes in float16 and its cache takes that dtype: half the CPU's bytes per token,
+    whether or not this machine has CUDA (it is hidden here so a GPU machine agrees)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    status, out, err = _memory(capsys, *SHAPE, "--device", "cuda", "--context", "100")
+    assert status == 0, err
+    rows = _rows(out)
+    assert rows["KV bytes per token"] == "23,040 (float16)"
+    assert rows["device"] == "cuda: not on this machine (no CUDA here); planned for its defaults, free memory unknown"
+    assert not [k for k in rows if k.startswith("free memory")]
+    status, out, _ = _memory(capsys, *SHAPE, "--device", "cuda", "--context", "100", "--json")
+    data = json.loads(out)
+    assert (data["kv_bytes_per_token"], data["cache_dtype"], data["device_here"], data["free_device_bytes"]) == \
+        (23_040, "float16", False, None)
+    status, out, _ = _memory(capsys, *SHAPE, "--device", "cpu", "--context", "100", "--json")
+    assert (json.loads(out)["kv_bytes_per_token"], json.loads(out)["device_here"]) == (46_080, True)
+
+
+def test_absurd_contexts_and_unknown_devices_are_one_line(capsys):
+    status, out, err = _memory(capsys, *SHAPE, "--context", "1000000000000")
+    assert status == 2 and not out
+    assert err == "attnchat: error: --context 1,000,000,000,000 is past any model's reach; give at most " \
+                  "1,000,000,000 tokens\n"
+    status, _, err = _memory(capsys, *SHAPE, "--context", "10", "--device", "tpu")
+    assert status == 2 and err.count("\n") == 1 and "unknown device 'tpu'" in err
+
+
+def test_one_kv_head_is_singular(capsys):
+    status, out, _ = _memory(capsys, "--layers", "2", "--kv-heads", "1", "--head-dim", "4", "--context", "10")
+    assert "2 layers x 1 KV head x 4" in out and "multi-query (1 KV head)" in out and "KV heads" not in out
+
+
+@pytest.mark.slow
+def test_a_context_past_the_model_says_where_it_stops(capsys, default_model_file):
+    status, out, err = _memory(capsys, "--model", str(default_model_file), "--context", "100000", "--budget-mib", "10000")
+    assert status == 0, err
+    rows = _rows(out)
+    assert rows["KV bytes at 100,000 tokens"] == "4,608,000,000 (4,394.5 MiB) (the model stops at 8,192)"
+    assert rows["longest context in 10000 MiB"] == "227,555 tokens (the model stops at 8,192)"
