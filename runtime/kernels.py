@@ -37,7 +37,9 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 #: Bump when kernels or their timing change: older choice files are measured again.
-CHOICE_VERSION = 2
+#: 3: bfloat16 weights compute in float32 (new candidates); choices timed on a busy
+#: machine are no longer kept (some version-2 files held such choices).
+CHOICE_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -319,6 +321,13 @@ def load_or_measure(
         except (OSError, ValueError, KeyError, TypeError):
             kept = {} if not isinstance(kept, dict) else kept
     choice = measure_fn()
+    load = machine_load()
+    if load is not None and load >= (os.cpu_count() or 1):
+        # Other programs had the cores: the timings may be off by orders of magnitude
+        # (oneDNN's GEMV timed at 45 ms instead of 0.2 on a 2-core AMD EPYC Zen 3 at load
+        # 5). Used for this run, measured again next time.
+        log.info("kernel choice not kept: measured at load %.1f on %d CPUs", load, os.cpu_count() or 1)
+        return choice
     if path is not None and path.parent.exists():
         info = cpu_info()
         kept = kept if isinstance(kept.get("choices"), dict) else {}
@@ -333,6 +342,14 @@ def load_or_measure(
             log.warning("could not keep the kernel choice", exc_info=True)
             tmp.unlink(missing_ok=True)
     return choice
+
+
+def machine_load() -> float | None:
+    """The 1-minute load average (runnable processes; None where the OS has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
 
 
 def describe(choice: KernelChoice | None) -> dict:

@@ -84,7 +84,8 @@ def test_measure_picks_the_fastest(monkeypatch):
     assert choice.measured
 
 
-def test_the_choice_is_kept_per_machine_and_dtype(tmp_path):
+def test_the_choice_is_kept_per_machine_and_dtype(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernels, "machine_load", lambda: 0.2)  # a quiet machine
     measured = []
 
     def measure():
@@ -101,6 +102,17 @@ def test_the_choice_is_kept_per_machine_and_dtype(tmp_path):
     assert set(kept["choices"]) == {"float32", "float16"}
     next(tmp_path.glob("kernels-*.json")).write_text("{not json")
     assert kernels.load_or_measure(tmp_path, torch.float32, measure) == first and measured == [1, 1]
+
+
+def test_a_choice_timed_on_a_busy_machine_is_used_but_not_kept(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setattr(kernels, "machine_load", lambda: float(os.cpu_count() or 1) + 3)
+    choice = kernels.load_or_measure(tmp_path, torch.float32, lambda: KernelChoice("mkl", "mkl", measured=True))
+    assert choice.decode == "mkl" and not list(tmp_path.glob("kernels-*.json"))
+    monkeypatch.setattr(kernels, "machine_load", lambda: 0.1)
+    kernels.load_or_measure(tmp_path, torch.float32, lambda: KernelChoice("onednn", "onednn", measured=True))
+    assert json.loads(next(tmp_path.glob("kernels-*.json")).read_text())["choices"]["float32"]["decode"] == "onednn"
 
 
 def test_machine_facts():
