@@ -27,6 +27,8 @@ would need Python per layer.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections import OrderedDict
 
 import torch
@@ -36,6 +38,38 @@ from runtime.kv_cache import KVCache
 log = logging.getLogger(__name__)
 
 DECODE_MODES = ("eager", "static", "graph", "compile")
+#: The environment variable naming inductor's on-disk cache (torch's own).
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def use_inductor_cache() -> str:
+    """Point inductor's on-disk cache (compiled graphs, AOT and FX graph caches) at
+    ``<attnchat cache>/inductor/<machine key>`` unless ``TORCHINDUCTOR_CACHE_DIR`` names
+    one already; returns the folder in use.
+
+    torch's default is a folder under ``/tmp``, which a reboot empties, and a compiled
+    decode step takes minutes to build on a CPU. The machine key
+    (:func:`runtime.kernels.machine_key`: CPU model and flags, torch version, threads)
+    keeps another machine's or torch's artifacts apart; the model's shape is in inductor's
+    own keys. Falls back to torch's default when the app's cache folder cannot be made.
+    """
+    import os
+
+    from runtime.kernels import machine_key
+
+    if os.environ.get(INDUCTOR_CACHE_ENV):
+        return os.environ[INDUCTOR_CACHE_ENV]
+    try:
+        from models import paths
+
+        folder = paths.cache_dir() / "inductor" / machine_key()
+        folder.mkdir(parents=True, exist_ok=True)
+        os.environ[INDUCTOR_CACHE_ENV] = str(folder)
+    except OSError:
+        log.warning("no app cache folder for compiled code; using torch's default", exc_info=True)
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()
 
 
 class DecodeStep:
@@ -66,6 +100,13 @@ class DecodeStep:
         # (capacity, dtype, every buffer's address) -> (graph, its output buffer)
         self._graphs: OrderedDict[tuple, tuple] = OrderedDict()
         self._compiled = None
+        self._marked: tuple[int, int] | None = None  # (cache, capacity) whose buffers were marked dynamic
+        #: ``"compile"`` mode: ``"none"`` (not compiled yet), ``"compiling"`` (in the background,
+        #: :meth:`prepare`; tokens decode eagerly meanwhile), ``"ready"``, ``"failed"`` (no C++
+        #: compiler, an inductor error: eager from then on, said once in the log).
+        self.compile_state = "none"
+        self.compile_seconds: float | None = None  # how long the first compiled step took
+        self._prepared = threading.Event()
         self.captures = 0  # CUDA graphs captured so far (one per capacity bucket)
 
     def _inputs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,7 +134,7 @@ class DecodeStep:
             ValueError: a position past the model's maximum context.
         """
         decoder = self.decoder
-        if not self.static_ok(cache):
+        if not self.static_ok(cache) or (self.mode == "compile" and self.compile_state in ("compiling", "failed")):
             # Python per layer (the attention capture, a head knock-out): a graph or a
             # compiled step would bake in what it saw at capture time. Sliding-window
             # layers (a bounded buffer that moves), quantized caches and length-dependent
@@ -114,16 +155,80 @@ class DecodeStep:
         if self.mode == "graph":
             out = self._replay(tok, pos, cache)
         elif self.mode == "compile":
-            if self._compiled is None:
-                self._compiled = torch.compile(decoder.decode_static, fullgraph=True)
-            # Outside inference mode (no gradients all the same): compiled code cannot
-            # take views of the tensors it writes while inference mode is on.
-            with torch.inference_mode(False), torch.no_grad():
-                out = self._compiled(tok, pos, cache)
+            out = self._run_compiled(tok, pos, cache, first=self.compile_state == "none")
+            if out is None:  # it could not compile: this token eagerly (the slot is reserved)
+                return decoder(tok.clone(), cache, last_only=True)
         else:
             out = decoder.decode_static(tok, pos, cache)
         cache.advance(1)
         return out
+
+    def _run_compiled(self, tok: torch.Tensor, pos: torch.Tensor, cache: KVCache, *, first: bool) -> torch.Tensor | None:
+        """The compiled static step (``first``: the call that compiles it); None when
+        compiling failed (:attr:`compile_state` then says ``"failed"``)."""
+        if self._compiled is None:
+            use_inductor_cache()
+            self._compiled = torch.compile(self.decoder.decode_static, fullgraph=True)
+        if self._marked != (id(cache), cache.capacity):
+            # One graph for every capacity: the buffers' token axis is symbolic (else a
+            # grown cache compiles a second, dynamic graph: minutes on a CPU).
+            for t in (*cache.k, *cache.v):
+                torch._dynamo.maybe_mark_dynamic(t, 2)
+            self._marked = (id(cache), cache.capacity)
+        t0 = time.perf_counter()
+        try:
+            # Outside inference mode (no gradients all the same): compiled code cannot
+            # take views of the tensors it writes while inference mode is on.
+            with torch.inference_mode(False), torch.no_grad():
+                out = self._compiled(tok, pos, cache)
+        except Exception as e:  # noqa: BLE001 - no C++ compiler, an inductor or dynamo error
+            if not first:
+                raise
+            self.compile_state = "failed"
+            log.warning("the compiled decode step failed to build (%s: %s); decoding eagerly",
+                        type(e).__name__, str(e).strip().splitlines()[0] if str(e).strip() else "")
+            return None
+        if first:
+            self.compile_seconds = time.perf_counter() - t0
+            self.compile_state = "ready"
+            log.info("compiled the decode step in %.1f s (inductor cache %s)", self.compile_seconds, use_inductor_cache())
+        return out
+
+    def prepare(self, cache: KVCache, *, background: bool = True) -> threading.Event:
+        """Compile the step before the first token (``"compile"`` mode; other modes: nothing
+        to do), decoding one token into ``cache``, a scratch cache the caller then drops.
+
+        With ``background``, a thread compiles while :meth:`__call__` decodes eagerly;
+        :attr:`compile_state` says where it stands. Minutes the first time on a machine,
+        much less once inductor's on-disk cache holds the step (:func:`use_inductor_cache`).
+
+        Returns:
+            an event set when the compiled step is ready or has failed.
+        """
+        if self.mode != "compile" or self.compile_state != "none" or not self.static_ok(cache):
+            self._prepared.set()
+            return self._prepared
+        self.compile_state = "compiling"
+
+        def run() -> None:
+            try:
+                with torch.inference_mode():
+                    cache.reserve(1)
+                with torch.inference_mode(False):  # inputs of its own: the caller's may be in use
+                    tok = torch.zeros((1, 1), dtype=torch.long, device=cache.device)
+                    pos = torch.full((1,), cache.length, dtype=torch.long, device=cache.device)
+                self._run_compiled(tok, pos, cache, first=True)
+            except Exception:  # noqa: BLE001 - whatever it was, decoding goes on eagerly
+                self.compile_state = "failed"
+                log.warning("preparing the compiled decode step failed; decoding eagerly", exc_info=True)
+            finally:
+                self._prepared.set()
+
+        if background:
+            threading.Thread(target=run, name="attnchat-compile-decode", daemon=True).start()
+        else:
+            run()
+        return self._prepared
 
     def static_ok(self, cache: KVCache) -> bool:
         """Whether this step may run at static shapes on ``cache`` (else it runs eagerly)."""
@@ -177,3 +282,4 @@ class DecodeStep:
         """Drop captured graphs and compiled code (after the weights or kernels change)."""
         self._graphs.clear()
         self._compiled = None
+        self._marked = None

@@ -148,9 +148,31 @@ class Model:
             CacheLimitError: the cache cannot take the token.
             ValueError: a position past the model's maximum.
         """
+        return self._decode_step()(token, cache)
+
+    def _decode_step(self) -> DecodeStep:
         if self._step is None or self._step.mode != self.decode_mode:
             self._step = DecodeStep(self.decoder, self.decode_mode)
-        return self._step(token, cache)
+        return self._step
+
+    def prepare_decode(self, *, background: bool = True):
+        """Compile the decode step now rather than on the first message (``"compile"``
+        mode; a no-op in the others): in a background thread by default, while
+        :meth:`decode_next` decodes eagerly. :attr:`decode_state` says where it stands.
+
+        Returns:
+            a ``threading.Event`` set once the compiled step is ready or has failed.
+        """
+        return self._decode_step().prepare(self.new_cache(self.config.max_position_embeddings), background=background)
+
+    @property
+    def decode_state(self) -> str:
+        """``"eager"``, ``"static"`` or ``"graph"`` (the mode), or for ``"compile"`` where the
+        compiled step stands: ``"compile: none"`` (compiles on the first token),
+        ``"compile: compiling"``, ``"compile: ready"``, ``"compile: failed"`` (decodes eagerly)."""
+        if self.decode_mode != "compile":
+            return self.decode_mode
+        return f"compile: {self._decode_step().compile_state}"
 
     def encode(self, text: str) -> list[int]:
         """Text -> token ids (no special tokens added)."""

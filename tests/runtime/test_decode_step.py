@@ -7,6 +7,8 @@ same step runs here too.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -176,3 +178,56 @@ def test_python_hooks_take_the_eager_path(tiny_dir):
     assert not step.static_ok(cache)
     model.decoder.observer = None
     assert step.static_ok(cache) and not DecodeStep(model.decoder, "eager").static_ok(cache)
+
+
+@pytest.mark.slow
+def test_the_compiled_step_compiles_once_for_every_capacity_and_in_the_background(tiny_dir, tmp_path, monkeypatch):
+    """One graph (the cache's token axis symbolic) across capacity buckets; prepared in a
+    background thread while tokens decode eagerly; kept in the app's inductor folder."""
+    from torch._dynamo.utils import counters
+
+    from runtime.decode_step import INDUCTOR_CACHE_ENV, use_inductor_cache
+
+    monkeypatch.delenv(INDUCTOR_CACHE_ENV, raising=False)
+    monkeypatch.setenv("ATTNCHAT_CACHE_DIR", str(tmp_path))
+    folder = use_inductor_cache()
+    assert folder.startswith(str(tmp_path / "inductor")) and len(folder.rsplit("/", 1)[1]) == 16
+    model = load_model(tiny_dir["llama"], device="cpu", dtype="float32", decode="compile")
+    assert model.decode_state == "compile: none"
+    torch._dynamo.reset()
+    counters.clear()
+    done = model.prepare_decode(background=True)
+    assert model.decode_state in ("compile: compiling", "compile: ready")
+    ids_e, rows_e, _ = _decode(model, "eager", 40)  # meanwhile: eager, same results
+    cache = model.new_cache(model.config.max_position_embeddings)
+    cache.chunk_tokens = 16
+    logits = model.logits(PROMPT, cache, last_only=True)[0, -1]
+    ids, rows = [], []
+    for i in range(40):  # crosses three capacity buckets
+        if i == 5:
+            assert done.wait(600) and model.decode_state == "compile: ready"
+        ids.append(int(logits.argmax()))
+        logits = model.decode_next(ids[-1], cache)[0, -1].clone()
+        rows.append(logits)
+    assert ids == ids_e
+    torch.testing.assert_close(torch.stack(rows), rows_e, atol=1e-4, rtol=1e-4)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert any(Path(folder).rglob("*.py"))  # inductor wrote the compiled step there
+
+
+def test_a_step_that_cannot_compile_decodes_eagerly(tiny_dir, monkeypatch):
+    """No C++ compiler (or any inductor error): one log line, then the eager path, same tokens."""
+    def broken(fn, **kwargs):
+        def run(*args):
+            raise RuntimeError("InductorError: no C++ compiler found")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken)
+    model = load_model(tiny_dir["llama"], device="cpu", dtype="float32")
+    ids_e, rows_e, _ = _decode(model, "eager", 20)
+    step = DecodeStep(model.decoder, "compile")
+    assert step.prepare(model.new_cache(64), background=False).is_set()
+    assert step.compile_state == "failed"
+    ids_c, rows_c, _ = _decode(model, "compile", 20)  # a fresh step: fails on its first token
+    assert ids_c == ids_e
+    torch.testing.assert_close(rows_c, rows_e, atol=1e-6, rtol=1e-6)
