@@ -46,7 +46,11 @@ FIGURES = ("load_s", "ttft_s", "prefill_tokens_per_s", "followup_ttft_s", "peak_
 #: engine's default). ``ours-default`` is our engine as the app runs it
 #: (runtime.device.default_dtype: on the CPU, float16 weights computing in float32);
 #: ``ours-int8`` our 8-bit weights; llama.cpp always runs the GGUF's own quantized weights.
+#: ``ours-compile`` / ``ours-default-compile``: the same with the compiled decode step (its
+#: first build is timed apart, ``compile_s``: cold on a machine's first run, then from
+#: inductor's on-disk cache).
 ENGINES = {"ours": ("ours", True), "ours-default": ("ours", None), "ours-int8": ("ours", "int8"),
+           "ours-compile": ("ours-compile", True), "ours-default-compile": ("ours-compile", None),
            "ours-eager": ("ours-eager", True), "transformers": ("transformers", True),
            "transformers-compiled": ("transformers-compiled", True), "llamacpp": ("llamacpp", None)}
 #: The engines run without ``--engines``, per device. On a GPU: ours as the app decodes
@@ -65,7 +69,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="depths 128 and 1,024 only (else also 4,096)")
     p.add_argument("--repeats", type=int, default=3, metavar="N", help="repetitions per engine (default 3)")
     p.add_argument("--engines", default=None,
-                   help="comma-separated: ours,ours-default,ours-int8,transformers,llamacpp (default: all available)")
+                   help="comma-separated: ours,ours-default,ours-int8,ours-compile,ours-default-compile,transformers,llamacpp "
+                        "(default on the CPU: ours,ours-default,ours-int8,transformers,llamacpp)")
     p.add_argument("--dtype", default=None,
                    help="weights' dtype for ours and transformers, compared like for like (default float32 on the CPU, float16 on CUDA)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where every engine runs (default cpu)")
@@ -230,6 +235,8 @@ def run(args: argparse.Namespace) -> int:
         s["decode_mode"] = runs[0].get("decode_mode")
         if runs[0].get("kernels"):
             s["kernels"] = runs[0]["kernels"]
+        if runs[0].get("compile_s") is not None:
+            s["compile_s"] = [r["compile_s"] for r in runs]  # each run's: the first is cold on a new machine
         if runs[0].get("peak_gpu_bytes") is not None:
             s["peak_gpu_bytes"] = _summary([r["peak_gpu_bytes"] for r in runs])
         summary[engine] = s
@@ -279,6 +286,9 @@ def _ratios(summary: dict, depths: list[str]) -> dict:
         # decode, and against our own eager decode
         "decode_1k_vs_transformers_compiled": div(ours_dec, med("transformers-compiled", "decode_tokens_per_s", d1k)),
         "decode_1k_vs_ours_eager": div(ours_dec, med("ours-eager", "decode_tokens_per_s", d1k)),
+        # on the CPU: the compiled decode step over the eager one, at --dtype and as the app runs
+        "compiled_decode_1k_vs_ours": div(med("ours-compile", "decode_tokens_per_s", d1k), ours_dec),
+        "default_compiled_decode_1k_vs_default": div(med("ours-default-compile", "decode_tokens_per_s", d1k), dflt_dec),
     }
 
 
@@ -297,6 +307,9 @@ def _print_table(summary: dict, ratios: dict) -> None:
     widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
     for r in [head] + rows:
         print("  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+    for engine, s in summary.items():
+        if s.get("compile_s"):
+            print(f"compile, {engine}: {', '.join(f'{c:.1f}' for c in s['compile_s'])} s (each run's first compiled step)")
     for engine, s in summary.items():
         k = s.get("kernels")
         if k:
@@ -319,7 +332,7 @@ def plot(report: dict, path: str) -> None:
     w.addLegend()
     w.setLabel("bottom", "context depth (tokens)")
     w.setLabel("left", "decode tokens / s")
-    colours = {"ours": "#d62728", "ours-default": "#ff7f0e", "ours-eager": "#9467bd", "ours-int8": "#8c564b", "transformers": "#1f77b4",
+    colours = {"ours": "#d62728", "ours-default": "#ff7f0e", "ours-eager": "#9467bd", "ours-int8": "#8c564b", "ours-compile": "#e377c2", "ours-default-compile": "#bcbd22", "transformers": "#1f77b4",
                "transformers-compiled": "#17becf", "llamacpp": "#2ca02c"}
     for engine, s in report["summary"].items():
         xs = [int(d) for d in s["decode_tokens_per_s"]]

@@ -67,6 +67,12 @@ class Ours:
         self.kernels = None if k is None else {"decode": k.decode, "prefill": k.prefill, "timings_us": k.timings_us}
         self.cache = None
 
+    @property
+    def compile_seconds(self) -> float | None:
+        """The compiled decode step's first build (``"compile"`` mode), else None."""
+        step = self.model._step
+        return None if step is None or self.decode_mode != "compile" else step.compile_seconds
+
     def _prefill(self, ids: list[int], chunk: int = 512):
         logits = None
         for i in range(0, len(ids), chunk):
@@ -189,6 +195,7 @@ class LlamaCpp:
 ENGINES = {
     "ours": Ours,
     "ours-eager": lambda path, dtype, device: Ours(path, dtype, device, decode="eager"),
+    "ours-compile": lambda path, dtype, device: Ours(path, dtype, device, decode="compile"),
     "transformers": Transformers,
     "transformers-compiled": lambda path, dtype, device: Transformers(path, dtype, device, compiled=True),
     "llamacpp": LlamaCpp,
@@ -280,6 +287,7 @@ def measure(args: argparse.Namespace) -> dict:
         "prefill_tokens_per_s": args.prefill_tokens / ttft if ttft > 0 else 0.0,
         "decode_tokens_per_s": decode, "followup_ttft_s": followup, "peak_rss_bytes": rss,
         "kv_bytes_per_token": engine.kv_bytes_per_token, "kernels": getattr(engine, "kernels", None),
+        "compile_s": getattr(engine, "compile_seconds", None),
         "peak_gpu_bytes": torch.cuda.max_memory_allocated() if cuda else None,
     }
 

@@ -112,3 +112,15 @@ def test_bench_refuses_cuda_without_a_gpu(tiny_folder):
     proc = subprocess.run([sys.executable, "-m", "attnchat", "bench", "--model", str(tiny_folder), "--device", "cuda"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "CUDA is not available" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_compiled_engine_reports_its_compile_time(tiny_folder):
+    """ours-compile decodes with the compiled step and times its first build apart."""
+    from attnchat import bench_worker
+
+    args = bench_worker.argparse.Namespace(
+        engine="ours-compile", model=str(tiny_folder), dtype="float32", device="cpu", seed=0, prefill_tokens=16,
+        depths=[16], decode_tokens=5, followup_context=20, followup_tokens=4)
+    r = bench_worker.measure(args)
+    assert r["decode_mode"] == "compile" and r["compile_s"] > 0 and r["decode_tokens_per_s"]["16"] > 0
