@@ -51,10 +51,12 @@ def test_static_step_equals_eager_float32(tiny_dir, family):
     ids_s, rows_s, cache_s = _decode(model, "static", 40)
     assert ids_s == ids_e
     torch.testing.assert_close(rows_s, rows_e, atol=1e-5, rtol=1e-5)
-    # Both wrote the same keys and values.
+    # Both wrote the same keys and values (float32 rounding apart: since RoPE's angles are
+    # float32 as in transformers, the gathered rows and the eager step's own rows differ in
+    # the last bits; Qwen3's per-head key norm then gave 1.6e-6 at one position, measured).
     n = cache_e.length
     for ke, ks in zip(cache_e.k, cache_s.k):
-        torch.testing.assert_close(ks[:, :, :n], ke[:, :, :n], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(ks[:, :, :n], ke[:, :, :n], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype,compute,tol", [("float16", None, 2e-2), ("float16", "float16", 2e-2),
