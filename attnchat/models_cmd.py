@@ -56,11 +56,15 @@ def _human_bytes(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
+#: What a model is for, by whether it has a chat template (None: not known before loading).
+USE = {True: "chat", False: "completion only (no chat template)", None: "-"}
+
+
 def _print_table(rows: list[ModelInfo], out: TextIO) -> None:
-    header = ("ID", "NAME", "SIZE", "STATUS", "SOURCE", "LICENSE", "PATH")
+    header = ("ID", "NAME", "SIZE", "STATUS", "USE", "SOURCE", "LICENSE", "PATH")
     table = [header] + [
         (r.id, r.name, _human_bytes(r.size_bytes), "installed" if r.installed else "not installed",
-         r.source, r.license or "-", str(r.path) if r.path is not None else "-")
+         USE[r.chat_template], r.source, r.license or "-", str(r.path) if r.path is not None else "-")
         for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]

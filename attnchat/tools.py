@@ -7,8 +7,9 @@ The tools reach the model one of two ways, chosen per model by :func:`template_r
   tools=...)``, under the template limits of :mod:`runtime.chat_format`) and tool
   results stay ``tool`` messages for the template to place.
 - **The fallback prompt** (:func:`system_prompt`, appended to the system prompt) for
-  every other template (SmolLM2's and Gemma 3's know no tools) and for models without
-  one; tool results become user messages (:func:`render_result`).
+  every other template (SmolLM2's knows no tools) and for models without one (Gemma 3
+  270M, a base model, has none: the conversation reaches it as plain text); tool results
+  become user messages (:func:`render_result`).
 
 Either way a call is written ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
 (the form Hermes-style templates ask for) and generated under a grammar

@@ -54,6 +54,8 @@ class ModelInfo:
         size_bytes: size on disk in bytes (the download size when not installed).
         source: ``"catalog"`` or ``"imported"``.
         license: the weights' license or terms (catalog models; "" when unknown).
+        chat_template: whether it has a chat template (False: a base model, completion
+            only); None when not known without loading it (imported models).
     """
 
     id: str
@@ -63,6 +65,7 @@ class ModelInfo:
     size_bytes: int
     source: Literal["catalog", "imported"]
     license: str = ""
+    chat_template: bool | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``path`` as a string or None)."""
@@ -129,7 +132,8 @@ def list_models() -> list[ModelInfo]:
     rows: list[ModelInfo] = []
     for entry in CATALOG:
         path = installed_path(entry)
-        rows.append(ModelInfo(entry.id, entry.name, path, path is not None, entry.size_bytes, "catalog", entry.license))
+        rows.append(ModelInfo(entry.id, entry.name, path, path is not None, entry.size_bytes, "catalog", entry.license,
+                              entry.chat_template))
     catalog_files = {entry.filename for entry in CATALOG}
     for child in sorted(folder.iterdir(), key=lambda p: p.name.lower()):
         if child.name.startswith(".") or child.name in catalog_files:

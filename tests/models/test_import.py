@@ -226,15 +226,19 @@ def test_cli_list_json_and_table(folder, src, capsys):
     rows = json.loads(capsys.readouterr().out)
     assert rows[0] == {"id": DEFAULT_MODEL.id, "name": DEFAULT_MODEL.name, "path": None,
                        "installed": False, "size_bytes": DEFAULT_MODEL.size_bytes, "source": "catalog",
-                       "license": "Apache-2.0"}
+                       "license": "Apache-2.0", "chat_template": True}
     assert rows[1]["id"] == "gemma3-270m" and rows[1]["license"] == "Gemma Terms of Use"
+    assert rows[1]["chat_template"] is False  # the base model: it continues text
     assert rows[2]["path"] == str(folder / "tiny.gguf") and rows[2]["installed"] is True
+    assert rows[2]["chat_template"] is None  # not known before it is loaded
 
     assert models_cmd.run(parse("list")) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["ID", "NAME", "SIZE", "STATUS", "SOURCE", "LICENSE", "PATH"]
+    assert lines[0].split() == ["ID", "NAME", "SIZE", "STATUS", "USE", "SOURCE", "LICENSE", "PATH"]
     assert lines[1].startswith(DEFAULT_MODEL.id) and "not installed" in lines[1] and "93.8 MiB" in lines[1]
+    assert "  chat  " in lines[1] and "completion" not in lines[1]
     assert lines[2].startswith("gemma3-270m") and "241.4 MiB" in lines[2] and "Gemma Terms of Use" in lines[2]
+    assert "  completion only (no chat template)  " in lines[2]
     assert lines[3].startswith("tiny.gguf") and lines[3].endswith(str(folder / "tiny.gguf"))
     assert len(lines) == 4
 
