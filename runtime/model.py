@@ -363,7 +363,11 @@ class Decoder(nn.Module):
         self.layer_ropes: list[RopeSpec | None] = [
             cfg.layer_rope(i) if cfg.family == "llama" else None for i in range(cfg.n_layers)
         ]
-        self._rope_tables: dict[RopeSpec, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Keyed by the spec's repr, made here once: torch.compile guards on this dict's keys
+        # and takes only literal keys (a RopeSpec key made the compiled step fail when the
+        # eager path had filled the dict first), and cannot trace a dataclass's repr.
+        self._rope_keys = [repr(spec) for spec in self.layer_ropes]
+        self._rope_tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.observer: AttentionObserver | None = None
         self.compute_dtype: torch.dtype = torch.float32
         self.kernels: KernelChoice | None = None
@@ -414,7 +418,8 @@ class Decoder(nn.Module):
         if spec.type == "longrope" and end > spec.original_max_positions:
             cos, sin = rope_tables(spec, self.cfg.head_dim, start, end, seq_len=end)
             return cos.to(device, self.compute_dtype), sin.to(device, self.compute_dtype)
-        cos, sin = self._rope_tables.get(spec, (None, None))
+        key = self._rope_keys[layer]
+        cos, sin = self._rope_tables.get(key, (None, None))
         if cos is None or cos.shape[0] < end:
             n = min(-(-end // _ROPE_STEP) * _ROPE_STEP, max(self.cfg.max_position_embeddings, end))
             # Normal tensors even when first built under inference mode: the gradient
@@ -422,7 +427,7 @@ class Decoder(nn.Module):
             with torch.inference_mode(False):
                 cos, sin = rope_tables(spec, self.cfg.head_dim, 0, n)
                 cos, sin = cos.to(device, self.compute_dtype), sin.to(device, self.compute_dtype)
-            self._rope_tables[spec] = (cos, sin)
+            self._rope_tables[key] = (cos, sin)
         return cos[start:end], sin[start:end]
 
     @property

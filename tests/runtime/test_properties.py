@@ -34,7 +34,7 @@ def test_random_edit_of_an_earlier_message_gives_a_fresh_sessions_logits(tiny, t
     edited = list(msgs)
     edited[i] = Message(msgs[i].role, data.draw(text, label="new text"))
     warm.messages = edited[:-1]
-    warm.run(warm.send(edited[-1].content))
+    finish = warm.run(warm.send(edited[-1].content))
     cold = ChatSession(tiny, settings=GenerationSettings(max_new_tokens=1))
     cold.messages = edited[:-1]
     cold.run(cold.send(edited[-1].content))
@@ -43,7 +43,9 @@ def test_random_edit_of_an_earlier_message_gives_a_fresh_sessions_logits(tiny, t
     prompt = encode_messages(tiny.tokenizer, edited)
     assert warm.last_stats.prompt_tokens == len(prompt)
     assert 0 <= warm.last_stats.reused_tokens < len(prompt)
-    assert warm.cache.length == len(prompt)
+    # A length stop feeds its one sampled token to the cache (the next turn needs it; not
+    # when the token held only part of a character); an end-of-turn token does not stay.
+    assert warm.cache.length - len(prompt) in ((0, 1) if finish.reason == "length" else (0,))
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
