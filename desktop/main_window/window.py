@@ -120,6 +120,17 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
             act.setShortcut(QKeySequence(shortcut))
         return act
 
+    def add_file_action(self, action: QAction) -> None:
+        """Put ``action`` in the File menu right after "Open model folder…" (at the end when
+        that item is missing): where the model and server entries of add-ons belong."""
+        actions = self.file_menu.actions()
+        after = getattr(self, "open_folder_action", None)
+        at = actions.index(after) + 1 if after in actions else len(actions)
+        if at < len(actions):
+            self.file_menu.insertAction(actions[at], action)
+        else:
+            self.file_menu.addAction(action)
+
     def _build_menus(self) -> None:
         bar = self.menuBar()
         f = self.file_menu = bar.addMenu("&File")

@@ -194,11 +194,7 @@ class ModelSwitcher:
         self.action.setShortcut("Ctrl+M")
         self.action.setStatusTip("Switch between the catalog's models; download one (size and license shown first)")
         self.action.triggered.connect(self.open)
-        menu = window.file_menu
-        actions = menu.actions()
-        after = getattr(window, "open_folder_action", None)
-        at = actions.index(after) + 1 if after in actions else len(actions)
-        menu.insertAction(actions[at], self.action) if at < len(actions) else menu.addAction(self.action)
+        window.add_file_action(self.action)
 
     def open(self) -> ModelsDialog:
         """Open the dialog (not blocking); a chosen or downloaded model is loaded."""

@@ -235,14 +235,7 @@ class Connector(QObject):
         self.action.setObjectName("connectAction")
         self.action.setStatusTip("Chat through an OpenAI-compatible server (attnchat serve, vLLM, llama.cpp, Ollama)")
         self.action.triggered.connect(self.open)
-        menu = window.file_menu
-        actions = menu.actions()
-        after = getattr(window, "open_folder_action", None)
-        at = actions.index(after) + 1 if after in actions else len(actions)
-        if at < len(actions):
-            menu.insertAction(actions[at], self.action)
-        else:
-            menu.addAction(self.action)
+        window.add_file_action(self.action)
 
     def open(self) -> ConnectDialog:
         """Open the dialog (not blocking), filled with the server in use or the last one."""
