@@ -168,6 +168,9 @@ class DecodeStep:
         compiling failed (:attr:`compile_state` then says ``"failed"``)."""
         if self._compiled is None:
             use_inductor_cache()
+            from runtime.model import probe_linear_kernels
+
+            probe_linear_kernels()  # the traced step calls oneDNN only when probed before
             self._compiled = torch.compile(self.decoder.decode_static, fullgraph=True)
         if self._marked != (id(cache), cache.capacity):
             # One graph for every capacity: the buffers' token axis is symbolic (else a

@@ -637,14 +637,16 @@ def load_model(
 
 def _choose_kernels(decoder: Decoder, wdtype: torch.dtype, folder: Path | None) -> KernelChoice:
     """The CPU kernels for this decoder: kept beside a GGUF's converted weights, keyed by
-    the machine (:func:`runtime.kernels.load_or_measure`), else timed now on one matrix of
-    each shape (a fraction of a second; a folder model is timed at every load)."""
+    the machine (:func:`runtime.kernels.load_or_measure`), else timed now: decode streaming
+    every matrix of a token, prefill on one matrix of each shape (about a second for the
+    default model; a folder model is timed at every load)."""
     from runtime import kernels
 
     mats = decoder.kernel_matrices()
 
     def measure() -> KernelChoice:
-        choice = kernels.measure(mats, wdtype, prefill_matrices=mats[:-1])  # prefill: the head sees one row
+        choice = kernels.measure(mats, wdtype, prefill_matrices=mats[:-1],  # prefill: the head sees one row
+                                 token_matrices=decoder.token_matrices())
         log.info("kernels for %s weights: decode %s, prefill %s (us per token: %s)", wdtype, choice.decode,
                  choice.prefill, choice.timings_us)
         return choice

@@ -78,6 +78,36 @@ def _onednn_linear_op(dtype: torch.dtype = torch.float32):
 _ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
 
 
+#: Whether ``torch.ops.attnchat.onednn_linear`` is defined (by :func:`probe_linear_kernels`).
+_COMPILED_ONEDNN = False
+
+
+def probe_linear_kernels() -> None:
+    """Probe oneDNN's linear op now, and when it works define ``attnchat::onednn_linear``
+    (float32 ``x (..., in)``, ``weight (out, in)`` -> ``(..., out)``) for compiled code.
+
+    Call before ``torch.compile`` traces :func:`linear`, which cannot probe while tracing.
+    Inductor lowers oneDNN's own op only for weights frozen into the graph (a packed
+    copy of every weight), so the compiled step calls it through this opaque op instead.
+    """
+    global _COMPILED_ONEDNN
+    for dtype in _ONEDNN_DTYPES:
+        _onednn_linear_op(dtype)
+    if _COMPILED_ONEDNN or _ONEDNN_LINEAR.get(torch.float32) is None:
+        return
+    op = _ONEDNN_LINEAR[torch.float32]
+
+    @torch.library.custom_op("attnchat::onednn_linear", mutates_args=())
+    def onednn_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return op(x, weight, None, "none", [None], "")
+
+    @onednn_linear.register_fake
+    def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+    _COMPILED_ONEDNN = True
+
+
 #: float16 matrices up to this many elements are widened into a per-thread float32
 #: scratch buffer (16 MiB) instead of a fresh allocation: a fresh one faults its pages in
 #: every time, about three times the cost of the copy itself (measured here).
@@ -127,11 +157,21 @@ def linear(
       (tensor cores; on the CPU torch's float16 matrix-vector kernel reads weights at
       about 25 GB/s); on the ``"cpu"`` path more tokens widen the weight to float32 (a transient
       copy of one matrix), so prefill keeps float32 arithmetic.
-    - Anything else, anything that needs gradients, and inside ``torch.compile``: ``F.linear``.
+    - Inside ``torch.compile``: float32 on the ``"cpu"`` path through oneDNN as above when
+      :func:`probe_linear_kernels` found it (inductor's own choice for an unfrozen
+      weight is MKL's GEMV, which read the default model's weights at 11 GB/s against
+      oneDNN's 17 on an AMD EPYC Zen 3, 2 cores); 16-bit weights as above; else ``F.linear``.
+    - Anything else and anything that needs gradients: ``F.linear``.
     """
     sixteen = x.dtype == torch.float32 and weight.dtype in (torch.float16, torch.bfloat16)
-    if torch.compiler.is_compiling():  # inductor picks (and packs) its own kernels
-        return _rounded(x, weight, bias) if sixteen else F.linear(x, weight.to(x.dtype), bias)
+    if torch.compiler.is_compiling():
+        if sixteen:
+            return _rounded(x, weight, bias)
+        if _COMPILED_ONEDNN and path == "cpu" and x.dtype == weight.dtype == torch.float32:
+            # an opaque op to inductor: it calls oneDNN's inner product as is
+            out = torch.ops.attnchat.onednn_linear(x, weight)
+            return out if bias is None else out + bias
+        return F.linear(x, weight.to(x.dtype), bias)
     if path == "cpu" and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)):
         if sixteen:
             if x.numel() == x.shape[-1]:  # one token
@@ -174,6 +214,8 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernels is not None and _kernel_path(x, self.weight):
             return kernel_lib.apply(self.kernels, x, self.weight_ref, self.bias)
+        if self.kernels is not None and self.kernels.decode == "mkl" and torch.compiler.is_compiling():
+            return F.linear(x, self.weight, self.bias)  # the measured choice, also compiled
         scale = getattr(self, "weight_scale", None)
         weight = self.weight if scale is None else _dequantized(self.weight, scale, x.dtype)
         return linear(x, weight, self.bias, path=self.path)
@@ -452,6 +494,15 @@ class Decoder(nn.Module):
                 m.weight_ref = None if choice is None else WeightRef(m.weight, getattr(m, "weight_scale", None))
         head = self.embed if self.lm_head is None else self.lm_head
         self._head_ref = None if choice is None else WeightRef(head.weight, getattr(head, "weight_scale", None))
+
+    def token_matrices(self) -> list[WeightRef]:
+        """Every matrix a decoded token passes through, in order (each layer's projections,
+        then the LM head), for the decode timing of :func:`runtime.kernels.measure`."""
+        refs = [WeightRef(m.weight, getattr(m, "weight_scale", None))
+                for block in self.blocks
+                for m in (block.attn.qkv_proj, block.attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj)]
+        head = self.embed if self.lm_head is None else self.lm_head
+        return refs + [WeightRef(head.weight, getattr(head, "weight_scale", None))]
 
     def kernel_matrices(self) -> list[tuple[WeightRef, int]]:
         """One matrix of each of a block's projections (times the layers) and the LM head

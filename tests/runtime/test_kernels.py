@@ -84,6 +84,21 @@ def test_measure_picks_the_fastest(monkeypatch):
     assert choice.measured
 
 
+def test_decode_is_timed_streaming_every_matrix_of_a_token_in_order(monkeypatch):
+    import time
+
+    seen = []
+    monkeypatch.setitem(KERNELS, "slow", lambda x, r, b: seen.append(r) or time.sleep(0.002) or F.linear(x, r.weight))
+    monkeypatch.setitem(KERNELS, "fast", lambda x, r, b: F.linear(x, r.weight))
+    monkeypatch.setitem(CANDIDATES, torch.float64, {"decode": ("slow", "fast"), "prefill": ("fast",)})
+    refs = [_matrix(torch.float32)[0] for _ in range(3)]
+    choice = kernels.measure([(refs[0], 2), (refs[2], 1)], torch.float64, reps=2, token_matrices=refs)
+    assert choice.decode == "fast"
+    # one untimed pass, then 2 timed passes, each through every matrix in order
+    assert [refs.index(r) for r in seen] == [0, 1, 2] * 3
+    assert choice.timings_us["decode"]["slow"] >= 3 * 2000  # one token: 3 matrices x 2 ms
+
+
 def test_the_choice_is_kept_per_machine_and_dtype(tmp_path, monkeypatch):
     monkeypatch.setattr(kernels, "machine_load", lambda: 0.2)  # a quiet machine
     measured = []
@@ -135,3 +150,14 @@ def test_a_loaded_model_runs_its_choice_and_matches_the_plain_path(tmp_path, dty
         assert (chosen.argmax(-1) == plain.argmax(-1)).float().mean().item() >= 0.9
     else:
         torch.testing.assert_close(chosen, plain, rtol=1e-4, atol=1e-4 * plain.abs().max().item())
+
+
+def test_the_compiled_steps_onednn_op_computes_the_linear_product():
+    from runtime.model import probe_linear_kernels
+
+    probe_linear_kernels()
+    if not hasattr(torch.ops.attnchat, "onednn_linear"):
+        pytest.skip("this torch build has no working oneDNN linear op")
+    x, w = torch.randn(1, 1, 48), torch.randn(40, 48)
+    torch.testing.assert_close(torch.ops.attnchat.onednn_linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    probe_linear_kernels()  # a second probe does not define the op again
