@@ -245,7 +245,9 @@ NOTABLE_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16",
 def machine_key() -> str:
     """A short hash of what decides the kernels' speed: CPU model and flags, torch version, threads."""
     info = cpu_info()
-    raw = json.dumps([CHOICE_VERSION, info["model"], info["flags"], torch.__version__, torch.get_num_threads()])
+    from runtime.threads import max_threads
+
+    raw = json.dumps([CHOICE_VERSION, info["model"], info["flags"], torch.__version__, max_threads()])
     return hashlib.sha1(raw.encode()).hexdigest()[:16]
 
 

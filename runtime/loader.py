@@ -24,6 +24,7 @@ import torch
 from runtime.config import ModelConfig
 from runtime.attention import AttentionKernels
 from runtime.decode_step import DECODE_MODES, DecodeStep
+from runtime.threads import ThreadGovernor, cpu_governor
 from runtime.device import (
     attention_kernels, compute_dtype, decode_mode, default_dtype, linear_path, parse_weight_dtype, resolve_device,
 )
@@ -72,6 +73,10 @@ class Model:
     #: The CPU kernels the decoder's matrix products use (None off the CPU): see
     #: :mod:`runtime.kernels`.
     kernels: KernelChoice | None = None
+    #: On the CPU, what picks the thread count of each decode step and of each prefill
+    #: with a cache, by timing them (:mod:`runtime.threads`); None elsewhere.
+    decode_threads: ThreadGovernor | None = field(default=None, repr=False)
+    prefill_threads: ThreadGovernor | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -137,6 +142,8 @@ class Model:
             ids = ids.unsqueeze(0)
         if ids.numel() == 0:
             raise ValueError("input_ids is empty")
+        if self.prefill_threads is not None and cache is not None and ids.shape[1] > 1 and self.decode_mode != "compile":
+            return self.prefill_threads.run(lambda: self.decoder(ids, cache, last_only=last_only), units=ids.numel())
         return self.decoder(ids, cache, last_only=last_only)
 
     def decode_next(self, token: int | torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -148,7 +155,13 @@ class Model:
             CacheLimitError: the cache cannot take the token.
             ValueError: a position past the model's maximum.
         """
-        return self._decode_step()(token, cache)
+        step = self._decode_step()
+        # Compiled kernels keep the thread count they were built with (read, in a
+        # background compile, from torch's default, which a governor's choice would move):
+        # the compile mode is not governed.
+        if self.decode_threads is not None and step.mode != "compile":
+            return self.decode_threads.run(lambda: step(token, cache))
+        return step(token, cache)
 
     def _decode_step(self) -> DecodeStep:
         if self._step is None or self._step.mode != self.decode_mode:
@@ -570,6 +583,7 @@ def load_model(
     decode: str | None = None,
     kernels: AttentionKernels | None = None,
     compute: str | torch.dtype | None = None,
+    threads: int | None = None,
 ) -> Model:
     """Load a model for our decoder.
 
@@ -585,6 +599,8 @@ def load_model(
         compute: the activations' dtype; default per device and weight dtype
             (:func:`runtime.device.compute_dtype`). Passing another device's choice runs
             its arithmetic here (the CPU tests check the GPU defaults this way).
+        threads: on the CPU, a fixed thread count for prefill and decode; default: chosen
+            per step by timing (:mod:`runtime.threads`).
 
     Raises:
         ModelLoadError: missing, empty, truncated, non-GGUF or pickled files; no tokenizer.
@@ -625,13 +641,15 @@ def load_model(
     decoder.set_linear_path(linear_path(dev))
     decoder.eval()
     choice = None
+    governors: dict = {}
     if dev.type == "cpu":
         choice = _choose_kernels(decoder, wdtype, _gguf_cache_dir(path) if path.is_file() else None)
         decoder.set_kernels(choice)
+        governors = dict(decode_threads=cpu_governor(threads), prefill_threads=cpu_governor(threads))
     return Model(
         tokenizer=tokenizer, path=path, config=cfg, device=dev, dtype=wdtype, decoder=decoder, compute_dtype=cdtype,
         load_seconds=time.perf_counter() - t0, stop_token_ids=_stop_ids(tokenizer, cfg), decode_mode=mode,
-        kernels=choice,
+        kernels=choice, **governors,
     )
 
 
