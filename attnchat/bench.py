@@ -40,7 +40,7 @@ def _llamacpp_env() -> dict:
 
 #: The options the report records (the global ones of the app are left out).
 SETTINGS = ("model", "quick", "repeats", "engines", "dtype", "device", "random_weights", "depths", "decode_tokens",
-            "prefill_tokens", "followup_context", "followup_tokens", "json", "plot")
+            "prefill_tokens", "followup_context", "followup_tokens", "busy", "json", "plot")
 FIGURES = ("load_s", "ttft_s", "prefill_tokens_per_s", "followup_ttft_s", "peak_rss_bytes")
 #: Report name -> (bench_worker engine, the weights' dtype: ``True`` = ``--dtype``, None = the
 #: engine's default). ``ours-default`` is our engine as the app runs it
@@ -81,6 +81,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--prefill-tokens", type=int, default=512, metavar="N")
     p.add_argument("--followup-context", type=int, default=1000, metavar="N")
     p.add_argument("--followup-tokens", type=int, default=20, metavar="N")
+    p.add_argument("--busy", type=int, default=0, metavar="N",
+                   help="keep N other processes busy on the CPU while measuring (a desktop with other "
+                        "work: a browser, a build); default 0")
     p.add_argument("--json", metavar="PATH", help="write the raw figures, summary and ratios as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of decode tok/s against depth")
     p.set_defaults(func=run)
@@ -213,19 +216,14 @@ def run(args: argparse.Namespace) -> int:
               "--decode-tokens", str(args.decode_tokens), "--followup-context", str(args.followup_context),
               "--followup-tokens", str(args.followup_tokens)]
     raw: dict[str, list[dict]] = {e: [] for e in engines}
-    for rep in range(args.repeats):
-        for engine in engines:  # interleaved: A B A B
-            t0 = time.perf_counter()
-            worker, dtype = ENGINES[engine]
-            dtype = args.dtype if dtype is True else dtype
-            python, env = (llamacpp_python, _llamacpp_env()) if worker == "llamacpp" else (sys.executable, None)
-            cmd = [python, "-m", "attnchat.bench_worker", "--engine", worker] + common
-            proc = subprocess.run(cmd + (["--dtype", dtype] if dtype else []), capture_output=True, text=True, env=env)
-            if proc.returncode != 0:
-                tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-                raise RuntimeError(f"the {engine} benchmark run failed: {tail}")
-            raw[engine].append(json.loads(proc.stdout.strip().splitlines()[-1]))
-            print(f"  rep {rep + 1}/{args.repeats} {engine}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    machine["busy_processes"] = args.busy
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    try:
+        _run_engines(args, engines, common, llamacpp_python, raw)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
     summary = {}
     for engine, runs in raw.items():
         s = {f: _summary([r[f] for r in runs]) for f in FIGURES}
@@ -235,6 +233,8 @@ def run(args: argparse.Namespace) -> int:
         s["decode_mode"] = runs[0].get("decode_mode")
         if runs[0].get("kernels"):
             s["kernels"] = runs[0]["kernels"]
+        if runs[0].get("threads"):
+            s["threads"] = [r["threads"] for r in runs]  # each run's thread governors at its end
         if runs[0].get("compile_s") is not None:
             s["compile_s"] = [r["compile_s"] for r in runs]  # each run's: the first is cold on a new machine
         if runs[0].get("peak_gpu_bytes") is not None:
@@ -250,6 +250,24 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot(report, args.plot)
     return 0
+
+
+def _run_engines(args: argparse.Namespace, engines: list[str], common: list[str], llamacpp_python: str | None,
+                 raw: dict[str, list[dict]]) -> None:
+    """Each engine's worker ``args.repeats`` times, interleaved (A B A B), its figures into ``raw``."""
+    for rep in range(args.repeats):
+        for engine in engines:  # interleaved: A B A B
+            t0 = time.perf_counter()
+            worker, dtype = ENGINES[engine]
+            dtype = args.dtype if dtype is True else dtype
+            python, env = (llamacpp_python, _llamacpp_env()) if worker == "llamacpp" else (sys.executable, None)
+            cmd = [python, "-m", "attnchat.bench_worker", "--engine", worker] + common
+            proc = subprocess.run(cmd + (["--dtype", dtype] if dtype else []), capture_output=True, text=True, env=env)
+            if proc.returncode != 0:
+                tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+                raise RuntimeError(f"the {engine} benchmark run failed: {tail}")
+            raw[engine].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            print(f"  rep {rep + 1}/{args.repeats} {engine}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
 
 def _ratios(summary: dict, depths: list[str]) -> dict:
@@ -315,6 +333,10 @@ def _print_table(summary: dict, ratios: dict) -> None:
         if k:
             print(f"kernels, {engine} ({s['dtype']}): decode {k['decode']}, prefill {k['prefill']}"
                   + (f" (measured us per token: {k['timings_us']})" if k.get("timings_us") else ""))
+    for engine, s in summary.items():
+        if s.get("threads"):
+            per_run = "; ".join(f"decode {t['decode']['threads']}, prefill {t['prefill']['threads']}" for t in s["threads"])
+            print(f"threads, {engine}: {per_run} (each run's choice at its end)")
     print("ratios (ours over peer, speed-wise): " + ", ".join(f"{k}={v:.2f}" if v is not None else f"{k}=null" for k, v in ratios.items()))
 
 

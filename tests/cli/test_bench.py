@@ -16,7 +16,7 @@ def test_bench_harness_on_a_tiny_model(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "attnchat", "bench", "--model", str(folder), "--engines", "ours,ours-default,transformers",
          "--repeats", "2", "--depths", "16,48", "--decode-tokens", "4", "--prefill-tokens", "16",
-         "--followup-context", "40", "--followup-tokens", "4", "--json", str(out_json), "--plot", str(out_png)],
+         "--followup-context", "40", "--followup-tokens", "4", "--busy", "1", "--json", str(out_json), "--plot", str(out_png)],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
@@ -55,6 +55,26 @@ def test_bench_harness_on_a_tiny_model(tmp_path):
     assert report["summary"]["ours-default"]["kernels"]["decode"] in CANDIDATES[torch.float16]["decode"]
     assert "kernels" not in report["summary"]["transformers"]
     assert f"kernels, ours (float32): decode {k['decode']}, prefill {k['prefill']}" in proc.stdout
+    # --busy: another process kept a core busy, and is gone; our thread governors say where they ended.
+    from runtime.threads import max_threads, thread_options
+
+    assert report["machine"]["busy_processes"] == 1
+    assert not [p for p in _cmdlines() if "while True: pass" in p]
+    for run in report["summary"]["ours"]["threads"]:
+        assert run["decode"]["threads"] in thread_options(max_threads()) and run["decode"]["median_ms"]
+    assert "threads, ours: decode " in proc.stdout and "threads" not in report["summary"]["transformers"]
+
+
+def _cmdlines() -> list[str]:
+    from pathlib import Path
+
+    out = []
+    for p in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            out.append(p.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            pass
+    return out
 
 
 @pytest.fixture(scope="module")
