@@ -111,6 +111,10 @@ class TurnStats:
     decode_tokens_per_s: float = 0.0
     context_limit: int = 0
     kv_cache: dict = field(default_factory=dict)
+    #: CPU threads decode steps ran on at the end of the reply and the most it may use
+    #: (:mod:`runtime.threads`: fewer while another program keeps a core busy); 0 off the CPU.
+    decode_threads: int = 0
+    max_threads: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -426,6 +430,9 @@ class ChatSession:
                 n_steps += 1
                 stats.decode_tokens_per_s = n_steps / max(time.perf_counter() - t_decode, 1e-9)
                 stats.completion_tokens = len(generated)
+                governor = self.model.decode_threads
+                if governor is not None:
+                    stats.decode_threads, stats.max_threads = governor.choice, governor.options[0]
                 # Every few tokens (a live memory chart redraws several times a second),
                 # and at once when an eviction or truncation shrank the cache.
                 if n_steps % 4 == 0 or self.cache.length <= length_before:

@@ -93,7 +93,14 @@ class ChatStatusBar(QStatusBar):
             parts.append(f"TTFT {stats['ttft_s']:.2f} s")
         if stats.get("decode_tokens_per_s"):
             parts.append(f"{stats['decode_tokens_per_s']:.1f} tok/s")
+        threads, most = int(stats.get("decode_threads") or 0), int(stats.get("max_threads") or 0)
+        tip = "Time to first token and decode speed of the last reply"
+        if 0 < threads < most:
+            parts.append(f"{threads} of {most} threads")
+            tip += (f"\nDecoding on {threads} of {most} CPU threads: measured faster right now, most likely "
+                    "because another program keeps a core busy. The app tries all of them again now and then.")
         self.speed_label.setText(" · ".join(parts))
+        self.speed_label.setToolTip(tip)
 
     def set_prefill(self, done: int, total: int) -> None:
         if total < PREFILL_BAR_MIN_TOKENS or done >= total:

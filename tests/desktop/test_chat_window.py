@@ -276,3 +276,15 @@ def test_stop_cancels_queued_requests_too(qtbot, make_window):
     assert results[0]["reason"] == "cancelled" and results[0]["text"]
     assert results[1]["reason"] == "cancelled" and results[1]["text"] == ""
     assert not engine.busy
+
+
+def test_the_status_bar_says_when_decode_ran_on_fewer_threads(qtbot):
+    from desktop.chat.status_bar import ChatStatusBar
+
+    bar = ChatStatusBar()
+    qtbot.addWidget(bar)
+    bar.set_stats({"ttft_s": 0.2, "decode_tokens_per_s": 17.0, "decode_threads": 1, "max_threads": 2})
+    assert bar.speed_label.text() == "TTFT 0.20 s · 17.0 tok/s · 1 of 2 threads"
+    assert "another program keeps a core busy" in bar.speed_label.toolTip()
+    bar.set_stats({"ttft_s": 0.2, "decode_tokens_per_s": 30.0, "decode_threads": 2, "max_threads": 2})
+    assert bar.speed_label.text() == "TTFT 0.20 s · 30.0 tok/s" and "busy" not in bar.speed_label.toolTip()

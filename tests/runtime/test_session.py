@@ -70,6 +70,9 @@ def test_turn1_is_plain_greedy_and_fills_the_cache(two_turns, default_model):
     # Every reply token went through the model (an end-of-turn token is never fed; a length
     # stop feeds its last token at the stop).
     assert two_turns["length_after_1"] == len(two_turns["stream_after_1"])
+    # The reply names the CPU threads its decode steps ran on (runtime.threads).
+    gov = default_model.decode_threads
+    assert t1.stats.max_threads == gov.options[0] and t1.stats.decode_threads in gov.options
 
 
 def test_turn2_prefills_only_the_new_message(two_turns, default_model):
