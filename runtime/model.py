@@ -22,7 +22,6 @@ float32 matrix-vector product that ``F.linear`` hands to MKL reads weights at ab
 """
 from __future__ import annotations
 
-import threading
 from typing import Callable
 
 import torch
@@ -108,26 +107,6 @@ def probe_linear_kernels() -> None:
     _COMPILED_ONEDNN = True
 
 
-#: float16 matrices up to this many elements are widened into a per-thread float32
-#: scratch buffer (16 MiB) instead of a fresh allocation: a fresh one faults its pages in
-#: every time, about three times the cost of the copy itself (measured here).
-_SCRATCH_ELEMENTS = 1 << 22
-_scratch = threading.local()
-
-
-def _widened(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` as float32, in this thread's scratch buffer when it fits (valid until the
-    next call on this thread)."""
-    n = weight.numel()
-    if n > _SCRATCH_ELEMENTS:
-        return weight.to(torch.float32)
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.numel() < n:
-        with torch.inference_mode(False):  # a normal tensor: usable inside and outside inference mode
-            buf = _scratch.buf = torch.empty(n, dtype=torch.float32)
-    return buf[:n].view(weight.shape).copy_(weight)
-
-
 def _rounded(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x`` rounded to the 16-bit ``weight``'s dtype, a 16-bit product (float32
     accumulation inside the kernel), the result back in float32."""
@@ -155,8 +134,9 @@ def linear(
       computing in float32 (see :func:`runtime.device.compute_dtype`). On the
       ``"accelerator"`` path, and for one token on the ``"cpu"`` path, ``x`` is rounded to the weight's dtype for a 16-bit product
       (tensor cores; on the CPU torch's float16 matrix-vector kernel reads weights at
-      about 25 GB/s); on the ``"cpu"`` path more tokens widen the weight to float32 (a transient
-      copy of one matrix), so prefill keeps float32 arithmetic.
+      about 25 GB/s); on the ``"cpu"`` path more tokens widen the weight to float32 in a scratch
+      buffer, a big matrix a block of rows at a time (:func:`runtime.kernels.widened_product`),
+      so prefill keeps float32 arithmetic.
     - Inside ``torch.compile``: float32 on the ``"cpu"`` path through oneDNN as above when
       :func:`probe_linear_kernels` found it (inductor's own choice for an unfrozen
       weight is MKL's GEMV, which read the default model's weights at 11 GB/s against
@@ -176,13 +156,20 @@ def linear(
         if sixteen:
             if x.numel() == x.shape[-1]:  # one token
                 return _rounded(x, weight, bias)
-            weight = _widened(weight)
-        if x.dtype in _ONEDNN_DTYPES and weight.dtype == x.dtype:
-            op = _ONEDNN_LINEAR[x.dtype] if x.dtype in _ONEDNN_LINEAR else _onednn_linear_op(x.dtype)
-            if op is not None:
-                return op(x, weight, bias, "none", [None], "")
+            # float32 in the kernels' scratch buffer, a big matrix in blocks of rows
+            return kernel_lib.widened_product(_cpu_product, x, weight, None, bias)
+        return _cpu_product(x, weight, bias)
     elif sixteen and not torch.is_grad_enabled():
         return _rounded(x, weight, bias)
+    return F.linear(x, weight.to(x.dtype), bias)
+
+
+def _cpu_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's inner product when ``x`` and ``weight`` share a dtype it runs here, else ``F.linear``."""
+    if x.dtype in _ONEDNN_DTYPES and weight.dtype == x.dtype:
+        op = _ONEDNN_LINEAR[x.dtype] if x.dtype in _ONEDNN_LINEAR else _onednn_linear_op(x.dtype)
+        if op is not None:
+            return op(x, weight, bias, "none", [None], "")
     return F.linear(x, weight.to(x.dtype), bias)
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from runtime import compute_dtype, load_model
+from tests.runtime.memory_maps import mapped_files
 
 pytestmark = pytest.mark.slow
 
@@ -32,6 +33,11 @@ def test_the_cpu_default_is_float16_weights_computing_in_float32(model16, defaul
     assert model16.dtype == torch.float16 and model16.compute_dtype == torch.float32
     assert model16.decoder.blocks[0].mlp.gate_up_proj.weight.dtype == torch.float16
     assert model16.decoder.blocks[0].attn_norm.weight.dtype == torch.float32
+    # Every matrix is float16 and a page of the converted file: no float32 (or any) copy
+    # of the weights is made in memory.
+    assert {p.dtype for p in model16.decoder.parameters() if p.dim() == 2} == {torch.float16}
+    (converted,) = mapped_files(model16)
+    assert converted.endswith("-float16.safetensors")
     # Half the bytes, less the norm weights, which stay float32 (61 x 576 of 134.5M).
     assert model16.weights_bytes * 2 - default_model.weights_bytes == 61 * 576 * 2 * 2
     cache = model16.new_cache(64)

@@ -58,6 +58,33 @@ def test_every_candidate_computes_the_product(dtype, rows):
     assert ran >= 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_a_matrix_bigger_than_the_scratch_buffer_is_widened_in_blocks(monkeypatch, dtype, rows):
+    """The widening kernels never make a float32 copy of a whole matrix bigger than the
+    scratch buffer (the default model's LM head: 113 MB): blocks of rows go through the
+    buffer, and the product is the same."""
+    import threading
+
+    monkeypatch.setattr(kernels, "SCRATCH_ELEMENTS", 7 * 48)  # 40 rows: blocks of 7, the last of 5
+    monkeypatch.setattr(kernels, "_scratch", threading.local())
+    seen = []
+    real = kernels.widened
+    monkeypatch.setattr(kernels, "widened", lambda w, s=None: seen.append(tuple(w.shape)) or real(w, s))
+    ref, exact_w = _matrix(dtype)
+    g = torch.Generator().manual_seed(2)
+    x, b = torch.randn(1, rows, 48, generator=g), torch.randn(40, generator=g)
+    for name in ("widen-onednn", "widen-mkl"):
+        seen.clear()
+        with torch.inference_mode():
+            got = KERNELS[name](x, ref, b)
+        assert seen == [(7, 48)] * 5 + [(5, 48)], name
+        torch.testing.assert_close(got, F.linear(x, exact_w, b), rtol=1e-4, atol=1e-4, msg=name)
+    assert kernels._scratch.buf.numel() == 7 * 48
+    with pytest.raises(ValueError, match="scratch buffer"):
+        real(ref.weight, ref.scale)
+
+
 def test_apply_picks_the_kernel_by_row_count(monkeypatch):
     calls = []
     monkeypatch.setitem(KERNELS, "spy-a", lambda x, r, b: calls.append(("a", x.shape[-2])) or F.linear(x, r.weight))

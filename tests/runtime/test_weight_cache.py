@@ -1,31 +1,13 @@
 """The converted-weights cache: a second load reads it and gives the same logits; a broken one is rebuilt."""
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 
 from runtime import load_model
+from tests.runtime.memory_maps import mapped_files
 
 pytestmark = pytest.mark.slow
-
-
-def _mapped_files(model) -> set[str]:
-    """The files whose memory mappings hold each of the decoder's matrices (Linux:
-    /proc/self/maps); '' for a matrix in anonymous memory (a copy)."""
-    maps = []
-    with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split(maxsplit=5)
-            lo, hi = (int(a, 16) for a in parts[0].split("-"))
-            maps.append((lo, hi, parts[5].strip() if len(parts) > 5 else ""))
-    found = set()
-    for name, p in model.decoder.named_parameters():
-        if p.dim() == 2:
-            ptr = p.data_ptr()
-            found.add(next((f for lo, hi, f in maps if lo <= ptr < hi), ""))
-    return found
 
 
 def test_second_load_uses_converted_weights(default_model_file, default_model, tmp_path, monkeypatch):
@@ -37,10 +19,9 @@ def test_second_load_uses_converted_weights(default_model_file, default_model, t
     assert len(converted) == 1
     assert converted[0].stat().st_size > 500_000_000  # 134.5M float32 parameters
     second = load_model(default_model_file, device="cpu", dtype="float32")
-    if sys.platform.startswith("linux"):
-        # Both loads hold the weights as pages of the converted file, not as copies in
-        # memory (the first load read its own conversion back).
-        assert _mapped_files(first) == _mapped_files(second) == {str(converted[0].resolve())}
+    # Both loads hold the weights as pages of the converted file, not as copies in memory
+    # (the first load reads its own conversion back).
+    assert mapped_files(first) == mapped_files(second) == {str(converted[0].resolve())}
     # The same kernels as the reference (a choice timed on a busy machine is not kept, so
     # each load may time and pick another kernel, rounding differently): weights compared.
     for m in (first, second):
