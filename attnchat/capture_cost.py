@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(100, model.config.vocab_size - 100, (a.depth + 2 * a.steps + 8,), generator=g).tolist()
     cache = model.new_cache(len(ids) + 8)
-    model.logits(ids[: a.depth], cache)
+    model.logits(ids[: a.depth], cache, last_only=True)
     times: dict[str, list[float]] = {"closed": [], "open": []}
     for i in range(4):  # warm-up, both modes
         with AttentionCapture(model, last_row_only=True):

@@ -123,7 +123,7 @@ def head_scores(model: Model, *, repeat_len: int = 50, batch: int = 4, seed: int
     """
     ids = repeated_random_tokens(model, repeat_len, batch, seed)
     with AttentionCapture(model) as cap:
-        model.logits(ids)
+        model.logits(ids, last_only=True)  # the weights are wanted, not (B, T, V) logits
     stacked = torch.stack([cap.weights[i] for i in range(model.config.n_layers)])  # (L, B, H, T, T)
     induction, previous = scores_from_weights(stacked, repeat_len)
     return HeadScores(induction=induction.tolist(), previous_token=previous.tolist())

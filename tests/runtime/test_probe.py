@@ -44,6 +44,21 @@ def test_scores_find_planted_heads():
         scores_from_weights(weights, N + 1)
 
 
+def test_head_scores_run_the_lm_head_on_the_last_position_only(tmp_path, monkeypatch):
+    """The probe wants attention weights: no (B, T, V) logits (the default model's probe
+    would make 4 x 101 x 49,152 floats, 79 MB)."""
+    from runtime import load_model
+    from tests.runtime.tiny_models import make_tiny_model
+
+    model = load_model(make_tiny_model(tmp_path, "llama"), device="cpu")
+    rows = []
+    real = model.decoder._logits
+    monkeypatch.setattr(model.decoder, "_logits", lambda x: rows.append(x.shape[1]) or real(x))
+    scores = head_scores(model, repeat_len=5, batch=2)
+    assert rows == [1]
+    assert len(scores.induction) == model.config.n_layers
+
+
 def test_repeated_tokens_shape_and_no_specials(default_model):
     ids = repeated_random_tokens(default_model, repeat_len=7, batch=3, seed=1)
     assert ids.shape == (3, 15)
