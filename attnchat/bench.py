@@ -335,7 +335,9 @@ def _print_table(summary: dict, ratios: dict) -> None:
                   + (f" (measured us per token: {k['timings_us']})" if k.get("timings_us") else ""))
     for engine, s in summary.items():
         if s.get("threads"):
-            per_run = "; ".join(f"decode {t['decode']['threads']}, prefill {t['prefill']['threads']}" for t in s["threads"])
+            per_run = "; ".join(
+                f"decode {t['decode']['threads']}, prefill " + " ".join(f"{k}:{g['threads']}" for k, g in t["prefill"].items())
+                for t in s["threads"])
             print(f"threads, {engine}: {per_run} (each run's choice at its end)")
     print("ratios (ours over peer, speed-wise): " + ", ".join(f"{k}={v:.2f}" if v is not None else f"{k}=null" for k, v in ratios.items()))
 

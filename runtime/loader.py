@@ -25,7 +25,7 @@ import torch
 from runtime.config import ModelConfig
 from runtime.attention import AttentionKernels
 from runtime.decode_step import DECODE_MODES, DecodeStep
-from runtime.threads import ThreadGovernor, cpu_governor
+from runtime.threads import SizedGovernors, ThreadGovernor, cpu_governor
 from runtime.device import (
     attention_kernels, compute_dtype, decode_mode, default_dtype, linear_path, parse_weight_dtype, resolve_device,
 )
@@ -42,13 +42,6 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 GGUF_MAGIC = b"GGUF"
 #: Tokens that end an assistant turn in common chat templates.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
-
-
-#: A prefill chunk's fixed cost in tokens, for the thread governor's per-token times:
-#: a decode step (every weight read once) cost about as much as 17 prefill tokens on the
-#: AMD EPYC Zen 3 (default model, one thread: 56 ms against 3.3 ms per token of a
-#: 256-token chunk).
-PREFILL_FIXED_TOKENS = 16
 
 
 @dataclass
@@ -85,7 +78,7 @@ class Model:
     #: On the CPU, what picks the thread count of each decode step and of each prefill
     #: with a cache, by timing them (:mod:`runtime.threads`); None elsewhere.
     decode_threads: ThreadGovernor | None = field(default=None, repr=False)
-    prefill_threads: ThreadGovernor | None = field(default=None, repr=False)
+    prefill_threads: SizedGovernors | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -152,10 +145,7 @@ class Model:
         if ids.numel() == 0:
             raise ValueError("input_ids is empty")
         if self.prefill_threads is not None and cache is not None and ids.shape[1] > 1 and self.decode_mode != "compile":
-            # Timed per token plus a chunk's fixed cost (reading every weight once), so that
-            # a short follow-up and a long first prompt compare fairly.
-            units = ids.numel() + PREFILL_FIXED_TOKENS
-            return self.prefill_threads.run(lambda: self.decoder(ids, cache, last_only=last_only), units=units)
+            return self.prefill_threads.run(lambda: self.decoder(ids, cache, last_only=last_only), size=ids.numel())
         return self.decoder(ids, cache, last_only=last_only)
 
     def decode_next(self, token: int | torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -671,7 +661,8 @@ def load_model(
     if dev.type == "cpu":
         choice = _choose_kernels(decoder, wdtype, _gguf_cache_dir(path) if path.is_file() else None)
         decoder.set_kernels(choice)
-        governors = dict(decode_threads=cpu_governor(threads), prefill_threads=cpu_governor(threads))
+        governors = dict(decode_threads=cpu_governor(threads),
+                         prefill_threads=SizedGovernors(lambda: cpu_governor(threads)))
     model = Model(
         tokenizer=tokenizer, path=path, config=cfg, device=dev, dtype=wdtype, decoder=decoder, compute_dtype=cdtype,
         load_seconds=time.perf_counter() - t0, stop_token_ids=_stop_ids(tokenizer, cfg), decode_mode=mode,

@@ -90,3 +90,23 @@ def test_a_fixed_count_never_changes():
     gov = _governor(m)
     _run(gov, m, 50)
     assert set(m.ran) == {1}
+
+
+def test_each_size_class_has_its_own_governor():
+    from runtime.threads import SizedGovernors
+
+    # short chunks: 1 thread as fast; long ones: 2 threads twice as fast (quiet 2-core machine)
+    m = FakeMachine({2: 0.0, 1: 0.0})
+    govs = SizedGovernors(lambda: _governor(m))
+
+    def chunk(n):
+        per_token = {2: 0.002, 1: 0.0019} if n < 64 else {2: 0.002, 1: 0.0036}
+        m.cost = {k: v * n for k, v in per_token.items()}
+        return govs.run(m.step, size=n)
+
+    for _ in range(6):
+        chunk(16)
+        chunk(512)
+    assert govs.governor(16).choice == 1 and govs.governor(20).choice == 1
+    assert govs.governor(512).choice == 2 and govs.governor(600).choice == 2
+    assert set(govs.describe()) == {"16-31", "512-1023"}
