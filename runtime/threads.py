@@ -43,17 +43,28 @@ class SizedGovernors:
     2-core AMD EPYC Zen 3, 16-token prefills ran as fast on 1 thread as on 2 (3.9 against
     4.2 ms per token) while a 512-token prefill took 1.8 s on 1 against 1.0 s on 2; one
     governor for every size chose 1 thread from the short ones and slowed the long ones.
+
+    Args:
+        make: a new governor.
+        start: the count a new class starts on (None: the most); the decode governor's
+            choice is a good one: decode and long prefills both prefer every core on a quiet
+            machine and fewer on a busy one, while short prefills run alike on either and
+            say little.
     """
 
-    def __init__(self, make: Callable[[], ThreadGovernor]):
-        self._make = make
+    def __init__(self, make: Callable[[], ThreadGovernor], start: Callable[[], int | None] | None = None):
+        self._make, self._start = make, start
         self.by_class: dict[int, ThreadGovernor] = {}
 
     def governor(self, size: int) -> ThreadGovernor:
         """The governor of ``size``'s class."""
         c = max(int(size), 1).bit_length()
         if c not in self.by_class:
-            self.by_class[c] = self._make()
+            gov = self._make()
+            start = self._start() if self._start is not None else None
+            if start in gov.options:
+                gov.choice = start
+            self.by_class[c] = gov
         return self.by_class[c]
 
     def run(self, fn: Callable[[], T], size: int) -> T:

@@ -110,3 +110,19 @@ def test_each_size_class_has_its_own_governor():
     assert govs.governor(16).choice == 1 and govs.governor(20).choice == 1
     assert govs.governor(512).choice == 2 and govs.governor(600).choice == 2
     assert set(govs.describe()) == {"16-31", "512-1023"}
+
+
+def test_a_new_size_class_starts_on_the_hinted_count():
+    from runtime.threads import SizedGovernors
+
+    m = FakeMachine({2: 1.2, 1: 0.06})  # a busy core: 2 threads are slow for every size
+    decode = _governor(m)
+    for _ in range(3):
+        decode.run(m.step)
+    assert decode.choice == 1
+    govs = SizedGovernors(lambda: _governor(m), start=lambda: decode.choice)
+    m.ran.clear()
+    for _ in range(3):  # a new class: its first chunk runs on 1 thread, then tries 2 once
+        govs.run(m.step, size=500)
+    assert m.ran == [1, 2, 1] and govs.governor(500).choice == 1
+    assert SizedGovernors(lambda: _governor(m)).governor(20).choice == 2  # no hint: the most
