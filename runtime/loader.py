@@ -662,8 +662,12 @@ def load_model(
         choice = _choose_kernels(decoder, wdtype, _gguf_cache_dir(path) if path.is_file() else None)
         decoder.set_kernels(choice)
         decode_gov = cpu_governor(threads)
-        governors = dict(decode_threads=decode_gov, prefill_threads=SizedGovernors(
-            lambda: cpu_governor(threads), start=lambda: decode_gov.choice if decode_gov.calls >= len(decode_gov.options) else None))
+
+        def decode_choice() -> int | None:  # once decode has tried every count
+            return decode_gov.choice if decode_gov.calls >= len(decode_gov.options) else None
+
+        governors = dict(decode_threads=decode_gov,
+                         prefill_threads=SizedGovernors(lambda: cpu_governor(threads), start=decode_choice))
     model = Model(
         tokenizer=tokenizer, path=path, config=cfg, device=dev, dtype=wdtype, decoder=decoder, compute_dtype=cdtype,
         load_seconds=time.perf_counter() - t0, stop_token_ids=_stop_ids(tokenizer, cfg), decode_mode=mode,
