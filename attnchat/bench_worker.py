@@ -71,7 +71,7 @@ class Ours:
     def threads(self) -> dict | None:
         """Where the thread governors stand (:mod:`runtime.threads`), None off the CPU."""
         m = self.model
-        if m.decode_threads is None:
+        if m.decode_threads is None or self.decode_mode == "compile":  # the compile mode is not governed
             return None
         return {"decode": m.decode_threads.describe(), "prefill": m.prefill_threads.describe()}
 
