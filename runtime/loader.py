@@ -144,7 +144,7 @@ class Model:
             ids = ids.unsqueeze(0)
         if ids.numel() == 0:
             raise ValueError("input_ids is empty")
-        if self.prefill_threads is not None and cache is not None and ids.shape[1] > 1 and self.decode_mode != "compile":
+        if self._governed and cache is not None and ids.shape[1] > 1:
             return self.prefill_threads.run(lambda: self.decoder(ids, cache, last_only=last_only), size=ids.numel())
         return self.decoder(ids, cache, last_only=last_only)
 
@@ -158,12 +158,16 @@ class Model:
             ValueError: a position past the model's maximum.
         """
         step = self._decode_step()
-        # Compiled kernels keep the thread count they were built with (read, in a
-        # background compile, from torch's default, which a governor's choice would move):
-        # the compile mode is not governed.
-        if self.decode_threads is not None and step.mode != "compile":
+        if self._governed:
             return self.decode_threads.run(lambda: step(token, cache))
         return step(token, cache)
+
+    @property
+    def _governed(self) -> bool:
+        """Whether the thread governors run: on the CPU, except in the compile mode, whose
+        kernels keep the thread count they were built with (read, in a background
+        compile, from torch's default, which a governor's choice would move)."""
+        return self.decode_threads is not None and self.decode_mode != "compile"
 
     def _decode_step(self) -> DecodeStep:
         if self._step is None or self._step.mode != self.decode_mode:

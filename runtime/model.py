@@ -181,6 +181,11 @@ def _kernel_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)))
 
 
+def _weight_ref(module: nn.Module) -> WeightRef:
+    """A module's matrix (and int8 row scales, if any) for :mod:`runtime.kernels`."""
+    return WeightRef(module.weight, getattr(module, "weight_scale", None))
+
+
 def _dequantized(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """int8 codes ``(out, in)`` times per-row ``scale (out,)``, as ``dtype`` (any device)."""
     return (weight.to(torch.float32) * scale.unsqueeze(1)).to(dtype)
@@ -478,27 +483,27 @@ class Decoder(nn.Module):
         for m in self.modules():
             if isinstance(m, Linear):
                 m.kernels = choice
-                m.weight_ref = None if choice is None else WeightRef(m.weight, getattr(m, "weight_scale", None))
-        head = self.embed if self.lm_head is None else self.lm_head
-        self._head_ref = None if choice is None else WeightRef(head.weight, getattr(head, "weight_scale", None))
+                m.weight_ref = None if choice is None else _weight_ref(m)
+        self._head_ref = None if choice is None else _weight_ref(self._head())
+
+    def _head(self) -> nn.Module:
+        """The LM head's module (the embedding when tied)."""
+        return self.embed if self.lm_head is None else self.lm_head
+
+    @staticmethod
+    def _projections(block: Block) -> tuple[Linear, ...]:
+        return block.attn.qkv_proj, block.attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj
 
     def token_matrices(self) -> list[WeightRef]:
         """Every matrix a decoded token passes through, in order (each layer's projections,
         then the LM head), for the decode timing of :func:`runtime.kernels.measure`."""
-        refs = [WeightRef(m.weight, getattr(m, "weight_scale", None))
-                for block in self.blocks
-                for m in (block.attn.qkv_proj, block.attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj)]
-        head = self.embed if self.lm_head is None else self.lm_head
-        return refs + [WeightRef(head.weight, getattr(head, "weight_scale", None))]
+        return [_weight_ref(m) for block in self.blocks for m in self._projections(block)] + [_weight_ref(self._head())]
 
     def kernel_matrices(self) -> list[tuple[WeightRef, int]]:
         """One matrix of each of a block's projections (times the layers) and the LM head
         (once): what a token passes through, for :func:`runtime.kernels.measure`."""
-        block = self.blocks[0]
-        out = [(WeightRef(m.weight, getattr(m, "weight_scale", None)), self.cfg.n_layers)
-               for m in (block.attn.qkv_proj, block.attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj)]
-        head = self.embed if self.lm_head is None else self.lm_head
-        return out + [(WeightRef(head.weight, getattr(head, "weight_scale", None)), 1)]
+        out = [(_weight_ref(m), self.cfg.n_layers) for m in self._projections(self.blocks[0])]
+        return out + [(_weight_ref(self._head()), 1)]
 
     def forward(
         self,
@@ -549,7 +554,7 @@ class Decoder(nn.Module):
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         """float32 logits ``(B, T, V)`` of final-normed ``x (B, T, C)``: the LM head (the
         measured CPU kernels when chosen, int8 rows times their scales), then Gemma's soft-cap."""
-        head_module = self.embed if self.lm_head is None else self.lm_head
+        head_module = self._head()
         if self.kernels is not None and _kernel_path(x, head_module.weight):
             logits = kernel_lib.apply(self.kernels, x, self._head_ref, None).float()
         else:

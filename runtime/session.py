@@ -430,9 +430,6 @@ class ChatSession:
                 n_steps += 1
                 stats.decode_tokens_per_s = n_steps / max(time.perf_counter() - t_decode, 1e-9)
                 stats.completion_tokens = len(generated)
-                governor = self.model.decode_threads
-                if governor is not None:
-                    stats.decode_threads, stats.max_threads = governor.choice, governor.options[0]
                 # Every few tokens (a live memory chart redraws several times a second),
                 # and at once when an eviction or truncation shrank the cache.
                 if n_steps % 4 == 0 or self.cache.length <= length_before:
@@ -518,7 +515,9 @@ class ChatSession:
         return logits
 
     def _snapshot(self, stats: TurnStats) -> TurnStats:
-        return replace(stats, kv_cache=self.cache.stats())
+        governor = self.model.decode_threads
+        threads = {} if governor is None else dict(decode_threads=governor.choice, max_threads=governor.options[0])
+        return replace(stats, kv_cache=self.cache.stats(), **threads)
 
     def run(self, events: Iterator[Event]) -> Finish:
         """Drain an event stream and return its :class:`Finish` (for callers that do not stream)."""

@@ -211,7 +211,8 @@ class ThreadGovernor:
             self._apply(k)
         t0 = self._clock()
         out = fn()
-        self.record(k, (self._clock() - t0) / max(units, 1e-9))
+        t1 = self._clock()
+        self.record(k, (t1 - t0) / max(units, 1e-9), now=t1)
         return out
 
     def describe(self) -> dict:
