@@ -1,18 +1,5 @@
-"""The engine worker: all model work, on one long-lived QThread, behind plain-data signals.
-
-Why a thread and not a process: torch releases the GIL inside its kernels, so a
-decode step on the worker thread leaves the GUI thread free; the model (and, later,
-the attention captures and KV-cache figures the panels show) is shared without
-copying or pickling; Stop is one ``threading.Event`` set from the GUI thread, seen
-within one decode step; and shutdown is ``stop -> quit -> wait``. A process would
-buy isolation from crashes inside torch at the price of a second copy of the
-runtime in memory, IPC for every token and attention map, and a slower start.
-
-Requests go in through :class:`Engine` (GUI side), which queues them onto the
-worker's thread; results come back as signals carrying only ``str``, ``int``,
-``dict`` and ``list`` (never tensors). Text is batched: at most one
-:attr:`EngineWorker.text_batch` every ``batch_ms`` (30 ms), so the window repaints
-at most ~33 times a second however fast tokens come.
+"""The engine worker: owns the model and the chat sessions on the engine thread, and turns a
+reply's runtime events into plain-data signals (text batched every ``batch_ms``).
 
 Imports runtime's public API only (no torch, no widgets).
 """
@@ -21,115 +8,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Iterator
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QObject, Signal, Slot
 
 import runtime
+from desktop.worker.errors import first_line, is_out_of_memory
+from desktop.worker.generation_settings import generation_settings
+from desktop.worker.model_info import model_info, model_key
 
-__all__ = ["Engine", "EngineWorker", "generation_settings", "live_threads", "model_key", "start_thread"]
+__all__ = ["EngineWorker"]
 
 log = logging.getLogger(__name__)
-
-_THREADS: "weakref.WeakSet[QThread]" = weakref.WeakSet()
-
-
-def start_thread(name: str, obj: QObject | None = None, run: Callable | None = None) -> QThread:
-    """A started QThread, remembered so tests can check none is left running.
-
-    ``obj`` (if given) is moved onto it first, and ``run`` connected to its ``started``.
-    """
-    thread = QThread()
-    thread.setObjectName(name)
-    if obj is not None:
-        obj.moveToThread(thread)
-    if run is not None:
-        thread.started.connect(run)
-    _THREADS.add(thread)
-    thread.start()
-    return thread
-
-
-def live_threads() -> list[QThread]:
-    """Threads made by :func:`start_thread` that are still running."""
-    out = []
-    for t in list(_THREADS):
-        try:
-            if t.isRunning():
-                out.append(t)
-        except RuntimeError:  # the C++ object is gone: not running
-            pass
-    return out
-
-
-def generation_settings(s: dict[str, Any], max_context: int | None = None) -> "runtime.GenerationSettings":
-    """The runtime's settings from the desktop's plain dict (keys as in ``desktop.settings.values``).
-
-    ``seed`` < 0 or None: a fresh seed per reply; ``cache_dtype`` ``"auto"``: the compute
-    dtype (:func:`runtime.compute_dtype`); ``cache_limit_mib`` 0: no limit; ``context`` 0: the model's maximum, and a
-    context past ``max_context`` (a model loaded after it was set) is capped there.
-
-    Raises:
-        ValueError: a value out of range.
-    """
-    seed = s.get("seed")
-    sampling = runtime.SamplingParams(
-        temperature=float(s.get("temperature", 0.0)), top_k=int(s.get("top_k", 0)), top_p=float(s.get("top_p", 1.0)),
-        min_p=float(s.get("min_p", 0.0)), repetition_penalty=float(s.get("repetition_penalty", 1.0)),
-        seed=None if seed is None or int(seed) < 0 else int(seed))
-    context = int(s["context"]) if s.get("context") else None
-    if context and max_context:
-        context = min(context, max_context)
-    cache_dtype = s.get("cache_dtype") or "auto"
-    limit_mib = float(s.get("cache_limit_mib") or 0.0)
-    return runtime.GenerationSettings(
-        sampling=sampling,
-        max_new_tokens=int(s.get("max_new_tokens", 512)),
-        context_limit=context,
-        overflow=str(s.get("overflow", "truncate-middle")),
-        sink_tokens=int(s.get("sink_tokens", 4)),
-        cache_dtype=None if cache_dtype == "auto" else str(cache_dtype),
-        cache_limit_bytes=int(limit_mib * 2**20) if limit_mib > 0 else None,
-    )
-
-
-def first_line(e: BaseException) -> str:
-    """The first line of an exception's message (its type's name when it has none)."""
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
-
-
-def is_out_of_memory(e: BaseException) -> bool:
-    """Python's MemoryError, or torch's (CUDA/MPS) OutOfMemoryError, told apart without importing torch."""
-    return isinstance(e, MemoryError) or any(t.__name__ == "OutOfMemoryError" for t in type(e).__mro__)
-
-
-def model_info(model: "runtime.Model") -> dict[str, Any]:
-    """A plain-data description of a loaded model (for the status bar and the panels)."""
-    if getattr(model, "remote", False):  # a server's model describes itself (desktop.remote.engine)
-        return model.info()
-    c = model.config
-    dtype = str(model.dtype).removeprefix("torch.")
-    return {
-        "name": model.name, "path": str(model.path), "device": str(model.device), "dtype": dtype,
-        "compute_dtype": str(getattr(model, "compute_dtype", model.dtype)).removeprefix("torch."),
-        "context_limit": c.max_position_embeddings, "n_layers": c.n_layers, "n_heads": c.n_heads,
-        "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim, "load_seconds": model.load_seconds,
-        "weights_bytes": getattr(model, "weights_bytes", None),
-        "chat_template": bool(getattr(model, "has_chat_template", True)),
-        # What the template sends as the system prompt when none is set (SmolLM2's names itself).
-        "builtin_system_prompt": runtime.builtin_system_prompt(getattr(model, "tokenizer", None)),
-        # Per layer its sliding window in tokens, or None (full attention).
-        "layer_windows": list(getattr(c, "windows", ())),
-    }
-
-
-def model_key(info: dict | None) -> str:
-    """Which model a reply came from, as its stats record it (``stats["model"]``): a server's
-    source (address and model id), else the model file's or folder's path; "" for none."""
-    return str((info or {}).get("source") or (info or {}).get("path") or "")
 
 
 class EngineWorker(QObject):
@@ -365,110 +256,3 @@ class EngineWorker(QObject):
         d["context_used"] = d.get("kv_cache", {}).get("tokens", d["prompt_tokens"] + d["completion_tokens"])
         d["conv_id"], d["request"] = conv_id, request
         return d
-
-
-class Engine(QObject):
-    """The GUI side of the worker: starts its thread, queues requests, forwards results.
-
-    Every request gets an id (``int``); :attr:`finished` carries it back exactly once.
-    ``busy`` is true from a request until its ``finished``.
-    """
-
-    model_loaded = Signal(object)
-    load_failed = Signal(str)
-    load_started = Signal(str)
-    prefill_progress = Signal(int, int)
-    text_batch = Signal(str)
-    stats = Signal(object)
-    finished = Signal(object)
-    error = Signal(str)
-
-    _load = Signal(str, str)
-    _send = Signal(int, int, object, str, object)
-    _regenerate = Signal(int, int, object, object)
-    _forget = Signal(int)
-    _configure = Signal(object)
-
-    def __init__(self, worker: EngineWorker | None = None, parent: QObject | None = None):
-        super().__init__(parent)
-        self.worker = worker or EngineWorker()
-        self._thread = start_thread("attnchat-engine", self.worker)
-        self._request = 0
-        self._running: set[int] = set()
-        self.loading = False
-        self.model: dict | None = None
-        self._load.connect(self.worker.load_model)
-        self._send.connect(self.worker.send)
-        self._regenerate.connect(self.worker.regenerate)
-        self._forget.connect(self.worker.forget)
-        self._configure.connect(self.worker.configure)
-        w = self.worker
-        w.model_loaded.connect(self._on_loaded)
-        w.load_failed.connect(self._on_load_failed)
-        w.prefill_progress.connect(self.prefill_progress)
-        w.text_batch.connect(self.text_batch)
-        w.stats.connect(self.stats)
-        w.error.connect(self.error)
-        w.finished.connect(self._on_finished)
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._running)
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.isRunning()
-
-    def load(self, source: str = "", device: str = "auto") -> None:
-        self.loading = True
-        self.model = None
-        self.load_started.emit(source)
-        self._load.emit(source, device)
-
-    def send(self, conv_id: int, history: list, text: str, settings: dict) -> int:
-        return self._queue(self._send, conv_id, list(history), text, dict(settings))
-
-    def regenerate(self, conv_id: int, history: list, settings: dict) -> int:
-        return self._queue(self._regenerate, conv_id, list(history), dict(settings))
-
-    def forget(self, conv_id: int) -> None:
-        self._forget.emit(conv_id)
-
-    def configure(self, options: dict) -> None:
-        """Queue :meth:`EngineWorker.configure` (before a load, it applies to that load)."""
-        self._configure.emit(dict(options))
-
-    def _queue(self, signal, *args) -> int:
-        self._request += 1
-        self._running.add(self._request)
-        signal.emit(self._request, *args)
-        return self._request
-
-    def stop(self) -> None:
-        """Stop the reply in progress and any queued (takes effect within one decode step)."""
-        self.worker.stop(self._request)
-
-    def shutdown(self, timeout_ms: int = 60_000) -> bool:
-        """Stop, quit the thread and wait for it; True when it ended."""
-        if self._thread is None:
-            return True
-        self.stop()
-        self._thread.quit()
-        ok = self._thread.wait(timeout_ms)
-        if not ok:
-            log.warning("the engine thread did not end within %d ms", timeout_ms)
-        self._thread = None
-        return ok
-
-    def _on_loaded(self, info: dict) -> None:
-        self.loading = False
-        self.model = info
-        self.model_loaded.emit(info)
-
-    def _on_load_failed(self, message: str) -> None:
-        self.loading = False
-        self.load_failed.emit(message)
-
-    def _on_finished(self, result: dict) -> None:
-        self._running.discard(result["request"])
-        self.finished.emit(result)
