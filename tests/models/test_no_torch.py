@@ -25,3 +25,11 @@ def test_models_cli_imports_neither_torch_nor_qt():
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_hub_layer_imports_neither_torch_nor_qt():
+    """models.hub and the parts of huggingface_hub it uses (imported inside its functions)."""
+    code = CODE.replace("import models,", "import models.hub.api, models.hub.download, huggingface_hub.file_download, "
+                        "huggingface_hub.hf_api, huggingface_hub.utils, models,")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,314 @@
+"""Download a GGUF file from the Hugging Face Hub into the model folder: resumable, checked
+against the Hub's LFS sha256, moved into place only once whole and checked.
+
+The bytes come through huggingface_hub's own ``http_get`` (the function ``hf_hub_download``
+uses: its retries, its resume with a ``Range`` header after a dropped connection, its
+size check), at the commit the repo was listed at, into
+``<models_dir>/.partial/SHA256.part``. ``hf_hub_download`` itself writes a fresh,
+process-unique temporary file each time and deletes it on failure, so an interrupted
+download would start over; keeping the part under the content's sha256 lets the next
+attempt (after Ctrl-C, Cancel, or a lost network) continue where it stopped, and only
+into the same bytes.
+
+What is kept where, per outcome:
+
+- success: ``hf.co/OWNER/REPO/FILE`` and its manifest; the part is gone (renamed).
+- cancel, Ctrl-C, lost network: nothing in the model folder; the part stays hidden in
+  ``.partial/`` for the next attempt to resume.
+- sha256 mismatch, a full disk, a server sending the wrong size: nothing anywhere (the
+  part is deleted: its bytes are wrong, or the disk needs the space).
+
+Two processes fetching the same file take turns (a lock beside the part).
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from models.errors import FetchCancelled, HubError
+from models.paths import models_dir
+
+from . import api
+from .local import find_installed, hub_path, partial_dir, read_manifest, write_manifest
+from .ref import GGUFFile, HubFile, HubRef, parse_ref, choose
+
+__all__ = ["fetch_hub", "download_file", "resolve_hub"]
+
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[int, int], None]
+CancelFn = Callable[[], bool]
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+HASH_CHUNK = 1 << 20
+HTTP_CHUNK = 1 << 20
+"""The body chunk ``http_get`` hands over at a time (its default is 10 MiB, which httpx buffers
+whole: Cancel would wait for up to 10 MiB to arrive, progress move in 10 MiB steps, and a
+dropped connection lose up to 10 MiB not yet written)."""
+DISK_MARGIN_BYTES = 64 << 20
+"""Free space kept beyond the file when checking the disk before a download."""
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+class _NoBar:
+    """huggingface_hub's progress-bar slot, silent: progress reaches the caller through
+    :class:`_Writer` instead (the CLI draws its own line, the app its own bar)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __enter__(self) -> "_NoBar":
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+    def update(self, n: float = 1) -> None:
+        pass
+
+
+class _Writer:
+    """The file object ``http_get`` writes into: hashes as it goes, reports progress, and
+    raises :class:`FetchCancelled` from ``write`` when asked to stop (``http_get`` only
+    catches network errors, so it ends the download there)."""
+
+    def __init__(self, f, digest, done: int, total: int, progress: ProgressFn | None,
+                 cancel: CancelFn | None, name: str):
+        self.f, self.digest, self.done, self.total = f, digest, done, total
+        self.progress, self.cancel, self.name = progress, cancel, name
+        self.rehash = False  # set when http_get rewinds (a server that ignored Range)
+
+    def write(self, data: bytes) -> int:
+        if self.cancel is not None and self.cancel():
+            raise FetchCancelled(f"fetching {self.name} was cancelled")
+        n = self.f.write(data)
+        self.digest.update(data)
+        self.done += len(data)
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+        return n
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.rehash = True
+        return self.f.seek(offset, whence)
+
+    def truncate(self, size: int | None = None) -> int:
+        self.rehash = True
+        out = self.f.truncate(size)
+        self.done = self.f.tell() if size is None else size
+        return out
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def fileno(self) -> int:
+        return self.f.fileno()
+
+
+def _hash_file(path: Path, digest=None, limit: int | None = None):
+    digest = digest or hashlib.sha256()
+    left = limit
+    with open(path, "rb") as f:
+        while left is None or left > 0:
+            chunk = f.read(HASH_CHUNK if left is None else min(HASH_CHUNK, left))
+            if not chunk:
+                break
+            digest.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+    return digest
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _free_bytes(path: Path) -> int:
+    return shutil.disk_usage(path).free
+
+
+def _check_disk(folder: Path, need: int, name: str) -> None:
+    free = _free_bytes(folder)
+    if free < need + DISK_MARGIN_BYTES:
+        raise HubError(f"not enough disk space for {name}: {_mb(need)} more needed in {folder}, {_mb(free)} free; "
+                       "free some space (or set ATTNCHAT_MODELS_DIR to a bigger disk) and try again", "disk_full")
+
+
+def download_file(repo_id: str, commit: str, file: HubFile, *, progress: ProgressFn | None = None,
+                  cancel: CancelFn | None = None, extra: dict[str, Any] | None = None,
+                  expected_sha256: str = "") -> Path:
+    """Download one file of ``repo_id`` at ``commit`` into the model folder and return its path.
+
+    ``file`` is as the Hub listed it (size, LFS sha256); ``expected_sha256`` is a catalog's
+    own checksum, which must agree with the Hub's. ``progress(done, total)`` counts bytes
+    (resumed ones included); ``cancel()`` is polled between chunks. ``extra`` goes into the
+    manifest (license, architecture).
+
+    Raises:
+        FetchCancelled: ``cancel()`` returned True (the part is kept for a resume).
+        HubError: no LFS sha256 to check against, the Hub's metadata disagree, the bytes'
+            sha256 differs, the disk is full, offline, gated, not found (one line each).
+        KeyboardInterrupt: passed on (the part is kept for a resume).
+    """
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import WeakFileLock
+
+    # huggingface_hub reads this module constant at each download (no argument for it).
+    constants.DOWNLOAD_CHUNK_SIZE = min(constants.DOWNLOAD_CHUNK_SIZE, HTTP_CHUNK)
+
+    where = f"hf.co/{repo_id}/{file.path}"
+    final = hub_path(repo_id, file.path)
+    listed = (file.sha256 or "").lower()
+    manifest = read_manifest(final)
+    if (listed and final.is_file() and final.stat().st_size == file.size_bytes and manifest
+            and manifest.get("sha256") == listed):
+        return final
+    remote = api.remote_file(repo_id, file.path, commit)
+    served = remote.etag.lower() if _SHA256.match(remote.etag.lower()) else ""
+    # The LFS sha256: the listing's, else the resolve answer's X-Linked-Etag (the same LFS oid).
+    expected = listed or served
+    if not expected:
+        raise HubError(f"{where} has no LFS sha256 on the Hub to check it against; attnchat fetches only "
+                       "files it can check", "checksum")
+    if served and served != expected:
+        raise HubError(f"the Hub's answers about {where} disagree (listed sha256 {expected[:12]}..., served "
+                       f"{served[:12]}...); try again later", "checksum")
+    if expected_sha256 and expected_sha256.lower() != expected:
+        raise HubError(f"{where} on the Hub (sha256 {expected[:12]}...) is not the file the catalog names "
+                       f"({expected_sha256[:12]}...); update attnchat, or fetch it by reference", "checksum")
+    size = file.size_bytes or remote.size_bytes or 0
+    if not size:
+        raise HubError(f"the Hub did not say the size of {where}; try again later", "server")
+    if remote.size_bytes is not None and remote.size_bytes != size:
+        raise HubError(f"the Hub's answers about {where} disagree (listed {size:,} bytes, served "
+                       f"{remote.size_bytes:,}); try again later", "checksum")
+    if final.is_file() and final.stat().st_size == size and manifest and manifest.get("sha256") == expected:
+        return final
+    part = partial_dir() / f"{expected}.part"
+    folder = models_dir()
+    with WeakFileLock(str(part) + ".lock"):
+        have = part.stat().st_size if part.is_file() else 0
+        if have > size:
+            part.unlink()
+            have = 0
+        _check_disk(folder, size - have, where)
+        digest = _hash_file(part) if have else hashlib.sha256()
+        if have:
+            log.info("resuming %s at %d of %d bytes", where, have, size)
+        if progress is not None:
+            progress(have, size)
+        try:
+            with open(part, "ab") as f:
+                writer = _Writer(f, digest, have, size, progress, cancel, where)
+                with api.hub_errors(f"downloading {where}", repo_id, file.path):
+                    http_get(remote.url, writer, resume_size=have, headers=api._auth_headers(remote.same_host),
+                             expected_size=size, displayed_filename=file.path, tqdm_class=_NoBar)
+                f.flush()
+                os.fsync(f.fileno())
+        except (FetchCancelled, KeyboardInterrupt):
+            kept = part.stat().st_size if part.is_file() else 0
+            log.info("download of %s stopped at %d of %d bytes; kept to resume", where, kept, size)
+            raise
+        except HubError as exc:
+            kept = part.stat().st_size if part.is_file() else 0
+            if kept and exc.kind in ("offline", "server"):
+                raise HubError(f"{exc}; the {_mb(kept)} of {_mb(size)} downloaded so far are kept: the same "
+                               "command resumes", exc.kind) from exc
+            raise
+        except OSError as exc:
+            part.unlink(missing_ok=True)
+            if exc.errno == errno.ENOSPC:
+                raise HubError(f"the disk filled up while downloading {where} ({_mb(size)} in {folder}); nothing "
+                               "was kept; free some space and try again", "disk_full") from exc
+            if "Consistency check failed" in str(exc):
+                raise HubError(f"the Hub sent the wrong number of bytes for {where}; nothing was kept; try again",
+                               "server") from exc
+            raise HubError(f"could not write {where} in {folder} ({' '.join(str(exc.strerror or exc).split())}); "
+                           "check the folder's permissions, or set ATTNCHAT_MODELS_DIR", "write") from exc
+        got = (_hash_file(part) if writer.rehash else digest).hexdigest()
+        if got != expected:
+            part.unlink(missing_ok=True)
+            raise HubError(f"checksum mismatch for {where}: the bytes downloaded have sha256 {got[:12]}..., the "
+                           f"Hub's LFS metadata say {expected[:12]}...; nothing was kept; try again", "checksum")
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            write_manifest(final, {"repo_id": repo_id, "filename": file.path, "commit": remote.commit or commit,
+                                   "sha256": expected, "size_bytes": size, "source": "hf.co",
+                                   "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **(extra or {})})
+            os.replace(part, final)
+        except OSError as exc:
+            raise HubError(f"could not move {where} into {final.parent} ({exc.strerror or exc}); check the folder's "
+                           "permissions", "write") from exc
+        _fsync_dir(final.parent)
+    log.info("fetched %s to %s", where, final)
+    return final
+
+
+def _check_fetchable(listing: api.RepoListing, gguf: GGUFFile) -> None:
+    where = f"hf.co/{listing.repo_id}/{gguf.name}"
+    if gguf.split:
+        raise HubError(f"{where} is split into {len(gguf.parts)} files; attnchat loads single-file GGUFs only: "
+                       f"pick another quant (`attnchat models files hf.co/{listing.repo_id}`), or merge the parts with "
+                       "llama.cpp's `llama-gguf-split --merge` and `attnchat models import` the result", "split")
+    if listing.supported is False:
+        from .gguf_meta import SUPPORTED_ARCHITECTURES
+
+        raise HubError(f"hf.co/{listing.repo_id} is a {listing.architecture!r} model, which attnchat's decoder does "
+                       f"not run (it runs {', '.join(sorted(SUPPORTED_ARCHITECTURES))}); pick another model",
+                       "unsupported")
+
+
+def fetch_hub(ref: str | HubRef, *, progress: ProgressFn | None = None, cancel: CancelFn | None = None,
+              preferred: str = "", expected_sha256: str = "") -> Path:
+    """Fetch the GGUF file ``ref`` names (see :mod:`models.hub.ref`) and return its path;
+    a file already downloaded whole is returned without downloading again.
+
+    ``preferred`` is the file a reference without a tag gets (the catalog's).
+
+    Raises:
+        HubError: a bad reference, nothing matching, a split model, an architecture attnchat
+            does not run, and everything :func:`download_file` raises.
+        FetchCancelled, KeyboardInterrupt: see :func:`download_file`.
+    """
+    ref = parse_ref(ref) if isinstance(ref, str) else ref
+    listing = api.repo_listing(ref.repo_id, ref.revision)
+    gguf = choose(listing.ggufs, ref, preferred)
+    _check_fetchable(listing, gguf)
+    extra = {"license": listing.license, "gated": listing.gated or False, "architecture": listing.architecture,
+             "quant": gguf.quant, "revision": ref.revision}
+    return download_file(listing.repo_id, listing.commit, gguf.parts[0], progress=progress, cancel=cancel,
+                         extra=extra, expected_sha256=expected_sha256)
+
+
+def resolve_hub(ref: str | HubRef, *, progress: ProgressFn | None = None, cancel: CancelFn | None = None,
+                preferred: str = "") -> Path:
+    """The local file for ``ref``: the downloaded one when there (no network), else fetched.
+
+    Raises:
+        see :func:`fetch_hub`.
+    """
+    ref = parse_ref(ref) if isinstance(ref, str) else ref
+    return find_installed(ref, preferred) or fetch_hub(ref, progress=progress, cancel=cancel, preferred=preferred)

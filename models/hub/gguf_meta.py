@@ -1,0 +1,199 @@
+"""The shape of a GGUF model (layers, heads, context, sliding windows) read from the start
+of its file, local or on the Hub (a few ranged reads, never the whole file).
+
+Stdlib only. The memory planner needs layers x KV heads x head dim for the KV cache's bytes
+per token; the Hub's model info names the architecture and context but not those, and a
+GGUF carries them in its first kilobytes: llama.cpp's converter writes ``general.*``,
+then ``ARCH.*`` (block_count, attention.head_count...), then ``tokenizer.*``, so the
+walk stops at the first tokenizer key once it has what it needs.
+
+Layout (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md, versions 2 and 3,
+little-endian): magic ``GGUF``, version u32, tensor count u64, metadata count u64, then
+per entry a key (u64 length + UTF-8) and a typed value.
+"""
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["GGUFMetaError", "GGUFShape", "SUPPORTED_ARCHITECTURES", "read_shape", "shape_from_file"]
+
+#: GGUF ``general.architecture`` values our decoder runs (runtime.config.FAMILIES, by the names
+#: llama.cpp writes: Mistral's GGUFs say "llama", Gemma 3's "gemma3"). tests/models/hub checks
+#: this table against runtime's.
+SUPPORTED_ARCHITECTURES = {
+    "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+    "gemma2": "gemma2", "gemma3": "gemma3_text", "gpt2": "gpt2",
+}
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+MAX_READ_BYTES = 64 << 20
+"""The most of a file's start the walk reads (real headers reach the arch keys in a few KB)."""
+BLOCK = 256 << 10
+"""Bytes fetched at a time (one ranged request each on the Hub)."""
+
+ReadAt = Callable[[int, int], bytes]
+"""``read_at(offset, length) -> bytes`` (fewer only at the end of the file)."""
+
+
+class GGUFMetaError(ValueError):
+    """Not a GGUF file, truncated, or without the keys the shape needs (one line)."""
+
+
+@dataclass(frozen=True)
+class GGUFShape:
+    """What the memory planner needs about a GGUF model.
+
+    Attributes:
+        architecture: ``general.architecture`` (llama.cpp's name, e.g. ``"qwen2"``).
+        name: ``general.name`` ("" when absent).
+        n_layers, n_heads, n_kv_heads, head_dim: the attention's shape (KV heads: the most
+            any layer has, for a per-layer list).
+        context_length: the longest context it was trained for (tokens).
+        windows: per layer its sliding window in tokens, or None (full attention).
+    """
+
+    architecture: str
+    name: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    context_length: int
+    windows: tuple[int | None, ...]
+
+    @property
+    def supported(self) -> bool:
+        """Whether attnchat's decoder runs this architecture."""
+        return self.architecture in SUPPORTED_ARCHITECTURES
+
+    def kv_bytes_at(self, tokens: int, elem_bytes: int = 4) -> int:
+        """KV-cache bytes at ``tokens`` of context (a sliding layer holds at most its window)."""
+        per_layer = 2 * self.n_kv_heads * self.head_dim * elem_bytes
+        return sum(per_layer * (tokens if w is None else min(tokens, w)) for w in self.windows)
+
+
+class _Walk:
+    def __init__(self, read_at: ReadAt):
+        self.read_at, self.buf, self.pos = read_at, bytearray(), 0
+
+    def take(self, n: int) -> bytes:
+        while self.pos + n > len(self.buf):
+            if len(self.buf) >= MAX_READ_BYTES:
+                raise GGUFMetaError(f"its metadata runs past {MAX_READ_BYTES >> 20} MiB before the model's shape")
+            got = self.read_at(len(self.buf), max(BLOCK, self.pos + n - len(self.buf)))
+            if not got:
+                raise GGUFMetaError("the file ends inside its metadata (truncated)")
+            self.buf += got
+        out = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return out
+
+    def scalar(self, kind: int):
+        fmt = _SCALARS[kind]
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        n = self.scalar(10)
+        if n > 16 << 20:
+            raise GGUFMetaError(f"a string of {n:,} bytes in its metadata")
+        return self.take(n).decode("utf-8", "replace")
+
+    def value(self, kind: int):
+        if kind in _SCALARS:
+            return self.scalar(kind)
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            item, count = self.scalar(4), self.scalar(10)
+            if item in _SCALARS:
+                size = struct.calcsize(_SCALARS[item])
+                if count * size > MAX_READ_BYTES:
+                    raise GGUFMetaError(f"an array of {count:,} items in its metadata")
+                raw = self.take(count * size)
+                return list(struct.unpack(f"<{count}{_SCALARS[item][1]}", raw)) if count <= 4096 else None
+            if count > 4 << 20:
+                raise GGUFMetaError(f"an array of {count:,} items in its metadata")
+            values = [self.value(item) for _ in range(count)]
+            return values if count <= 64 else None  # long lists (a vocabulary) are walked, not kept
+        raise GGUFMetaError(f"unknown metadata value type {kind}")
+
+
+def _windows(arch: str, n_layers: int, window: int, context: int, pattern) -> tuple[int | None, ...]:
+    """Per-layer windows as transformers sets them for each family (runtime.config._layer_windows)."""
+    if not window or window >= context:
+        return (None,) * n_layers
+    if arch == "gemma2":  # alternating: even layers slide
+        return tuple(window if i % 2 == 0 else None for i in range(n_layers))
+    if arch == "gemma3":  # five sliding layers, then one full (sliding_window_pattern 6)
+        if isinstance(pattern, list) and len(pattern) == n_layers:
+            return tuple(window if p else None for p in pattern)
+        every = pattern if isinstance(pattern, int) and pattern > 0 else 6
+        return tuple(None if (i + 1) % every == 0 else window for i in range(n_layers))
+    if arch in ("qwen2", "qwen3"):  # a window in the file is not used unless layer types say so
+        return (None,) * n_layers
+    return (window,) * n_layers
+
+
+def read_shape(read_at: ReadAt) -> GGUFShape:
+    """Walk the start of a GGUF file through ``read_at`` and return its shape.
+
+    Raises:
+        GGUFMetaError: not GGUF v2/v3, truncated, or missing a key the shape needs.
+        OSError: ``read_at`` failed (passed on).
+    """
+    w = _Walk(read_at)
+    if w.take(4) != b"GGUF":
+        raise GGUFMetaError("it is not a GGUF file (no b'GGUF' at its start)")
+    version = w.scalar(4)
+    if version not in (2, 3):
+        raise GGUFMetaError(f"GGUF version {version} is not supported (2 or 3)")
+    _tensors, keys = w.scalar(10), w.scalar(10)
+    meta: dict[str, object] = {}
+    arch = ""
+    for _ in range(keys):
+        key = w.string()
+        if key.startswith("tokenizer.") and arch and f"{arch}.block_count" in meta:
+            break  # the converter writes every ARCH.* key before the tokenizer's
+        meta[key] = w.value(w.scalar(4))
+        if key == "general.architecture":
+            arch = str(meta[key])
+    if not arch:
+        raise GGUFMetaError("its metadata has no general.architecture")
+
+    def need(name: str):
+        if f"{arch}.{name}" not in meta:
+            raise GGUFMetaError(f"its metadata has no {arch}.{name}")
+        return meta[f"{arch}.{name}"]
+
+    n_layers = int(need("block_count"))
+    n_heads_v = need("attention.head_count")
+    n_heads = max(n_heads_v) if isinstance(n_heads_v, list) else int(n_heads_v)
+    kv = meta.get(f"{arch}.attention.head_count_kv", n_heads)
+    n_kv = max(kv) if isinstance(kv, list) else int(kv)
+    head_dim = meta.get(f"{arch}.attention.key_length")
+    if head_dim is None:
+        head_dim = int(need("embedding_length")) // max(n_heads, 1)
+    context = int(meta.get(f"{arch}.context_length") or 0)
+    window = int(meta.get(f"{arch}.attention.sliding_window") or 0)
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
+    return GGUFShape(
+        architecture=arch, name=str(meta.get("general.name") or ""), n_layers=n_layers, n_heads=n_heads,
+        n_kv_heads=n_kv, head_dim=int(head_dim), context_length=context,
+        windows=_windows(arch, n_layers, window, context or (1 << 40), pattern),
+    )
+
+
+def shape_from_file(path) -> GGUFShape:
+    """:func:`read_shape` of a local file.
+
+    Raises:
+        GGUFMetaError, OSError: see :func:`read_shape`.
+    """
+    with open(path, "rb") as f:
+        def read_at(offset: int, length: int) -> bytes:
+            f.seek(offset)
+            return f.read(length)
+        return read_shape(read_at)
