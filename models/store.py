@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .catalog import CATALOG, DEFAULT_MODEL, CatalogEntry
-from .hub.local import hub_path, installed_files, read_manifest
+from .hub.local import find_installed, hub_path, installed_files, read_manifest
+from .hub.ref import HubRef
 from .paths import bundled_models_dir, models_dir
 
 __all__ = [
@@ -113,7 +114,13 @@ def installed_path(entry: CatalogEntry = DEFAULT_MODEL) -> Path | None:
 def _installed_hub(entry: CatalogEntry) -> Path | None:
     """A Hub entry's file, when its manifest says it arrived whole (and with the catalog's
     sha256, when the catalog has one)."""
-    path = hub_path(entry.hub_repo, entry.hub_file)
+    if entry.hub_file:
+        path = hub_path(entry.hub_repo, entry.hub_file)
+    else:  # picked by its quant tag when fetched
+        found = find_installed(HubRef(entry.hub_repo, quant=entry.hub_quant))
+        if found is None:
+            return None
+        path = found
     manifest = read_manifest(path)
     if manifest is None or not _file_of_size(path, int(manifest.get("size_bytes", -1))):
         return None
@@ -164,9 +171,9 @@ def list_models() -> list[ModelInfo]:
                 rows.append(ModelInfo(child.name, child.name, child, True, _tree_bytes(child), "imported"))
         except OSError as exc:
             log.warning("skipping %s: %s", child, exc)
-    catalog_hub = {(entry.hub_repo, entry.hub_file) for entry in CATALOG if entry.hub_repo}
+    catalog_hub = {(r.path.parent, r.path.name) for r in rows if r.source == "catalog" and r.path is not None}
     for f in installed_files(folder=folder):
-        if (f.repo_id, f.filename) in catalog_hub or not f.complete:
+        if (f.path.parent, f.path.name) in catalog_hub or not f.complete:
             continue
         rows.append(ModelInfo(f.ref, f.path.stem, f.path, True, f.size_bytes, "hub",
                               str((f.manifest or {}).get("license") or "")))

@@ -44,6 +44,11 @@ def attention_text(e: models.CatalogEntry) -> str:
     return f"{e.n_layers} layers, {heads}{kind}{window}"
 
 
+def _where_from(e: models.CatalogEntry) -> str:
+    """``"the Python package index"`` or ``"the Hugging Face Hub (hf.co/OWNER/REPO)"``."""
+    return f"the Hugging Face Hub ({html.escape(e.ref)})" if e.source == "hub" else "the Python package index"
+
+
 def details_html(e: models.CatalogEntry, state: str, path: Path | None) -> str:
     """The details pane of entry ``e``: ``state`` is ``"loaded"``, ``"installed"`` or ``"missing"``."""
     lic = html.escape(e.license)
@@ -55,7 +60,7 @@ def details_html(e: models.CatalogEntry, state: str, path: Path | None) -> str:
     mode = ("chats with its own template" if e.chat_template
             else "a base model without a chat template: it continues the text you write (plain completion)")
     where = {"loaded": "Loaded now.", "installed": f"Installed: <code>{html.escape(str(path))}</code>",
-             "missing": (f"Not downloaded: {_mb(e.size_bytes)} from the Python package index, checked "
+             "missing": (f"Not downloaded: {_mb(e.size_bytes)} from {_where_from(e)}, checked "
                          f"against its SHA-256. By downloading it you accept its license ({lic}).")}[state]
     rows = [("Size", f"{_mb(e.size_bytes)} ({e.size_bytes:,} bytes)"), ("License", lic),
             ("Parameters", f"{e.parameters / 1e6:,.0f} M ({html.escape(e.architecture)})"),

@@ -39,7 +39,8 @@ def test_a_model_not_downloaded_shows_size_and_license_first_then_downloads_and_
     d = _switcher(w, folder, fetched).open()
     assert [a.text() for a in w.file_menu.actions()].index("&Models…") == 3  # after Open model folder…
     rows = [d.list.item(i).text() for i in range(d.list.count())]
-    assert rows == ["SmolLM2-135M-Instruct\nloaded · Apache-2.0", "Gemma 3 270M\n253 MB to download · Gemma Terms of Use"]
+    assert rows[:2] == ["SmolLM2-135M-Instruct\nloaded · Apache-2.0", "Gemma 3 270M\n253 MB to download · Gemma Terms of Use"]
+    assert len(rows) == len(models.CATALOG) and rows[2] == "Qwen2.5-0.5B-Instruct\n398 MB to download · Apache-2.0"
     assert d.list.currentRow() == 0 and not d.load_button.isEnabled() and d.load_button.text() == "Loaded"
     assert d.download_button.isHidden()
 

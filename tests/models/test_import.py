@@ -67,8 +67,10 @@ def test_import_gguf_copies_bytes_and_lists_it(folder, src):
     assert names(folder) == ["tiny.gguf"]  # no temp file left
     rows = list_models()
     assert [(r.id, r.source, r.installed) for r in rows] == [
-        (DEFAULT_MODEL.id, "catalog", False), ("gemma3-270m", "catalog", False), ("tiny.gguf", "imported", True)]
-    assert rows[2].path == path and rows[2].size_bytes == len(GGUF_BYTES) and rows[2].name == "tiny"
+        *((e.id, "catalog", False) for e in CATALOG), ("tiny.gguf", "imported", True)]
+    assert rows[0].id == DEFAULT_MODEL.id and rows[1].id == "gemma3-270m"
+    row = rows[len(CATALOG)]
+    assert row.path == path and row.size_bytes == len(GGUF_BYTES) and row.name == "tiny"
 
 
 def test_import_same_file_twice_is_idempotent_but_a_different_one_is_refused(folder, src):
@@ -229,8 +231,9 @@ def test_cli_list_json_and_table(folder, src, capsys):
                        "license": "Apache-2.0", "chat_template": True}
     assert rows[1]["id"] == "gemma3-270m" and rows[1]["license"] == "Gemma Terms of Use"
     assert rows[1]["chat_template"] is False  # the base model: it continues text
-    assert rows[2]["path"] == str(folder / "tiny.gguf") and rows[2]["installed"] is True
-    assert rows[2]["chat_template"] is None  # not known before it is loaded
+    n = len(CATALOG)
+    assert rows[n]["path"] == str(folder / "tiny.gguf") and rows[n]["installed"] is True
+    assert rows[n]["chat_template"] is None  # not known before it is loaded
 
     assert models_cmd.run(parse("list")) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -239,8 +242,8 @@ def test_cli_list_json_and_table(folder, src, capsys):
     assert "  chat  " in lines[1] and "completion" not in lines[1]
     assert lines[2].startswith("gemma3-270m") and "241.4 MiB" in lines[2] and "Gemma Terms of Use" in lines[2]
     assert "  completion only (no chat template)  " in lines[2]
-    assert lines[3].startswith("tiny.gguf") and lines[3].endswith(str(folder / "tiny.gguf"))
-    assert len(lines) == 4
+    assert lines[n + 1].startswith("tiny.gguf") and lines[n + 1].endswith(str(folder / "tiny.gguf"))
+    assert len(lines) == n + 2
 
 
 def test_cli_unusable_models_dir_is_exit_2(tmp_path, monkeypatch, capsys):

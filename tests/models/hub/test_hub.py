@@ -391,3 +391,27 @@ def test_resolve_paths_catalog_ids_and_references(hub, tmp_path, monkeypatch):
     with pytest.raises(models.FetchError) as info:
         models.resolve("no-such-model")
     assert str(info.value).startswith("no-such-model: no such file, catalog model or Hub reference; give a .gguf file")
+
+
+def test_a_catalog_entry_is_fetched_at_its_pinned_revision_or_main_when_gone(hub, monkeypatch):
+    import dataclasses
+
+    from models import catalog
+
+    repo = tiny_repo(hub)
+    name = "Tiny-Instruct-Q4_K_M.gguf"
+    entry = catalog._hub("tiny", "Tiny", REPO, name, sha256=repo.sha(name), size=len(repo.files[name]),
+                         revision=COMMIT, architecture="llama", parameters=1, n_layers=3, n_kv_heads=2, head_dim=32,
+                         context_length=2048, license="x", description="x")
+    path = models.fetch_model(entry)
+    assert path.read_bytes() == repo.files[name] and models.installed_path(entry) == path
+    assert hub.hits("hub", "GET", f"/api/models/{REPO}/revision/{COMMIT}")
+    path.unlink()
+    # A revision the Hub no longer has (a squashed history): main, where the sha256 must still match.
+    gone = dataclasses.replace(entry, hub_revision="f" * 40)
+    assert models.fetch_model(gone) == path and path.read_bytes() == repo.files[name]
+    assert hub.hits("hub", "GET", f"/api/models/{REPO}/revision/{'f' * 40}")
+    # An entry picked by its tag (file name not checked) is found installed by that tag.
+    by_tag = dataclasses.replace(entry, hub_file="", hub_quant="Q4_K_M", sha256="")
+    assert models.installed_path(by_tag) == path
+    assert models.installed_path(dataclasses.replace(by_tag, hub_quant="Q8_0")) is None
