@@ -9,6 +9,9 @@ CommonMark is strict where models are sloppy, and Qt's parser (md4c) follows it:
   with text after the marks (```````` ```Now run it. ````````), or not closed before the next
   block opens (```````` ```bash ```````` inside an open ```````` ``` ````````), does not close;
 - a line indented four spaces past its paragraph or list item is an indented code block;
+- a list item's fence indented to the item's text with its body (and closing fence) at
+  column 0, as small models write it: the body ends the item and shows as prose, and the
+  closing fence opens a block over the next item;
 - raw HTML blocks (``<div>``, ``<pre>``, ``<!--``) hide the text after them.
 
 :func:`tidy_markdown` repairs these before the text is parsed, and leaves well-formed
@@ -200,11 +203,20 @@ def tidy(text: str) -> Tidied:
                 while end > i + 1 and not lines[end - 1].strip():
                     end -= 1   # blank lines at the end of an unclosed block go after it
             delta = indent - target
+            # Inside a list item, small models indent the opening fence but start the body
+            # (and the closing fence) at column 0: in CommonMark such a line ends the item,
+            # so the code became prose and the closing fence opened a block over the next
+            # item. Body lines move right together until the least indented one is at the
+            # fence's column, which keeps their relative indentation.
+            shift = 0
+            if item is not None and target >= item:
+                cols = [_expand(lines[k])[0] for k in range(i + 1, end) if lines[k].strip()]
+                shift = max(0, target - min(cols)) if cols else 0
             out.append(line if delta == 0 else " " * target + body)
             for k in range(i + 1, end):
                 col, b = _expand(lines[k])
-                out.append(" " * max(0, col - delta) + b if delta and b else lines[k])
-            code.append("\n".join(_strip_cols(lines[k], indent) for k in range(i + 1, end)))
+                out.append(" " * max(0, col - delta + shift) + b if (delta or shift) and b else lines[k])
+            code.append("\n".join(_strip_cols(lines[k], indent - shift) for k in range(i + 1, end)))
             if how == "proper":
                 out.append(lines[end] if _expand(lines[end])[0] == target else " " * target + marks)
                 end += 1

@@ -83,6 +83,72 @@ def test_a_block_being_written_is_code_until_prose_follows(qapp):
         "x = 1", "", "# Compute the sum.", "", '"""Adds them all up."""']
 
 
+# ---- code in list items, as small models write it ------------------------------------------
+#: SmolLM2-135M-Instruct's greedy reply to "Now list three ways to test it." (after "Write a Python
+#: function that returns the square of a number."): each item's opening fence is indented to the
+#: item's text, its body and closing fence start at column 0. CommonMark ends the item at the
+#: body: the code showed as prose, the next item's title and fence in a code box.
+SMOLLM2_LIST = (
+    "Here are three ways to test the `square_number` function:\n\n"
+    "1. **Test with a specific input**:\n   ```python\ndef square_number(num):\n    return num ** 2\n\n"
+    "square_number_test = square_number(5)\nassert square_number_test == 25\n```\n\n"
+    "2. **Test with a default argument**:\n   ```python\ndef square_number(num=None):\n    return num ** 2\n\n"
+    "square_number_test = square_number(None)\nassert square_number_test is None\n```\n\n"
+    "3. **Test with a specific input list**:\n   ```python\ndef square_number(num=None):\n    return num ** 2\n\n"
+    "square_number_test = square_number([5])\nassert square_number_test == 25\n```\n\n"
+    "These are just a few examples of how to test the `square_number` function. The most common way to "
+    "test a function is to use a debugger to step through the code and inspect the function's output.")
+
+
+def test_each_list_items_code_is_its_own_box(qapp):
+    r = build_document(SMOLLM2_LIST, QFont(), QPalette(), 600)
+    args = ["5", "None", "[5]"]
+    defaults = ["num", "num=None", "num=None"]
+    expected = [f"def square_number({d}):\n    return num ** 2\n\nsquare_number_test = square_number({a})\n"
+                + ("assert square_number_test is None" if a == "None" else "assert square_number_test == 25")
+                for d, a in zip(defaults, args)]
+    assert [c.text for c in r.code] == expected   # three boxes, each one item's code, indentation kept
+    assert as_text(SMOLLM2_LIST) == [
+        "Here are three ways to test the square_number function:", "Test with a specific input:",
+        "Test with a default argument:", "Test with a specific input list:",
+        SMOLLM2_LIST.rsplit("\n\n", 1)[1].replace("`", "")]
+    # The three items are one numbered list (1, 2, 3), each box inside its item.
+    doc, numbers = r.doc, []
+    b = doc.begin()
+    while b.isValid():
+        if b.textList() is not None and b.text().startswith("Test with"):
+            numbers.append(b.textList().itemNumber(b) + 1)
+        b = b.next()
+    assert numbers == [1, 2, 3]
+
+
+@pytest.mark.parametrize("reply, code, text", [
+    # A bullet item; the closing fence at the item's column, the next item right after it.
+    ("- Install it:\n  ```bash\npip install attnchat\n  ```\n- Run it:\n  ```bash\nattnchat\n```\nDone here, all set.",
+     ["pip install attnchat", "attnchat"], ["Install it:", "Run it:", "Done here, all set."]),
+    # A nested item; relative indentation in the body kept.
+    ("1. Define it:\n   - like this:\n     ```python\ndef f():\n    return 1\n```\n2. Call it.",
+     ["def f():", "    return 1"], ["Define it:", "like this:", "Call it."]),
+    # Still being written: the open block belongs to its item.
+    ("1. First:\n   ```python\nx = 1\ny = 2", ["x = 1", "y = 2"], ["First:"]),
+])
+def test_list_item_fences_with_the_body_at_column_0(qapp, reply, code, text):
+    assert as_code(reply) == code
+    assert as_text(reply) == text
+
+
+def test_streaming_a_list_with_code_never_puts_an_item_or_a_fence_in_a_box(qapp):
+    titles = ["Test with a specific input", "Test with a default argument", "Test with a specific input list"]
+    ends = [k for k, ch in enumerate(SMOLLM2_LIST) if ch == "\n"] + [len(SMOLLM2_LIST)]
+    for end in ends + [e - 3 for e in ends if e > 3]:   # every line end, and cuts inside lines
+        head = SMOLLM2_LIST[:end]
+        code, text = as_code(head), as_text(head)
+        assert not any(line.lstrip().startswith(("```", "2.", "3.", "**Test", "These are")) for line in code), head
+        for n, title in enumerate(titles, 1):
+            if f"{n}. **{title}**:\n" in head:   # the item's line is written
+                assert f"{title}:" in text, head
+
+
 @pytest.mark.parametrize("line, prose", [
     ("This sets x to one.", True), ("## Explanation", True), ("1. First, install it", True),
     ("x = 1", False), ("print(x)", False), ("# Compute the sum.", False), ("Hello world!", False),
@@ -111,7 +177,7 @@ def broken(draw):
     code = "\n".join(body)
     # Not generated: ```` closed by ``` with other fences after it (a nested fence can look
     # just like that; the parametrized cases above have it alone and twice).
-    kind = draw(st.sampled_from(["short", "reopen", "indent", "listdeep", "html", "list", "fine"]))
+    kind = draw(st.sampled_from(["short", "reopen", "indent", "listdeep", "html", "list", "listcode", "fine"]))
     if kind == "short":
         return f"```\n{code}\n``", body
     if kind == "reopen":
@@ -124,6 +190,11 @@ def broken(draw):
         return draw(st.sampled_from(["<div>", "<pre>", "<!-- note", "<script>"])), []
     if kind == "list":
         return "1. First\n2.", []
+    if kind == "listcode":   # the fence indented to the item's text, the body and closing fence at column 0
+        marker = draw(st.sampled_from(["1.", "-", "10."]))
+        pad = " " * (len(marker) + 1)
+        close = draw(st.sampled_from(["```", pad + "```"]))
+        return f"{marker} Step:\n{pad}```python\n{code}\n{close}\n{marker} Next step", body
     return f"```python\n{code}\n```", body
 
 
@@ -172,9 +243,10 @@ def test_while_streaming_every_finished_paragraph_is_text(qapp, data, cuts):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pieces=st.lists(broken(), min_size=1, max_size=4))
 def test_code_inside_fences_stays_code(qapp, pieces):
-    text = "\n\n".join(p for p, _ in pieces if p.startswith("```"))
+    text = "\n\n".join(p for p, _ in pieces if "```" in p)
     code = as_code(text)
     for piece, body in pieces:
-        if piece.startswith("```"):
+        if "```" in piece:
             for line in filter(None, body):
                 assert line in code
+    assert not any("Step" in line for line in code)   # a list item's text is never code
