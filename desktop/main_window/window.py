@@ -7,6 +7,7 @@ import torch or runtime.
 """
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 from typing import Callable
@@ -22,6 +23,7 @@ from desktop.chat.status_bar import ChatStatusBar
 from desktop.chat.store import Store
 from desktop.chat.view import MessageListModel
 from desktop.main_window.conversations import ConversationActions
+from desktop.main_window.panel_width import PanelWidthGuard
 from desktop.main_window.replies import ReplyActions
 from desktop.remote.client import source_label
 from desktop.settings.checks import CONTEXT_KEYS, effective_context
@@ -88,6 +90,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self.sidebar.setMinimumWidth(170)  # titles stay readable when the docks take the width
         self.splitter.setSizes([230, 770])
         self.setCentralWidget(self.splitter)
+        self.panel_width = PanelWidthGuard(self, self.stack)   # the docks leave the chat half the window
         self.setStatusBar(status := ChatStatusBar())
         self.status = status
         self._build_menus()
@@ -199,6 +202,12 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
             self.restoreState(s.get("window/state"))
         if not s.get("window/splitter").isEmpty():
             self.splitter.restoreState(s.get("window/splitter"))
+        try:
+            widths = json.loads(s.get("window/panel_widths") or "{}")
+        except ValueError:
+            widths = {}
+        self._panel_widths = {k: int(v) for k, v in widths.items() if isinstance(v, (int, float))} \
+            if isinstance(widths, dict) else {}
         last = s.get("last_conversation")
         if last and self.conversations.row_of(last) >= 0:
             self.open_conversation(last)
@@ -230,6 +239,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         if old:
             self.view_menu.removeAction(old)
         self.panels[name] = dock
+        self.panel_width.watch(dock, self._panel_widths.get(name))
         return dock
 
     # ---- models ------------------------------------------------------------------------------
@@ -355,6 +365,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
             s.set("window/geometry", self.saveGeometry())
             s.set("window/state", self.saveState())
             s.set("window/splitter", self.splitter.saveState())
+            s.set("window/panel_widths", json.dumps(self.panel_width.widths(), sort_keys=True))
             s.sync()
             self.hide()
             # Stop the reply, end the thread, then deliver what it sent last so the

@@ -18,6 +18,7 @@ DEFAULTS: dict[str, Any] = {
     "window/geometry": QByteArray(),
     "window/state": QByteArray(),
     "window/splitter": QByteArray(),
+    "window/panel_widths": "",   # JSON: each panel's width as the user set it (px; desktop.main_window.panel_width)
     "last_conversation": 0,
     "model/source": "",          # "" = the default model
     "model/device": "auto",

@@ -21,10 +21,11 @@ import html
 import numpy as np
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPushButton, QSpinBox, QTableWidget,
+    QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLineEdit, QPushButton, QSpinBox, QTableWidget,
     QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget,
 )
 
+from desktop.flow_layout import flow_row, labelled
 from desktop.panels.attention.sandbox import SandboxView, ScaleView
 from desktop.panels.attention.views import quote, rich_label
 from desktop.panels.attention.widgets import display_token
@@ -86,12 +87,7 @@ class ExplainView(QWidget):
                                   "explained by where that head looks? (Jain and Wallace 2019)")
         self.table = _table(self.COLUMNS)
         self.sentence = rich_label("", small=True)
-        row = QHBoxLayout()
-        row.addWidget(QLabel("Token"))
-        row.addWidget(self.position, 1)
-        row.addWidget(self.steps)
-        row.addWidget(self.perms)
-        row.addWidget(self.run)
+        row = flow_row(labelled("Token", self.position), self.steps, self.perms, self.run)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
         lay.addLayout(row)
@@ -190,16 +186,8 @@ class KnockoutView(QWidget):
         self.preset_label = rich_label("", small=True)
         self.preset_table = _table(("heads knocked out", "loss, 1st copy", "loss, 2nd copy"))
         self.table.setMaximumHeight(200)  # the top 5: the rest of the height goes to the induction test
-        r1 = QHBoxLayout()
-        r1.addWidget(QLabel("Heads"))
-        r1.addWidget(self.heads, 1)
-        r1.addWidget(self.fill)
-        r2 = QHBoxLayout()
-        r2.addWidget(self.mode)
-        r2.addWidget(QLabel("Token"))
-        r2.addWidget(self.position, 1)
-        r2.addWidget(self.run)
-        r2.addWidget(self.run_preset)
+        r1 = flow_row(labelled("Heads", self.heads), self.fill)
+        r2 = flow_row(self.mode, labelled("Token", self.position), self.run, self.run_preset)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
         lay.addLayout(r1)

@@ -28,9 +28,10 @@ from pathlib import Path
 import numpy as np
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import (
-    QComboBox, QFileDialog, QHBoxLayout, QLabel, QSpinBox, QTabWidget, QToolButton, QVBoxLayout, QWidget,
+    QComboBox, QFileDialog, QLabel, QSpinBox, QTabWidget, QToolButton, QVBoxLayout, QWidget,
 )
 
+from desktop.flow_layout import flow_row
 from desktop.panels.attention.formula import NumbersView
 from desktop.panels.attention.insight import install_insight
 from desktop.panels.attention.probe import AttentionClient
@@ -79,11 +80,9 @@ class AttentionPanel(QWidget):
         self.insight = install_insight(self)  # the Insight tab (explain, knock out, by hand, √d_k, cost)
         self.status = QLabel("")
         self.status.setWordWrap(True)
-        top = QHBoxLayout()
-        top.addWidget(self.layer)
-        top.addWidget(self.head, 1)
-        top.addWidget(self.export_png_button)
-        top.addWidget(self.export_npz_button)
+        # A row that wraps: one fixed row made the dock (and so the space it takes from the chat) wider.
+        top = flow_row(self.layer, self.head, self.export_png_button, self.export_npz_button,
+                       stretch={self.head: 1})
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
         lay.addLayout(top)

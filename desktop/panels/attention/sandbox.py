@@ -20,10 +20,11 @@ import math
 import numpy as np
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
-    QAbstractItemView, QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPushButton,
+    QAbstractItemView, QCheckBox, QComboBox, QFormLayout, QHeaderView, QLineEdit, QPushButton,
     QSpinBox, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
+from desktop.flow_layout import flow_row, labelled
 from desktop.panels.attention.views import rich_label
 
 __all__ = ["SandboxView", "ScaleView", "formula_by_hand", "parse_vectors", "scale_simulation"]
@@ -104,7 +105,8 @@ class SandboxView(QWidget):
         self.v = QLineEdit(EXAMPLE["v"])
         self.scale = QCheckBox("Divide by √d_k")
         self.scale.setChecked(True)
-        self.causal = QCheckBox("Causal mask: the query is at token")
+        self.causal = QCheckBox("Causal: query at token")
+        self.causal.setToolTip("A causal mask: the query at this token sees only the keys up to it")
         self.causal_at = QSpinBox()
         self.causal_at.setRange(0, 0)
         self.hide = QCheckBox("Hide the weights (guess first)")
@@ -123,17 +125,8 @@ class SandboxView(QWidget):
         form.addRow("Query q", self.q)
         form.addRow("Keys K", self.k)
         form.addRow("Values V", self.v)
-        opts = QHBoxLayout()
-        opts.addWidget(self.scale)
-        opts.addWidget(self.causal)
-        opts.addWidget(self.causal_at)
-        opts.addStretch(1)
-        opts.addWidget(self.reset)
-        guess = QHBoxLayout()
-        guess.addWidget(self.hide)
-        guess.addWidget(QLabel("My guess:"))
-        guess.addWidget(self.guess, 1)
-        guess.addWidget(self.reveal)
+        opts = flow_row(self.scale, self.causal, self.causal_at, self.reset)
+        guess = flow_row(self.hide, labelled("My guess:", self.guess), self.reveal)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
         lay.addWidget(rich_label("Type a query, keys and values (numbers separated by commas, vectors by spaces); "
@@ -284,11 +277,7 @@ class ScaleView(QWidget):
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         self.explanation = rich_label("", small=True)
-        row = QHBoxLayout()
-        row.addWidget(QLabel("Your d:"))
-        row.addWidget(self.d)
-        row.addStretch(1)
-        row.addWidget(self.again)
+        row = flow_row(labelled("Your d:", self.d, stretch=0), self.again)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
         lay.addWidget(rich_label("q·k of random vectors whose entries have variance 1: the spread grows as √d, "

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QCheckBox, QGridLayout, QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QPushButton, QScrollArea, QVBoxLayout, QWidget,
 )
 
+from desktop.flow_layout import flow_row
 from desktop.panels.attention.widgets import EntropyBars, TokenHeatText, display_token
 from desktop.panels.attention.heatmap import SYNC_CELLS, ColorBar, HeatmapWidget, in_background
 
@@ -221,11 +222,7 @@ class SnapshotView(QWidget):
         self.heat.set_axes(rows=True, cols=True)
         self.scale = ColorBar()
         self.readout = rich_label("Hover: query token, key token and weight. Click a row to explain it.", small=True)
-        opts = QGridLayout()
-        opts.addWidget(self.hide_first, 0, 0)
-        opts.addWidget(self.renormalise, 0, 1)
-        opts.addWidget(self.sqrt, 1, 0)
-        opts.addWidget(self.refresh_button, 1, 1, Qt.AlignmentFlag.AlignRight)
+        opts = flow_row(self.hide_first, self.renormalise, self.sqrt, self.refresh_button)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
         lay.addLayout(opts)

@@ -88,12 +88,15 @@ class KVPanel(QWidget):
         # connect="finite": a NaN breaks the line where the cache shrank (no line drawn backwards).
         self.allocated_curve = item.plot(connect="finite")
         self.used_curve = item.plot(connect="finite")
-        # Short names: two columns must fit the panel's narrowest width (270 px); the readout
+        # Short names: two columns fit a 280 px panel (narrower: one column); the readout
         # gives the bytes per token of each (int8: a float32 scale per vector beside the codes).
         for curve, name in ((self.theory["float32"], "float32"), (self.theory["16-bit"], "bf16 / fp16"),
                             (self.theory["int8"], "int8 + scales"),
                             (self.allocated_curve, "allocated"), (self.used_curve, "used")):
             self.legend.addItem(curve, name)
+        # The width the chart needs with the legend in two columns; narrower, it takes one
+        # (two columns in a 200 px panel were cut off at the right, with the chart).
+        self._two_column_width = item.minimumWidth()
         self.now_dot = item.plot(pen=None, symbol="o", symbolSize=8, symbolBrush=COLORS["used"], symbolPen=None)
         self.context_line = pg.InfiniteLine(angle=90,
                                             label="context limit", labelOpts={"position": 0.62, "color": COLORS["limit"],
@@ -372,6 +375,20 @@ class KVPanel(QWidget):
             item.setPen(self._pen(color, width, style))
         for line in self.event_items:
             line.setPen(self._pen("event", 1, Qt.PenStyle.DashLine))
+
+    def resizeEvent(self, event) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self._fit_legend()
+
+    def _fit_legend(self) -> None:
+        """Two legend columns when the chart has room for them, else one (nothing cut off)."""
+        if self.legend.columnCount == 2:   # measured again: fonts and the palette change it
+            self._two_column_width = self.plot.getPlotItem().minimumWidth()
+        margins = self.layout().contentsMargins()
+        room = self.width() - margins.left() - margins.right()
+        columns = 2 if room >= self._two_column_width else 1
+        if self.legend.columnCount != columns:
+            self.legend.setColumnCount(columns)
 
     def showEvent(self, event) -> None:  # noqa: N802 - the screen it opens on decides the ratio
         super().showEvent(event)
