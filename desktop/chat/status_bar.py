@@ -74,6 +74,7 @@ class ChatStatusBar(QStatusBar):
         self._used, self._reply_limit = used, limit or 0
         limit = limit or self.context_limit
         self.context_label.setText(f"Context {used:,} / {limit:,}" if limit else "")
+        self.context_label.setToolTip("Tokens in the KV cache / the context limit")
 
     def set_default_limit(self, limit: int) -> None:
         """A new limit from the settings: shown unless a reply's own limit is shown."""
@@ -82,12 +83,25 @@ class ChatStatusBar(QStatusBar):
             self.set_context(self._used)
 
     def set_stats(self, stats: dict | None) -> None:
-        """Show a reply's figures (``TurnStats`` as a dict, plus ``context_used``)."""
+        """Show a reply's figures (``TurnStats`` as a dict, plus ``context_used``). With
+        ``"stale": True`` (no cache of the conversation exists now: an earlier run, or other
+        cache settings) the context shows 0 of the limit the next reply gets, and the figures
+        are marked as the last reply's."""
         if not stats:
             self.set_context(0)
             self.speed_label.setText("")
             return
-        self.set_context(int(stats.get("context_used", 0)), int(stats.get("context_limit", 0)) or None)
+        stale = bool(stats.get("stale"))
+        if stale:
+            self.set_context(0)
+            used, limit = int(stats.get("context_used", 0)), int(stats.get("context_limit", 0))
+            self.context_label.setText(self.context_label.text() + f" (last reply {used:,})")
+            self.context_label.setToolTip(
+                "No KV cache for this conversation yet: your next message reads it again. "
+                f"{self.context_limit:,} is the limit the next reply gets with the current settings; the last "
+                f"reply's cache held {used:,} tokens" + (f" of {limit:,}" if limit else "") + ".")
+        else:
+            self.set_context(int(stats.get("context_used", 0)), int(stats.get("context_limit", 0)) or None)
         parts = []
         if stats.get("ttft_s"):
             parts.append(f"TTFT {stats['ttft_s']:.2f} s")
@@ -99,7 +113,7 @@ class ChatStatusBar(QStatusBar):
             parts.append(f"{threads} of {most} threads")
             tip += (f"\nDecoding on {threads} of {most} CPU threads: measured faster right now, most likely "
                     "because another program keeps a core busy. The app tries all of them again now and then.")
-        self.speed_label.setText(" · ".join(parts))
+        self.speed_label.setText(("Last reply: " if stale and parts else "") + " · ".join(parts))
         self.speed_label.setToolTip(tip)
 
     def set_prefill(self, done: int, total: int) -> None:

@@ -114,8 +114,19 @@ class ConversationActions:
         r = self._reply
         if r is not None and r["conv_id"] == conv_id and r.get("stats"):
             stats = r["stats"]   # a reply being written here: its newest figures
+        elif stats and not stats.get("other_model") and not (self.engine.model or {}).get("remote") \
+                and self._live.get(conv_id) != self.cache_key():
+            # No cache of it exists now (an earlier run, or other cache settings): the next
+            # message reads the conversation again. Its figures are the last reply's, not the cache's.
+            stats = dict(stats, stale=True)
         self.status.set_stats({} if stats.get("other_model") else stats)
         self.conversation_stats.emit(dict(stats))
+
+    def cache_key(self) -> tuple:
+        """What a conversation's cache depends on: the loaded model and the cache settings (a
+        change of any makes the worker build a new cache at the next reply)."""
+        gen = self.generation()
+        return (model_key(self.engine.model), gen.get("context"), gen.get("cache_dtype"), gen.get("cache_limit_mib"))
 
     def _by_loaded_model(self, stats: dict) -> bool:
         """Whether a stored reply's ``stats`` came from the loaded model (``stats["model"]``,

@@ -164,7 +164,8 @@ class ReplyActions:
     def _begin(self, request: int, conv: int, kind: str) -> None:
         self.notice.hide()
         row = self.messages.append("assistant", "", streaming=True)
-        self._reply = {"request": request, "conv_id": conv, "kind": kind, "text": "", "row": row}
+        self._reply = {"request": request, "conv_id": conv, "kind": kind, "text": "", "row": row,
+                       "cache_key": self.cache_key()}
         self._sync()
 
     def _on_text(self, text: str) -> None:
@@ -195,6 +196,8 @@ class ReplyActions:
         self._reply = None
         result = dict(result, kind=r["kind"])   # an edit goes to the worker as a send
         conv, text, reason, stats = r["conv_id"], result["text"], result["reason"], result["stats"]
+        if stats:   # the worker holds this conversation's cache now, made with these settings
+            self._live[conv] = r["cache_key"]
         sent, self._sent = getattr(self, "_sent", None), None
         if reason == "context" and not text and r["kind"] in ("send", "edit") and sent and sent[0] == conv:
             self._context_full(conv, sent[1], sent[2])

@@ -75,6 +75,8 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self._models_loaded = 0   # in this window; stored figures without a model key fit only the first
         # Replies the database refused (disk full): shown, and saved again before the next write.
         self._unsaved: list[dict] = []
+        # Conversations whose cache the worker holds now (a reply in this run): their cache key then.
+        self._live: dict[int, tuple] = {}
         self.panels: dict[str, QDockWidget] = {}
 
         self.conversations = ConversationListModel(store, self)
@@ -287,6 +289,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
 
     def _on_model_loaded(self, info: dict) -> None:
         self._models_loaded += 1
+        self._live.clear()   # a load starts with no sessions
         self.status.set_model(info, self.context_limit())
         self.chat.placeholder = ASK
         self.stack.setCurrentIndex(0)
@@ -315,6 +318,8 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
     def _on_setting(self, key: str, value) -> None:
         if key in CONTEXT_KEYS:
             self.status.set_default_limit(self.context_limit())
+            if self.engine.model:
+                self._show_context_of(self._conv_id)   # a new cache comes with the next reply
 
     def _on_load_failed(self, message: str) -> None:
         self.status.set_model(None)

@@ -235,6 +235,9 @@ class EngineWorker(QObject):
             elif isinstance(ev, runtime.PrefillProgress):
                 if ev.done == ev.total or now - last_progress >= self._batch_s:
                     self.prefill_progress.emit(ev.done, ev.total)
+                    prefill = self._prefill_stats(session, ev, conv_id, request)
+                    if prefill is not None:
+                        self.stats.emit(prefill)
                     last_progress = now
             elif isinstance(ev, runtime.StatsUpdate):
                 self.stats.emit(self._stats(ev.stats, conv_id, request))
@@ -249,6 +252,18 @@ class EngineWorker(QObject):
                 if last is not None and last.role == "assistant" and last.content == ev.text:
                     ids = getattr(last, "token_ids", None)
                     result.update(token_ids=ids, token_model=self.token_model() if ids is not None else "")
+
+    def _prefill_stats(self, session, ev: "runtime.PrefillProgress", conv_id: int, request: int) -> dict | None:
+        """The cache while a prompt is read (a 30 KB paste takes minutes): its figures now, marked
+        ``prefill`` (done, total), so the panels move before the reply's first stats. None for a
+        session without a cache of its own (a server's)."""
+        cache = getattr(session, "cache", None)
+        if cache is None or not callable(getattr(cache, "stats", None)):
+            return None
+        kv = cache.stats()
+        return {"kv_cache": kv, "context_limit": int(getattr(session, "context_limit", 0) or 0),
+                "context_used": int(kv.get("tokens", 0)), "prefill": {"done": ev.done, "total": ev.total},
+                "model": self._model_key, "conv_id": conv_id, "request": request}
 
     def _stats(self, stats: "runtime.TurnStats", conv_id: int, request: int) -> dict:
         d = stats.to_dict()

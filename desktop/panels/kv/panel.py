@@ -23,19 +23,18 @@ from PySide6.QtWidgets import QCheckBox, QLabel, QVBoxLayout, QWidget
 
 import runtime
 from desktop.remote.engine import REMOTE_KV_NOTE, usage_text
+from desktop.panels.kv import readout
+from desktop.panels.kv.readout import OTHER_MODEL
 from desktop.panels.kv.series import KVSeries, policy_next
 from desktop.settings.checks import CONTEXT_KEYS, effective_context
 from desktop.settings.values import DEFAULTS
 
-__all__ = ["KVPanel", "KVSeries", "REDRAW_MS", "install_kv_panel", "policy_next"]
+__all__ = ["KVPanel", "KVSeries", "OTHER_MODEL", "REDRAW_MS", "install_kv_panel", "policy_next"]
 
 MIB = 2**20
 REDRAW_MS = 125
 #: The narrowest zoomed span (tokens): a 90-token chat is half the chart, not a sliver of 1,024.
 ZOOM_MIN_TOKENS = 128
-#: Said when the open conversation's replies came from another model than the loaded one.
-OTHER_MODEL = ("This model has not read this conversation yet (its replies came from another model): "
-               "the cache is empty until your next message, which reads the conversation again.")
 #: The y axis' top with nothing to draw (no model, no reply): 1 MiB, in readable steps.
 EMPTY_TOP_BYTES = MIB
 COLORS = {"float32": "#e8a33d", "16-bit": "#5aa469", "int8": "#c45ab3", "allocated": "#8e7cc3", "used": "#3d7bd9",
@@ -62,6 +61,8 @@ class KVPanel(QWidget):
         self.remote_stats: dict | None = None
         #: The open conversation's replies came from another model: none of their figures apply.
         self.other_model = False
+        #: The open conversation's last reply when no cache of it exists now (see on_conversation).
+        self.last_reply: dict | None = None
         self.series = KVSeries()
         self.redraws = 0
         self._dirty = False
@@ -142,6 +143,7 @@ class KVPanel(QWidget):
         self.series = KVSeries()
         self.remote_stats = None
         self.other_model = False
+        self.last_reply = None
         self.plot.setVisible(not self.remote)
         self.zoom.setVisible(not self.remote)
         self.redraw()
@@ -152,20 +154,24 @@ class KVPanel(QWidget):
         return bool(self.model and self.model.get("remote"))
 
     def on_conversation(self, stats: dict | None) -> None:
-        """Another conversation is open, or a model loaded: its last reply's stats (None or
-        ``{}``: no reply yet; ``{"other_model": True}``: its replies came from another model,
-        so the cache is empty), so the panel shows what the status bar shows."""
+        """Another conversation is open, a model loaded or the cache settings changed: its last
+        reply's stats (None or ``{}``: no reply yet; ``{"other_model": True}``: its replies came
+        from another model, so the cache is empty; ``"stale": True``: no cache of it exists now
+        (an earlier run, or other cache settings), so the chart shows the current settings and
+        the readout gives these figures as the last reply's), as the status bar shows them."""
         self.series = KVSeries()
         self.other_model = bool(stats and stats.get("other_model"))
         stats = None if self.other_model else stats
+        self.last_reply = stats if stats and stats.get("stale") and not self.remote else None
         self.remote_stats = stats or None
-        if stats and not self.remote:
+        if stats and not self.remote and not self.last_reply:
             self.series.add(stats, self._setting("generation/overflow", "truncate-middle"))
         self.redraw()
 
     def on_stats(self, stats: dict) -> None:
         """Record a stats dict; the chart follows within :data:`REDRAW_MS`."""
         self.other_model = False
+        self.last_reply = None
         if self.remote:
             self.remote_stats = stats
         else:
@@ -218,7 +224,7 @@ class KVPanel(QWidget):
         return effective_context({k: self._setting(k, DEFAULTS[k]) for k in CONTEXT_KEYS}, self.model)
 
     def limit_bytes(self) -> int | None:
-        if self.series.tokens:
+        if self.series.now() is not None:
             return self.series.limit_bytes
         mib = float(self._setting("generation/cache_limit_mib", 0.0) or 0.0)
         return int(mib * MIB) if mib > 0 else None
@@ -248,7 +254,8 @@ class KVPanel(QWidget):
         limit = self.context_limit()
         span = limit or 1024
         if self.zoom.isChecked():
-            span = min(max(2 * max(s.tokens, default=0), ZOOM_MIN_TOKENS), span)
+            most = max([*s.tokens, *(p[0] for p in s.pending)], default=0)
+            span = min(max(2 * most, ZOOM_MIN_TOKENS), span)
         for key, per_token in self.theoretical().items():
             self.theory[key].setData(*self.theory_curve(per_token, span))
         if not self.theoretical():
@@ -257,7 +264,8 @@ class KVPanel(QWidget):
         xs, used, allocated = self.plotted()
         self.used_curve.setData(xs, used, connect="finite")
         self.allocated_curve.setData(xs, allocated, connect="finite")
-        self.now_dot.setData(s.tokens[-1:], [b / MIB for b in s.used[-1:]])
+        now = s.now()
+        self.now_dot.setData([now[0]] if now else [], [now[1] / MIB] if now else [])
         self.context_line.setVisible(bool(limit))
         if limit:
             self.context_line.setValue(limit)
@@ -270,6 +278,7 @@ class KVPanel(QWidget):
         self._draw_events()
         item = self.plot.getPlotItem()
         top_bytes = max([max(self.theoretical().values(), default=0) * span, *s.allocated,
+                         *(p[2] for p in s.pending),
                          (mem or 0) if not self.zoom.isChecked() else 0])
         top_bytes = top_bytes or EMPTY_TOP_BYTES   # nothing to draw yet: 0..1 MiB, not 0..1e-06
         item.setXRange(0, span * 1.02, padding=0)
@@ -282,14 +291,15 @@ class KVPanel(QWidget):
         xs: list[float] = []
         used: list[float] = []
         allocated: list[float] = []
-        for i, t in enumerate(s.tokens):
-            if i and t < s.tokens[i - 1]:
+        points = [*zip(s.tokens, s.used, s.allocated), *s.pending]   # then the prompt being read
+        for i, (t, u, a) in enumerate(points):
+            if i and t < points[i - 1][0]:
                 xs.append(float("nan"))
                 used.append(float("nan"))
                 allocated.append(float("nan"))
             xs.append(float(t))
-            used.append(s.used[i] / MIB)
-            allocated.append(s.allocated[i] / MIB)
+            used.append(u / MIB)
+            allocated.append(a / MIB)
         return xs, used, allocated
 
     def _draw_events(self) -> None:
@@ -304,50 +314,26 @@ class KVPanel(QWidget):
             item.addItem(line, ignoreBounds=True)
             self.event_items.append(line)
 
-    def _window_note(self, per_token: int) -> str:
-        """``", 6,144 past the 512-token window (15 of 18 layers slide)"`` for a model with
-        sliding-window layers, else ``""``."""
-        windows = list((self.model or {}).get("layer_windows") or [])
-        sliding = [w for w in windows if w]
-        if not sliding or not per_token:
-            return ""
-        full = len(windows) - len(sliding)
-        return (f", {per_token * full // len(windows):,} past the {min(sliding):,}-token window "
-                f"({len(sliding)} of {len(windows)} layers slide)")
-
     def _readout(self) -> str:
         if self.remote:
             return f"{REMOTE_KV_NOTE}<br>{OTHER_MODEL if self.other_model else usage_text(self.remote_stats)}"
-        s = self.series
-        limit = self.context_limit()
-        mem = self.limit_bytes()
-        if not s.tokens and not self.model:
-            return "No model is loaded: the chart shows its KV cache once one is."
-        if not s.tokens:
-            per = self.theoretical()
-            head = OTHER_MODEL if self.other_model else "No reply yet in this conversation."
-            if per:
-                head += (f" This model's cache: {per['float32']:,} bytes per token in float32, {per['16-bit']:,} in 16-bit"
-                         + (f", {per['int8']:,} in int8 (with its scales)." if per.get("int8") else "."))
-            if limit:
-                head += f"<br>Context limit {limit:,} tokens" + (f"; memory limit {mem / MIB:,.1f} MiB." if mem else ".")
-            return head
-        tokens = s.tokens[-1]
-        pct = f" ({100 * tokens / limit:.0f}%)" if limit else ""
-        lines = [
-            f"<b>{tokens:,}</b> / {limit:,} tokens{pct}" if limit else f"<b>{tokens:,}</b> tokens",
-            f"used {s.used[-1] / MIB:,.2f} MiB ({s.used[-1]:,} bytes), allocated {s.allocated[-1] / MIB:,.2f} MiB"
-            + (f" of a {mem / MIB:,.1f} MiB limit" if mem else ""),
-            f"{s.bytes_per_token:,} bytes per token ({s.dtype})" + self._window_note(s.bytes_per_token),
-        ]
-        if limit:
-            policy = self._setting("generation/overflow", "truncate-middle")
-            lines.append(policy_next(policy, tokens, limit, int(self._setting("generation/sink_tokens", 4))))
-        if s.events:
-            before, after, kind = s.events[-1]
-            lines.append(f"<span style='color:{COLORS['event']}'>Last {kind}: {before - after:,} tokens "
-                         f"at {before:,} (now {after:,}).</span>")
-        return "<br>".join(lines)
+        s, limit, mem = self.series, self.context_limit(), self.limit_bytes()
+        now = s.now()
+        if now is None:
+            return readout.before_a_cache(model=self.model, other_model=self.other_model, last_reply=self.last_reply,
+                                          per_token=self.theoretical(), limit=limit, limit_bytes=mem,
+                                          next_dtype=self._next_dtype())
+        policy = self._setting("generation/overflow", "truncate-middle")
+        policy_line = policy_next(policy, now[0], limit, int(self._setting("generation/sink_tokens", 4))) if limit else ""
+        return readout.figures(s, limit, mem, window_note=readout.window_note(self.model, s.bytes_per_token),
+                               policy_line=policy_line, event_color=COLORS["event"])
+
+    def _next_dtype(self) -> str:
+        """The cache dtype the next reply gets: the setting (``auto``: the model's compute dtype)."""
+        dtype = str(self._setting("generation/cache_dtype", "auto") or "auto")
+        if dtype == "auto":
+            dtype = str((self.model or {}).get("compute_dtype") or (self.model or {}).get("dtype") or "auto")
+        return dtype
 
     # ---- palette ------------------------------------------------------------------------------
     def _recolor(self) -> None:

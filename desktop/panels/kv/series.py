@@ -27,6 +27,11 @@ class KVSeries:
     context_limit: int = 0
     limit_bytes: int | None = None
     dropped_tokens: int = 0
+    #: (tokens, used bytes, allocated bytes) while a prompt is read (stats marked ``prefill``):
+    #: drawn after the points above, and dropped when the reply's own stats come (they say
+    #: what was reused, truncated or evicted, which the prompt's progress does not).
+    pending: list[tuple[int, int, int]] = field(default_factory=list)
+    prefill: dict | None = None   # {"done", "total"} prompt tokens while a prompt is read
 
     def add(self, stats: dict, policy: str) -> tuple[int, int, str] | None:
         """Record one stats dict; returns the truncation or eviction it shows, if any."""
@@ -42,6 +47,12 @@ class KVSeries:
         self.conv_id, self.dtype, self.bytes_per_token = conv, dtype, bpt
         self.context_limit = int(stats.get("context_limit") or self.context_limit)
         self.limit_bytes = kv.get("limit_bytes")
+        if stats.get("prefill"):
+            self.prefill = dict(stats["prefill"])
+            self.pending.append((tokens, int(kv.get("used_bytes", tokens * bpt)),
+                                 int(kv.get("allocated_bytes", tokens * bpt))))
+            return None
+        self.pending, self.prefill = [], None
         dropped = int(stats.get("dropped_tokens") or 0)
         event = None
         if request != self.request and not dropped and "reused_tokens" in stats:
@@ -72,6 +83,12 @@ class KVSeries:
             for name in ("tokens", "used", "allocated"):
                 setattr(self, name, getattr(self, name)[::2])
         return event
+
+    def now(self) -> tuple[int, int, int] | None:
+        """The newest (tokens, used bytes, allocated bytes), a prompt being read included; None: none."""
+        if self.pending:
+            return self.pending[-1]
+        return (self.tokens[-1], self.used[-1], self.allocated[-1]) if self.tokens else None
 
     def cut(self, tokens: int) -> None:
         """Forget the points past ``tokens`` (the cache was cropped to that length), and the
