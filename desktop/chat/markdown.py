@@ -206,12 +206,18 @@ def tidy(text: str) -> Tidied:
             # Inside a list item, small models indent the opening fence but start the body
             # (and the closing fence) at column 0: in CommonMark such a line ends the item,
             # so the code became prose and the closing fence opened a block over the next
-            # item. Body lines move right together until the least indented one is at the
-            # fence's column, which keeps their relative indentation.
+            # item. Body lines move right together, keeping their relative indentation: by
+            # the fence's column when the closing fence is left of it (the body was written
+            # from column 0) unless the body starts exactly at the fence's column, else until
+            # the least indented line is at the fence's column.
             shift = 0
             if item is not None and target >= item:
                 cols = [_expand(lines[k])[0] for k in range(i + 1, end) if lines[k].strip()]
-                shift = max(0, target - min(cols)) if cols else 0
+                closed_left = how != "end" and end < len(lines) and _expand(lines[end])[0] < target
+                if cols and closed_left and min(cols) != target:
+                    shift = target
+                elif cols:
+                    shift = max(0, target - min(cols))
             out.append(line if delta == 0 else " " * target + body)
             for k in range(i + 1, end):
                 col, b = _expand(lines[k])

@@ -190,11 +190,12 @@ def broken(draw):
         return draw(st.sampled_from(["<div>", "<pre>", "<!-- note", "<script>"])), []
     if kind == "list":
         return "1. First\n2.", []
-    if kind == "listcode":   # the fence indented to the item's text, the body and closing fence at column 0
+    if kind == "listcode":   # the fence indented to the item's text, the body (from column 0) and closing fence not
         marker = draw(st.sampled_from(["1.", "-", "10."]))
         pad = " " * (len(marker) + 1)
         close = draw(st.sampled_from(["```", pad + "```"]))
-        return f"{marker} Step:\n{pad}```python\n{code}\n{close}\n{marker} Next step", body
+        body = ["x = 0", *body]   # as models write it: the first line at column 0
+        return f"{marker} Step:\n{pad}```python\n" + "\n".join(body) + f"\n{close}\n{marker} Next step", body
     return f"```python\n{code}\n```", body
 
 
