@@ -18,9 +18,10 @@ import sqlite3
 import sys
 import time
 from array import array
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from desktop.chat import export
 from models.paths import PRIVATE_DIR_MODE, private_file
 
 __all__ = ["Conversation", "StoredMessage", "Store", "MIGRATIONS", "DEFAULT_TITLE"]
@@ -268,28 +269,18 @@ class Store:
 
     # ---- export --------------------------------------------------------------------------
     def export_json(self, conv_id: int) -> dict:
-        """The conversation as a JSON-ready dict: title, times, model and messages with their stats."""
+        """The conversation as a JSON-ready dict (:func:`desktop.chat.export.conversation_json`)."""
         conv = self.conversation(conv_id)
         if conv is None:
             raise KeyError(f"no conversation {conv_id}")
-        return {
-            "format": "attnchat-conversation", "version": 1,
-            **asdict(conv),
-            # Token ids belong to one model's tokenizer: not part of an export.
-            "messages": [{k: v for k, v in asdict(m).items() if k not in ("token_ids", "token_model")}
-                         for m in self.messages(conv_id)],
-        }
+        return export.conversation_json(conv, self.messages(conv_id))
 
     def export_markdown(self, conv_id: int) -> str:
-        """The conversation as Markdown: a title, then one section per message."""
+        """The conversation as Markdown (:func:`desktop.chat.export.conversation_markdown`)."""
         conv = self.conversation(conv_id)
         if conv is None:
             raise KeyError(f"no conversation {conv_id}")
-        names = {"user": "You", "assistant": "Assistant", "system": "System"}
-        parts = [f"# {conv.title}\n"]
-        for m in self.messages(conv_id):
-            parts.append(f"## {names.get(m.role, m.role)}\n\n{m.content.rstrip()}\n")
-        return "\n".join(parts)
+        return export.conversation_markdown(conv, self.messages(conv_id))
 
 
 def _statements(script: str) -> list[str]:

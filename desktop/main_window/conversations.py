@@ -11,9 +11,8 @@ import logging
 import sqlite3
 from pathlib import Path
 
-from PySide6.QtWidgets import QFileDialog
-
 from desktop.chat.conversations import ConversationListModel
+from desktop.file_dialogs import save_file_name
 from desktop.worker import model_key
 
 __all__ = ["ConversationActions"]
@@ -168,7 +167,7 @@ class ConversationActions:
             return
         ext, kind = (".json", "JSON (*.json)") if fmt == "json" else (".md", "Markdown (*.md)")
         name = "".join(c if c.isalnum() or c in " -_" else "_" for c in self.conversations.title(conv_id)).strip() or "chat"
-        path, _ = QFileDialog.getSaveFileName(self, "Export the conversation", name + ext, kind)
+        path = save_file_name(self, "Export the conversation", name + ext, kind)
         if path:
             try:
                 self.export_conversation(conv_id, fmt, path)

@@ -39,6 +39,18 @@ class ReplyActions:
         out.update(self.generation_overrides)
         return out
 
+    def reply_settings(self) -> dict:
+        """What a reply is written with, as exports name it: the model, the system prompt the
+        model sees (the settings', else its chat template's own; ``system_prompt_from`` says
+        which: ``"settings"``, ``"template"`` or ``"none"``) and the generation settings."""
+        gen = self.generation()
+        info = self.engine.model or {}
+        own = str(gen.get("system_prompt") or "")
+        builtin = "" if own else str(info.get("builtin_system_prompt") or "")
+        out = {"model": info.get("name", ""), "system_prompt": own or builtin,
+               "system_prompt_from": "settings" if own else "template" if builtin else "none"}
+        return out | {k: v for k, v in gen.items() if k != "system_prompt"}
+
     def _history(self, conv_id: int, before: int | None = None) -> list[tuple]:
         """``(role, content, token_ids, token_model)`` per stored message (the worker uses the ids
         when they belong to its model); with ``before``, only the messages before that id."""
@@ -165,7 +177,7 @@ class ReplyActions:
         self.notice.hide()
         row = self.messages.append("assistant", "", streaming=True)
         self._reply = {"request": request, "conv_id": conv, "kind": kind, "text": "", "row": row,
-                       "cache_key": self.cache_key()}
+                       "cache_key": self.cache_key(), "settings": self.reply_settings()}
         self._sync()
 
     def _on_text(self, text: str) -> None:
@@ -198,6 +210,7 @@ class ReplyActions:
         conv, text, reason, stats = r["conv_id"], result["text"], result["reason"], result["stats"]
         if stats:   # the worker holds this conversation's cache now, made with these settings
             self._live[conv] = r["cache_key"]
+            stats = dict(stats, settings=r["settings"])   # kept with the reply: exports name them
         sent, self._sent = getattr(self, "_sent", None), None
         if reason == "context" and not text and r["kind"] in ("send", "edit") and sent and sent[0] == conv:
             self._context_full(conv, sent[1], sent[2])

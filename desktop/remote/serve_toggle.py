@@ -10,7 +10,8 @@ copy of the weights (about 0.5 GiB for the default model in float32 on the CPU).
 as a :class:`QProcess`, reads the address it prints ("... at http://127.0.0.1:PORT/v1")
 and stops it with SIGINT (as Ctrl-C; killed if it has not ended within
 :data:`STOP_GRACE_MS`). :class:`ServeToggle` puts it in the window: a checkable menu
-action, "Serving at …" in the status bar, and a stop when the window closes.
+action with the settings it serves with beside it (the window's context, KV-cache dtype and
+weight dtype), "Serving at …" in the status bar, and a stop when the window closes.
 Loopback only and without a key: nothing outside this machine can reach it.
 
 Must not import torch, runtime or attnchat (it runs the command line, never imports it).
@@ -28,7 +29,7 @@ from PySide6.QtCore import QCoreApplication, QEvent, QObject, QProcess, QProcess
 from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import QLabel
 
-__all__ = ["ModelServer", "ServeToggle", "install", "serve_command"]
+__all__ = ["ModelServer", "ServeToggle", "describe_options", "install", "serve_command"]
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,18 @@ STOP_GRACE_MS = 5000
 KEEP_LINES = 40
 
 
-def serve_command(model_path: str, device: str = "auto") -> tuple[str, list[str]]:
-    """``(program, arguments)`` that serve ``model_path`` on a free loopback port."""
+def serve_command(model_path: str, device: str = "auto", *, context: int = 0, cache_dtype: str = "auto",
+                  weight_dtype: str = "auto") -> tuple[str, list[str]]:
+    """``(program, arguments)`` that serve ``model_path`` on a free loopback port, with the
+    window's ``context`` (tokens; 0: the model's maximum), KV ``cache_dtype`` and
+    ``weight_dtype`` (``"auto"``: the server's own choice, the same rule as the window's)."""
     args = ["serve", "--model", model_path, "--host", "127.0.0.1", "--port", "0", "--device", device or "auto"]
+    if context and int(context) > 0:
+        args += ["--context", str(int(context))]
+    if cache_dtype and cache_dtype != "auto":
+        args += ["--cache-dtype", cache_dtype]
+    if weight_dtype and weight_dtype != "auto":
+        args += ["--dtype", weight_dtype]
     if getattr(sys, "frozen", False):  # the packaged app is its own command line
         return sys.executable, args
     return sys.executable, ["-m", "attnchat", *args]
@@ -70,6 +80,7 @@ class ModelServer(QObject):
         self.device = ""
         self.model_path = ""
         self.error = ""
+        self.options: dict = {}   # what the running server was started with (serve_command's keywords)
 
     @property
     def running(self) -> bool:
@@ -79,11 +90,13 @@ class ModelServer(QObject):
     def pid(self) -> int:
         return int(self._proc.processId()) if self._proc is not None else 0
 
-    def start(self, model_path: str, device: str = "auto") -> None:
-        """Start serving ``model_path`` (a no-op while a server runs)."""
+    def start(self, model_path: str, device: str = "auto", options: dict | None = None) -> None:
+        """Start serving ``model_path`` (a no-op while a server runs); ``options``: the
+        keyword arguments of :func:`serve_command` (context, cache_dtype, weight_dtype)."""
         if self._proc is not None:
             return
-        program, args = self.command_fn(model_path, device)
+        program, args = self.command_fn(model_path, device, **options) if options else self.command_fn(model_path, device)
+        self.options = dict(options or {})
         proc = QProcess(self)
         proc.setProcessChannelMode(QProcess.ProcessChannelMode.MergedChannels)
         env = QProcessEnvironment.systemEnvironment()
@@ -194,7 +207,8 @@ class ServeToggle(QObject):
         self.action = QAction("&Serve the loaded model over HTTP", self)
         self.action.setObjectName("serveAction")
         self.action.setCheckable(True)
-        self.action.setStatusTip("Serve the loaded model with OpenAI's API on this machine (a second copy of it)")
+        self.action.setStatusTip("Serve the loaded model with OpenAI's API on this machine (a second copy of it, "
+                                "with this window's context and KV-cache settings)")
         self.action.toggled.connect(self._toggled)
         self.copy_action = QAction("&Copy the server address", self)
         self.copy_action.triggered.connect(self.copy_url)
@@ -212,11 +226,18 @@ class ServeToggle(QObject):
         view = window.view_menu.menuAction()
         window.menuBar().insertMenu(view, menu)
         menu.addAction(self.action)
+        # Beside the toggle: the settings the server gets (the window's, read when it starts).
+        self.settings_action = QAction("", self)
+        self.settings_action.setObjectName("serveSettings")
+        self.settings_action.setEnabled(False)
+        menu.addAction(self.settings_action)
         menu.addAction(self.copy_action)
+        menu.aboutToShow.connect(self._sync)
         self.menu = menu
         self.server.changed.connect(self._on_changed)
         window.model_changed.connect(lambda info: self._sync())
         window.engine.load_started.connect(lambda source: self._sync())
+        window.settings.changed.connect(lambda *_: self._sync())
         window.installEventFilter(self)
         app = QCoreApplication.instance()
         if app is not None:
@@ -233,7 +254,7 @@ class ServeToggle(QObject):
             if info is None:
                 self._set_checked(False)
                 return
-            self.server.start(info["path"], self.window.settings.get("model/device"))
+            self.server.start(info["path"], self.window.settings.get("model/device"), self.options())
         elif not on and self.server.running:
             self.server.stop()
         self._sync()
@@ -248,6 +269,7 @@ class ServeToggle(QObject):
             # The dot tells "serving" apart from the figures beside it, in light and dark palettes.
             self.label.setText(f'<span style="color:#43a047">&#9679;</span> Serving at {s.url}')
             self.label.setToolTip(f"attnchat serve: {name} on {s.device}, loopback only, no API key.\n"
+                                  f"{describe_options(s.options)} (this window's settings when it started).\n"
                                   f"Any OpenAI client can use it: base_url={s.url}, model={name}.\n"
                                   "Server > Serve the loaded model stops it.")
         elif state == "failed":
@@ -265,10 +287,22 @@ class ServeToggle(QObject):
         self.action.setChecked(on)
         self.action.blockSignals(False)
 
+    def options(self) -> dict:
+        """The window's settings the server gets: the context a reply gets here (the memory
+        limit's cap included), the KV-cache dtype and the weight dtype."""
+        w = self.window
+        gen = w.generation()
+        return {"context": int(w.context_limit() or 0), "cache_dtype": str(gen.get("cache_dtype") or "auto"),
+                "weight_dtype": str(w.settings.get("model/weight_dtype") or "auto")}
+
     def _sync(self) -> None:
         running = self.server.running
         self.action.setEnabled(running or self._local_model() is not None)
         self.copy_action.setEnabled(self.server.state == "serving")
+        if running:
+            self.settings_action.setText(f"Serving with {describe_options(self.server.options)}")
+        else:
+            self.settings_action.setText(f"Uses this window's settings: {describe_options(self.options())}")
 
     def copy_url(self) -> None:
         if self.server.url:
@@ -279,6 +313,18 @@ class ServeToggle(QObject):
         if obj is self.window and event.type() == QEvent.Type.Close:
             self.server.shutdown()
         return False
+
+
+def describe_options(options: dict) -> str:
+    """``"int8 KV cache, context 856 tokens"`` for :func:`serve_command`'s keywords."""
+    cache = options.get("cache_dtype") or "auto"
+    parts = [f"{'the compute dtype' if cache == 'auto' else cache} KV cache"]
+    ctx = int(options.get("context") or 0)
+    parts.append(f"context {ctx:,} tokens" if ctx else "the model's full context")
+    weights = options.get("weight_dtype") or "auto"
+    if weights != "auto":
+        parts.append(f"{weights} weights")
+    return ", ".join(parts)
 
 
 def install(window) -> ServeToggle:

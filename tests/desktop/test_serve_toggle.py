@@ -31,7 +31,7 @@ def _servers() -> list[psutil.Process]:
 
 def _fake_command(script: str):
     """A command_fn that runs ``python -c script`` instead of ``attnchat serve``."""
-    return lambda model_path, device: (sys.executable, ["-c", script])
+    return lambda model_path, device, **options: (sys.executable, ["-c", script])
 
 
 def test_the_command_serves_on_a_free_loopback_port():

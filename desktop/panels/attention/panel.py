@@ -28,9 +28,10 @@ from pathlib import Path
 import numpy as np
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import (
-    QComboBox, QFileDialog, QLabel, QSpinBox, QTabWidget, QToolButton, QVBoxLayout, QWidget,
+    QComboBox, QLabel, QSpinBox, QTabWidget, QToolButton, QVBoxLayout, QWidget,
 )
 
+from desktop.file_dialogs import save_file_name
 from desktop.flow_layout import flow_row
 from desktop.panels.attention.formula import NumbersView
 from desktop.panels.attention.insight import install_insight
@@ -343,7 +344,7 @@ class AttentionPanel(QWidget):
 
     def _export_dialog(self, ext: str, kind: str, write) -> None:
         name = f"attention-{self.view_name()}-L{self.selected_layer}-{self.selected_head}{ext}"
-        path, _ = QFileDialog.getSaveFileName(self, "Export the attention view", name, kind)
+        path = save_file_name(self, "Export the attention view", name, kind)
         if not path:
             return
         try:
