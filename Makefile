@@ -74,4 +74,4 @@ clean:
 gpu-check:
 	@$(PYTHON) -c "import torch, transformers, safetensors, platformdirs, numpy" || \
 	  { echo "gpu-check needs torch, transformers, safetensors, platformdirs and numpy importable by $(PYTHON)"; exit 2; }
-	PYTHONPATH=$(CURDIR) $(PYTHON) -m attnchat.gpu_check
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m attnchat.bench.gpu_check

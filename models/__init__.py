@@ -17,7 +17,14 @@ from .errors import FetchCancelled, FetchError, HubError
 from .fetch import ensure_default, resolve
 from .fetch import fetch as fetch_model
 from .paths import cache_dir, log_dir, models_dir
-from .store import ImportModelError, ModelInfo, import_model, installed_path, list_models, verify
+from .store import (
+    ImportModelError,
+    ModelInfo,
+    import_model,
+    installed_path,
+    list_models,
+    verify,
+)
 
 __all__ = [
     "CATALOG", "DEFAULT_MODEL", "CatalogEntry", "FetchCancelled", "FetchError", "HubError", "ImportModelError",

@@ -32,7 +32,13 @@ from .catalog import DEFAULT_MODEL, CatalogEntry
 from .errors import FetchCancelled, FetchError
 from .paths import models_dir
 from .store import (  # re-exported: the whole model-folder API from one module
-    CHUNK_BYTES, ImportModelError, ModelInfo, import_model, installed_path, list_models, verify,
+    CHUNK_BYTES,
+    ImportModelError,
+    ModelInfo,
+    import_model,
+    installed_path,
+    list_models,
+    verify,
 )
 
 __all__ = [

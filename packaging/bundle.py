@@ -63,8 +63,8 @@ EXCLUDES = (
     "torchvision", "torchaudio", "tensorflow", "jax", "flax", "numba", "importlinter", "grimp",
     "pyqtgraph.examples", "hf_xet",
 )
-#: attnchat's own modules reached only by name: ``sys.executable -m attnchat.bench_worker``.
-APP_HIDDEN_IMPORTS = ("attnchat.bench_worker",)
+#: attnchat's own modules reached only by name: ``sys.executable -m attnchat.bench.worker``.
+APP_HIDDEN_IMPORTS = ("attnchat.bench.worker",)
 #: transformers modules reached only by name (the GGUF reader and the lazy auto classes).
 TRANSFORMERS_HIDDEN_IMPORTS = (
     "transformers.modeling_gguf_pytorch_utils",

@@ -8,7 +8,7 @@ one starts here, which first does what only a frozen app needs:
   would hang on a machine without network;
 - gives ``multiprocessing`` its freeze support (a child process of a frozen app is
   the app itself, started with multiprocessing's arguments);
-- runs ``attnchat -m attnchat.bench_worker ...``, how ``attnchat bench`` starts its
+- runs ``attnchat -m attnchat.bench.worker ...``, how ``attnchat bench`` starts its
   workers (``sys.executable -m ...``), since a frozen app has no interpreter to take ``-m``.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 import sys
 
 #: Modules a frozen app runs for ``<app> -m MODULE`` (only these: it is no interpreter).
-RUNNABLE_MODULES = ("attnchat.bench_worker",)
+RUNNABLE_MODULES = ("attnchat.bench.worker",)
 
 
 def main() -> int:

@@ -3,10 +3,12 @@
 torch + transformers; never Qt. This module is the public API the desktop and the
 command line use. Nothing runs at import time.
 """
-from runtime.attention import ATTENTION_BACKENDS, attention, get_attention_backend, set_attention_backend
-from runtime.chat_format import Message, builtin_system_prompt
-from runtime.config import ModelConfig
-from runtime.device import WEIGHT_DTYPE_QUALITY, available_devices, compute_dtype, default_dtype
+from runtime.cache.kv_cache import KVCache
+from runtime.cache.planner import MemoryPlan, count_parameters, plan, plan_for_config
+from runtime.cache.sizes import cache_bytes_per_token, element_bytes, kv_bytes_per_token
+from runtime.config.model import ModelConfig
+from runtime.device import WEIGHT_DTYPE_QUALITY, available_devices, compute_dtype, default_dtype, free_memory_bytes
+from runtime.dtypes import CACHE_DTYPES
 from runtime.errors import (
     AttnchatError,
     CacheLimitError,
@@ -15,20 +17,9 @@ from runtime.errors import (
     ModelLoadError,
     UnsupportedModelError,
 )
-from runtime.dtypes import CACHE_DTYPES
-from runtime.kv_cache import KVCache
-from runtime.loader import Model, load_model, read_config
-from runtime.memory import MemoryPlan, cache_bytes_per_token, count_parameters, element_bytes, free_memory_bytes, kv_bytes_per_token, plan, plan_for_config
-from runtime.attention_view import FormulaSteps, LayerAttention, context_ids, conversation_ids, token_strings
-from runtime.probe import AttentionCapture, HeadScores, head_scores
-from runtime.ablation import ABLATION_MODES, InductionAblation, ablated, induction_ablation, parse_heads, top_and_probs
-from runtime.context_cost import AttentionStepTime, attention_step_seconds, scores_per_head
-from runtime.explain import Explanation, explain_token, kendall_tau, reply_positions
-from runtime.formula import FormulaByHand, formula_by_hand
-from runtime.sampling import SamplingParams
-from runtime.session import (
-    OVERFLOW_POLICIES,
-    ChatSession,
+from runtime.generate.chat_format import Message, builtin_system_prompt
+from runtime.generate.context import OVERFLOW_POLICIES
+from runtime.generate.events import (
     Event,
     Finish,
     GenerationSettings,
@@ -37,6 +28,44 @@ from runtime.session import (
     StatsUpdate,
     TextPiece,
     TurnStats,
+)
+from runtime.generate.sampling import SamplingParams
+from runtime.generate.session import ChatSession
+from runtime.insight.ablation import (
+    ABLATION_MODES,
+    InductionAblation,
+    ablated,
+    induction_ablation,
+    parse_heads,
+    top_and_probs,
+)
+from runtime.insight.attention_view import (
+    FormulaSteps,
+    LayerAttention,
+    context_ids,
+    conversation_ids,
+    token_strings,
+)
+from runtime.insight.context_cost import (
+    AttentionStepTime,
+    attention_step_seconds,
+    scores_per_head,
+)
+from runtime.insight.explain import (
+    Explanation,
+    explain_token,
+    kendall_tau,
+    reply_positions,
+)
+from runtime.insight.formula import FormulaByHand, formula_by_hand
+from runtime.insight.probe import AttentionCapture, HeadScores, head_scores
+from runtime.loader.load import load_model, read_config
+from runtime.loader.model import Model
+from runtime.model.attention import (
+    ATTENTION_BACKENDS,
+    attention,
+    get_attention_backend,
+    set_attention_backend,
 )
 
 __all__ = [

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch
 
-from runtime.attention import AttentionKernels
 from runtime.dtypes import WEIGHT_DTYPES, parse_weight_dtype  # noqa: F401  (re-exported)
 from runtime.errors import DeviceError
 
@@ -40,7 +39,7 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 def default_dtype(device: torch.device | str) -> torch.dtype:
     """The weights' default dtype on a device, chosen by a measured accuracy test
-    (``tests/runtime/test_default_dtypes.py`` runs each device's default here on the CPU,
+    (``tests/runtime/loader/test_default_dtypes.py`` runs each device's default here on the CPU,
     with that device's arithmetic: the Paris answer and >= 98 % greedy agreement with
     float32; :data:`WEIGHT_DTYPE_QUALITY` has the figures).
 
@@ -69,7 +68,7 @@ def default_dtype(device: torch.device | str) -> torch.dtype:
 #: positions of English text in one prefill, and whether the chat answer to "What is the
 #: capital of France?" names Paris. Each computes as :func:`compute_dtype` has it on the
 #: CPU (float16 on a GPU computes in float16: same figures). Measured with
-#: ``tests/runtime/test_default_dtypes.py`` (which checks them) on an AMD EPYC Zen 3
+#: ``tests/runtime/loader/test_default_dtypes.py`` (which checks them) on an AMD EPYC Zen 3
 #: (AVX2, no AVX-512), torch 2.13 (bfloat16 re-measured there: 227 of 227, was 99.1 %).
 #: The README's table ("Weights on the CPU") adds token-by-token figures and a longer text.
 WEIGHT_DTYPE_QUALITY: dict[str, dict] = {
@@ -136,30 +135,9 @@ def compute_dtype(device: torch.device | str, weight_dtype: torch.dtype | str) -
     return weight_dtype
 
 
-def attention_kernels(device: torch.device | str) -> AttentionKernels:
-    """The attention fast path's kernel choices on ``device`` (every choice also runs on
-    the CPU when passed explicitly; the tests do).
-
-    - CPU: SDPA's ``enable_gqa`` for decode (faster than folding on 2 cores, see
-      :func:`runtime.attention.attention_fast`), torch's own backend choice.
-    - CUDA: decode folds each group's query heads onto the query axis, so the static
-      step's masked single-query attention is plain multi-head attention that the
-      memory-efficient kernel runs in one launch; SDPA may use flash, memory-efficient
-      or math attention but not cuDNN's, which builds a plan per new shape (a chat's
-      prefill shapes are all new: the follow-up turn on an H200 took 631 ms).
-    - MPS: the fold (as before; enable_gqa support there varies with the macOS version).
-    """
-    dev_type = torch.device(device).type
-    if dev_type == "cuda":
-        return AttentionKernels(decode_gqa="fold", sdpa_backends=("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"))
-    if dev_type == "mps":
-        return AttentionKernels(decode_gqa="fold")
-    return AttentionKernels()
-
-
 def linear_path(device: torch.device | str) -> str:
-    """:func:`runtime.model.linear`'s path for matrix products on ``device``
-    (:data:`runtime.model.LINEAR_PATHS`; each also runs on the CPU when passed explicitly).
+    """:func:`runtime.model.layers.linear`'s path for matrix products on ``device``
+    (:data:`runtime.model.layers.LINEAR_PATHS`; each also runs on the CPU when passed explicitly).
 
     - CPU: ``"cpu"``: oneDNN's inner product for float32, float16 weights widened for
       prefill and a float16 matrix-vector product for one token.
@@ -170,7 +148,7 @@ def linear_path(device: torch.device | str) -> str:
 
 
 def decode_mode(device: torch.device | str) -> str:
-    """How one token is decoded on ``device`` (:data:`runtime.decode_step.DECODE_MODES`).
+    """How one token is decoded on ``device`` (:data:`runtime.model.decode_step.DECODE_MODES`).
 
     - CUDA: ``"graph"``: eager decode is launch-bound on a GPU (739 kernels a step, about
       17 ms of launches against 1.8 ms of GPU work on an H200, 15 tok/s); the captured
@@ -180,3 +158,50 @@ def decode_mode(device: torch.device | str) -> str:
       it saves there (``attnchat bench`` measures both).
     """
     return "graph" if torch.device(device).type == "cuda" else "eager"
+
+
+def free_memory_bytes(device: str | torch.device = "cpu") -> int | None:
+    """Free memory on a device in bytes (None if unknown).
+
+    CUDA: ``torch.cuda.mem_get_info`` (free bytes the driver reports) plus what torch's
+    caching allocator holds unused (it hands that out first, so the driver's figure
+    alone would refuse a KV cache too early); CPU: the
+    operating system's available memory (psutil); MPS: the recommended working set
+    minus what torch has allocated.
+    """
+    dev = torch.device(device)
+    try:
+        if dev.type == "cuda":
+            spare = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+            return int(torch.cuda.mem_get_info(dev)[0]) + int(spare)
+        if dev.type == "mps":
+            return int(torch.mps.recommended_max_memory() - torch.mps.current_allocated_memory())
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:
+        return None
+
+
+def trim_heap() -> bool:
+    """Hand the C heap's free pages back to the operating system (glibc's ``malloc_trim(0)``).
+
+    After a large transient allocation pattern (converting a GGUF's weights, reading a
+    tokenizer's JSON) glibc keeps freed memory in its arenas, where it stays resident.
+    A few milliseconds; no effect on what stays allocated.
+
+    Returns:
+        True when trimmed; False where the C library has no ``malloc_trim`` (macOS, musl,
+        Windows).
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True

@@ -21,7 +21,7 @@ QUANTIZED_CACHE_DTYPES = (torch.int8,)
 #: Bytes of one vector's scale in a quantized cache (float32).
 SCALE_BYTES = 4
 #: Weight dtypes by user-facing name (``--dtype``, the Weight dtype setting); int8 weights
-#: are codes with one float32 scale per output row (:func:`runtime.weights.quantize_state`).
+#: are codes with one float32 scale per output row (:func:`runtime.weights.convert.quantize_state`).
 WEIGHT_DTYPES: dict[str, torch.dtype] = dict(CACHE_DTYPES)
 
 

@@ -1,4 +1,4 @@
-"""Per-token cost of our constrained-decoding step (runtime.constrained.GrammarProcessor:
+"""Per-token cost of our constrained-decoding step (runtime.generate.constrained.GrammarProcessor:
 the engine's mask fill + unpacking the bitmask + masked_fill_ on the logits) on the
 default model's vocabulary, against the unconstrained step's (no processor: nothing).
 
@@ -15,7 +15,7 @@ import time
 import torch
 
 from runtime import load_model
-from runtime.constrained import compiler_for
+from runtime.generate.constrained import compiler_for
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "tags": {"type": "array", "items": {"type": "string"}}},

@@ -2,7 +2,7 @@
 and ``/v1/completions``.
 
 FastAPI on uvicorn. The event loop never runs the model: each request becomes a
-:class:`attnchat.serve_engine.Job` for the engine's single worker thread, whose replies
+:class:`attnchat.server.engine.Job` for the engine's single worker thread, whose replies
 come back through ``loop.call_soon_threadsafe`` into an ``asyncio.Queue`` per request.
 Streamed replies are server-sent events in OpenAI's ``chat.completion.chunk`` format.
 
@@ -13,12 +13,10 @@ Modules, by feature: :mod:`.app` (:func:`create_app`, the app and its small rout
 :mod:`.routes` (the two generation routes), :mod:`.request` (reading and checking a
 request), :mod:`.relay` (the engine to the client, whole or streamed), :mod:`.chunks`
 (the reply's JSON and event chunks), :mod:`.errors`.
-"""
-from attnchat.server.app import create_app
-from attnchat.server.chunks import FINISH_REASONS
-from attnchat.server.errors import APIError, overflow_error
-from attnchat.server.relay import DISCONNECT_POLL_S, RETRY_AFTER_S
-from attnchat.server.request import BODY_TIMEOUT_S, DRAIN_BYTES, MAX_BODY_BYTES, MAX_STOP, ROLES, ChatRequest
 
-__all__ = ["APIError", "BODY_TIMEOUT_S", "ChatRequest", "DISCONNECT_POLL_S", "DRAIN_BYTES", "FINISH_REASONS",
-           "MAX_BODY_BYTES", "MAX_STOP", "RETRY_AFTER_S", "ROLES", "create_app", "overflow_error"]
+Also here: the engine its requests run on (:mod:`.engine`), the HTTP guard (:mod:`.guard`:
+Host, Origin, content types, body and connection limits), tool calls (:mod:`.tools`),
+``/v1/completions`` (:mod:`.completions`), ``/metrics`` (:mod:`.metrics`) and the ``attnchat
+serve`` command (:mod:`.command`). Importing this package imports none of them (the command
+line stays quick); import :func:`attnchat.server.app.create_app`.
+"""

@@ -16,14 +16,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from attnchat import tools
-from attnchat.metrics import CONTENT_TYPE as METRICS_TYPE
-from attnchat.metrics import CountRequests, Metrics
-from attnchat.serve_engine import MAX_QUEUED, POOL_BYTES, Engine
-from attnchat.server import routes
-from attnchat.server.errors import APIError, from_validation, http_error, internal_error, no_model
+from attnchat.server import routes, tools
+from attnchat.server.engine import MAX_QUEUED, POOL_BYTES, Engine
+from attnchat.server.errors import (
+    APIError,
+    from_validation,
+    http_error,
+    internal_error,
+    no_model,
+)
+from attnchat.server.guard import Guard, normalize_origin
+from attnchat.server.metrics import CONTENT_TYPE as METRICS_TYPE
+from attnchat.server.metrics import CountRequests, Metrics
 from attnchat.server.request import MAX_BODY_BYTES
-from attnchat.server_guard import Guard, normalize_origin
 from models.catalog import CATALOG
 from runtime import GenerationSettings, Model
 
@@ -51,7 +56,7 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
         max_body_bytes: largest request body (bytes).
         max_queued: requests that may wait behind the running one; more get 429.
         allowed_hosts: ``Host`` names answered besides the loopback names (the bound
-            address, ``--allowed-host``); see :mod:`attnchat.server_guard`.
+            address, ``--allowed-host``); see :mod:`attnchat.server.guard`.
         cors_origins: web origins whose pages may call the API (``--cors-origin``).
         pool_bytes: KV-cache bytes idle pooled sessions may keep (``--pool-mib``).
 
@@ -73,7 +78,7 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
                     max_queued=max_queued, pool_bytes=pool_bytes, on_reply=metrics.reply)
     created = int(time.time())
     # Tools through the model's own template where it renders them, else the fallback
-    # prompt (see attnchat.tools); decided once, by rendering, before the engine runs.
+    # prompt (see attnchat.server.tools); decided once, by rendering, before the engine runs.
     template_tools = tools.template_renders_tools(model.tokenizer)
     log.info("tools are described by %s", "the model's chat template" if template_tools else "the fallback prompt")
 

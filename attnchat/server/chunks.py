@@ -8,16 +8,16 @@ import json
 import time
 from typing import Any
 
-from attnchat import completions, tools
-from attnchat.serve_engine import Done, Job
-from runtime.logits_processors import LogprobsRecorder
+from attnchat.server import completions, tools
+from attnchat.server.engine import Done, Job
+from runtime.generate.logits_processors import LogprobsRecorder
 
 #: Session finish reasons -> OpenAI's ("context": the reply ran out of room).
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 
 
 def usage_of(stats) -> dict[str, Any]:
-    """OpenAI's ``usage`` block of a reply's :class:`runtime.session.TurnStats` (tokens)."""
+    """OpenAI's ``usage`` block of a reply's :class:`runtime.generate.events.TurnStats` (tokens)."""
     return {
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.completion_tokens,
@@ -87,7 +87,7 @@ def reply_message(done: Done, with_tools: bool) -> dict[str, Any]:
 class ChatChunks:
     """Chat completion chunks (``chat.completion.chunk``) for :func:`attnchat.server.relay.stream_reply`.
 
-    With tools, a reply that starts with ``<`` is a call (see :mod:`attnchat.tools`): its
+    With tools, a reply that starts with ``<`` is a call (see :mod:`attnchat.server.tools`): its
     text is held back and sent as one ``tool_calls`` delta when it ends (cut short: the
     arguments so far, see :func:`reply_message`).
     """

@@ -14,7 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from attnchat.serve_engine import Failed, Item
+from attnchat.server.engine import Failed, Item
 from runtime import ContextOverflowError
 
 log = logging.getLogger("attnchat.serve")

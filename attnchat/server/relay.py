@@ -1,4 +1,4 @@
-"""The glue between a request and the engine: submit a :class:`attnchat.serve_engine.Job`,
+"""The glue between a request and the engine: submit a :class:`attnchat.server.engine.Job`,
 carry its items from the engine's thread into an ``asyncio.Queue``, and answer with the
 whole reply or a stream of server-sent events; a client that leaves cancels its job.
 Must not import Qt.
@@ -12,7 +12,16 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from attnchat.serve_engine import Delta, Done, Engine, Failed, Item, Job, QueueFullError, Started
+from attnchat.server.engine import (
+    Delta,
+    Done,
+    Engine,
+    Failed,
+    Item,
+    Job,
+    QueueFullError,
+    Started,
+)
 from attnchat.server.errors import APIError, failure
 
 log = logging.getLogger("attnchat.serve")

@@ -11,10 +11,10 @@ from typing import Any
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from attnchat import tools
+from attnchat.server import tools
 from attnchat.server.errors import APIError, from_validation
 from runtime import Message, Model
-from runtime.logits_processors import LogprobsRecorder, PenaltyProcessor
+from runtime.generate.logits_processors import LogprobsRecorder, PenaltyProcessor
 
 #: Largest request body (bytes); a longer one gets 413. 1 MiB holds far more text than
 #: the default model's 8192-token context.
@@ -104,7 +104,7 @@ def conversation(req: ChatRequest, tool_role: bool = False) -> tuple[str | None,
     As OpenAI, a list of system messages only is answered; as llama-server and Ollama,
     a last message from the assistant is continued (the reply starts from its text).
     ``tool_role``: tool results stay ``tool`` messages (for a chat template that knows
-    them), else they become user messages (:func:`attnchat.tools.render_result`).
+    them), else they become user messages (:func:`attnchat.server.tools.render_result`).
     """
     if not req.messages:
         raise APIError(400, "'messages' must hold at least one message.", param="messages", code="invalid_value")
@@ -151,7 +151,7 @@ def unsupported(req: ChatRequest) -> None:
 
 async def tools_grammar(model: Model, offered: list, forced: str | None):
     """The grammar of a reply that may (or must) call one of ``offered``."""
-    from runtime.constrained import GrammarError, compiler_for
+    from runtime.generate.constrained import GrammarError, compiler_for
 
     try:
         compiler = await asyncio.to_thread(compiler_for, model)
@@ -162,12 +162,17 @@ async def tools_grammar(model: Model, offered: list, forced: str | None):
 
 
 async def response_grammar(model: Model, response_format: dict[str, Any] | None):
-    """The :class:`runtime.constrained.Grammar` a ``response_format`` asks for, or ``None``.
+    """The :class:`runtime.generate.constrained.Grammar` a ``response_format`` asks for, or ``None``.
 
     Compiled off the event loop: the first one builds the tokenizer's index (seconds)."""
     if not response_format or response_format.get("type", "text") == "text":
         return None
-    from runtime.constrained import GrammarError, closes, compiler_for, schema_of
+    from runtime.generate.constrained import (
+        GrammarError,
+        closes,
+        compiler_for,
+        schema_of,
+    )
 
     try:
         schema = schema_of(response_format)

@@ -1,5 +1,5 @@
 """The two generation routes, ``POST /v1/chat/completions`` and ``POST /v1/completions``:
-each reads its request, checks it, builds a :class:`attnchat.serve_engine.Job` and hands
+each reads its request, checks it, builds a :class:`attnchat.server.engine.Job` and hands
 it to :func:`attnchat.server.relay.answer`. :func:`attnchat.server.app.create_app`
 registers them. Must not import Qt.
 """
@@ -14,8 +14,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from attnchat import completions, tools
-from attnchat.serve_engine import Done, Engine, Job
+from attnchat.server import completions, tools
 from attnchat.server.chunks import (
     FINISH_REASONS,
     ChatChunks,
@@ -25,6 +24,7 @@ from attnchat.server.chunks import (
     reply_message,
     usage_of,
 )
+from attnchat.server.engine import Done, Engine, Job
 from attnchat.server.errors import APIError, from_validation, no_model
 from attnchat.server.relay import answer, stream_reply
 from attnchat.server.request import (
@@ -38,8 +38,8 @@ from attnchat.server.request import (
     unsupported,
 )
 from runtime import Message, Model, SamplingParams
-from runtime.logits_processors import LogprobsRecorder
-from runtime.session import TEXT_ROLE
+from runtime.generate.events import TEXT_ROLE
+from runtime.generate.logits_processors import LogprobsRecorder
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ async def chat_completions(serving: Serving, request: Request) -> Response:
 
 
 async def text_completions(serving: Serving, request: Request) -> Response:
-    """``POST /v1/completions``: the text after a raw prompt (see :mod:`attnchat.completions`)."""
+    """``POST /v1/completions``: the text after a raw prompt (see :mod:`attnchat.server.completions`)."""
     model, model_id, engine = serving.model, serving.model_id, serving.engine
     try:
         req = completions.CompletionRequest.model_validate_json(await read_body(request, serving.max_body_bytes))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.chat_format import Message, encode_messages
+from runtime.generate.chat_format import Message, encode_messages
 
 pytestmark = pytest.mark.slow
 

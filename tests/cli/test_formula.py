@@ -1,4 +1,4 @@
-"""``attnchat formula`` and runtime.formula: the material's worked example to 3 decimals,
+"""``attnchat formula`` and runtime.insight.formula: the material's worked example to 3 decimals,
 the same numbers as our attention, bad input in one line with exit 2."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from attnchat.cli import main
-from runtime.attention import attention_reference
-from runtime.formula import formula_by_hand
+from runtime.insight.formula import formula_by_hand
+from runtime.model.attention import attention_reference
 
 EXAMPLE = ["--q", "2,0", "--k", "0,1", "2,0", "1,1", "--v", "1,0", "0,1", "1,1"]
 

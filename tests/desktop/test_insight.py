@@ -6,9 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from desktop.panels.attention.insight_views import InsightTabs, parse_head_list, scores_table
+from desktop.panels.attention.insight_views import (
+    InsightTabs,
+    parse_head_list,
+    scores_table,
+)
 from desktop.panels.attention.panel import INSIGHT, PANEL_NAME
-from desktop.panels.attention.sandbox import SandboxView, formula_by_hand, scale_simulation
+from desktop.panels.attention.sandbox import (
+    SandboxView,
+    formula_by_hand,
+    scale_simulation,
+)
 from desktop.worker import EngineWorker
 
 
@@ -66,7 +74,7 @@ def test_sandbox_bad_input_says_what_is_wrong(qtbot):
 
 
 def test_sandbox_agrees_with_the_runtime_formula():
-    from runtime.formula import formula_by_hand as runtime_formula
+    from runtime.insight.formula import formula_by_hand as runtime_formula
 
     rng = np.random.default_rng(0)
     q, K, V = rng.standard_normal(6), rng.standard_normal((5, 6)), rng.standard_normal((5, 3))

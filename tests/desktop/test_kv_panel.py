@@ -184,7 +184,7 @@ def test_policy_sentences():
 def test_a_sliding_window_model_bends_the_lines_and_the_used_curve(qtbot):
     """Gemma 3 270M's shape (15 of 18 layers keep 512 tokens): the theoretical lines bend at
     512 tokens and the used curve, fed the real KV cache's own stats, bends with them."""
-    from runtime.kv_cache import KVCache
+    from runtime.cache.kv_cache import KVCache
 
     windows = [None if (i + 1) % 6 == 0 else 512 for i in range(18)]
     info = {"name": "gemma", "device": "cpu", "dtype": "float32", "context_limit": 32768,

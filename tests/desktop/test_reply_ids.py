@@ -51,7 +51,7 @@ def test_reply_ids_are_stored_and_reused_after_a_restart(qtbot, make_window, tin
 def test_editing_the_first_of_three_turns_reuses_the_cached_prefix_and_stores_a_whole_conversation(
         qtbot, make_window, tiny):
     from runtime import Message
-    from runtime.chat_format import encode_conversation
+    from runtime.generate.chat_format import encode_conversation
 
     tok = tiny.tokenizer
     w = make_window(worker=EngineWorker(load_fn=lambda source, device: tiny))

@@ -101,6 +101,6 @@ def test_hub_entries_are_curated_small_instruct_models_our_decoder_runs():
 def test_supported_architectures_match_the_runtimes_families():
     """models.hub names GGUF architectures (llama.cpp's names); each must be a family runtime runs."""
     from models.hub import SUPPORTED_ARCHITECTURES
-    from runtime.config import FAMILIES
+    from runtime.config.model import FAMILIES
 
     assert set(SUPPORTED_ARCHITECTURES.values()) == set(FAMILIES)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import models
-from attnchat import models_cmd
+from attnchat.cli import models as models_cmd
 from models import fetch as fetch_mod
 from models.catalog import DEFAULT_MODEL
 from models.fetch import FetchCancelled, FetchError

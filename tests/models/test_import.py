@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from attnchat import models_cmd
+from attnchat.cli import models as models_cmd
 from models import store
 from models.catalog import CATALOG, DEFAULT_MODEL
 from models.store import ImportModelError, import_model, list_models

@@ -21,7 +21,7 @@ def test_importing_models_imports_neither_torch_nor_qt():
 
 
 def test_models_cli_imports_neither_torch_nor_qt():
-    code = CODE.replace("import models,", "import attnchat.models_cmd, models,")
+    code = CODE.replace("import models,", "import attnchat.cli.models, models,")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr

@@ -1,5 +1,5 @@
 """What only the frozen app does: find the bundled model, force the hubs offline, run
-``-m attnchat.bench_worker`` (how ``attnchat bench`` starts workers), freeze support."""
+``-m attnchat.bench.worker`` (how ``attnchat bench`` starts workers), freeze support."""
 from __future__ import annotations
 
 import os
@@ -88,8 +88,9 @@ def test_entry_forces_hubs_offline_before_the_cli(entry, monkeypatch):
 
 
 def test_entry_gives_multiprocessing_freeze_support(entry, monkeypatch):
-    import attnchat.cli
     import multiprocessing
+
+    import attnchat.cli
 
     calls = []
     monkeypatch.setattr(multiprocessing, "freeze_support", lambda: calls.append(1))
@@ -103,9 +104,9 @@ def test_entry_runs_the_bench_worker_module(entry, monkeypatch):
 
     ran = []
     monkeypatch.setattr(runpy, "run_module", lambda name, **kw: ran.append((name, list(sys.argv))))
-    monkeypatch.setattr(sys, "argv", ["/opt/attnchat/attnchat", "-m", "attnchat.bench_worker", "--engine", "ours"])
+    monkeypatch.setattr(sys, "argv", ["/opt/attnchat/attnchat", "-m", "attnchat.bench.worker", "--engine", "ours"])
     assert entry.main() == 0
-    assert ran == [("attnchat.bench_worker", ["/opt/attnchat/attnchat", "--engine", "ours"])]
+    assert ran == [("attnchat.bench.worker", ["/opt/attnchat/attnchat", "--engine", "ours"])]
 
 
 def test_entry_refuses_other_modules(entry, monkeypatch):

@@ -106,7 +106,7 @@ def test_spec_dry_run_linux(monkeypatch, tmp_path, bundle):
     assert ("/site-packages/gguf-1.0.dist-info", "gguf-1.0.dist-info") in kw["datas"]  # transformers checks its version
     for name in REQUIRED_HIDDEN:
         assert name in kw["hiddenimports"], name
-    assert "attnchat.bench_worker" in kw["hiddenimports"]
+    assert "attnchat.bench.worker" in kw["hiddenimports"]
     # Not the whole of transformers: most families are excluded, none that we need.
     family_excludes = [e for e in kw["excludes"] if e.startswith("transformers.models.")]
     assert len(family_excludes) > 100

@@ -12,7 +12,7 @@ import pytest
 from PySide6.QtCore import QMimeData, Qt
 
 import runtime
-import runtime.model
+import runtime.model.decoder
 from desktop.chat import store as store_mod
 from desktop.chat.store import Store
 from desktop.worker import EngineWorker
@@ -224,7 +224,7 @@ def test_out_of_memory_is_one_clear_line_and_the_app_runs_on(qtbot, make_window,
     if where == "cache":   # allocating the KV cache
         monkeypatch.setattr(torch, "empty", _oom)
     else:                  # anywhere in a decoder step (activations)
-        monkeypatch.setattr(runtime.model.Decoder, "forward", _oom)
+        monkeypatch.setattr(runtime.model.decoder.Decoder, "forward", _oom)
     errors = []
     w.engine.error.connect(errors.append)
     result = send(qtbot, w, "the a and", timeout=30_000)

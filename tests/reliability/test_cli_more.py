@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from attnchat import cli
+from attnchat.cli import chat as chat_cmd
 
 LIBRARY_ENV = ("TQDM_DISABLE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TRANSFORMERS_VERBOSITY",
                "TOKENIZERS_PARALLELISM")
@@ -78,7 +79,7 @@ def test_an_unexpected_error_is_one_line_and_its_traceback_goes_to_the_log(run, 
     def broken(args):
         raise RuntimeError("something internal broke\nwith a second line of detail")
 
-    monkeypatch.setattr(cli, "_run_chat", broken)
+    monkeypatch.setattr(chat_cmd, "run", broken)
     status, out, err = run("chat", "--prompt", "hi")
     log_file = log_dir / "attnchat.log"
     assert status == 1 and out == ""

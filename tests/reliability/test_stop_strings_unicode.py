@@ -1,5 +1,5 @@
 """The stop-string matcher with random Unicode (astral characters, combining marks, ZWJ, RTL,
-control characters) and random split points. tests/runtime/test_streaming.py checks it on a
+control characters) and random split points. tests/runtime/generate/test_streaming.py checks it on a
 small ASCII alphabet where stops are frequent; here the stops are cut out of the text itself,
 so they are hit as often, whatever the characters."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.streaming import StopStringMatcher
+from runtime.generate.streaming import StopStringMatcher
 
 UNICODE = st.text(alphabet=st.characters(codec="utf-8"), max_size=40) | st.text(
     alphabet=st.sampled_from(list("a\x00\n\u200d\u200b\u0301👩🇫🇷東שא\ufeff")), max_size=40)

@@ -11,8 +11,8 @@ from typing import Callable, Iterator
 
 import torch
 
-from runtime.chat_format import Message, encode_messages
-from runtime.session import Finish, PrefillProgress, StatsUpdate, TextPiece
+from runtime.generate.chat_format import Message, encode_messages
+from runtime.generate.events import Finish, PrefillProgress, StatsUpdate, TextPiece
 
 
 @dataclass

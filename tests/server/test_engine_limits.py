@@ -13,9 +13,9 @@ import time
 import httpx2 as httpx
 import pytest
 
-from attnchat.serve_engine import Done, Engine, Job, QueueFullError
-from attnchat.server import create_app
-from attnchat.server_guard import drop_query_strings
+from attnchat.server.app import create_app
+from attnchat.server.engine import Done, Engine, Job, QueueFullError
+from attnchat.server.guard import drop_query_strings
 from runtime import GenerationSettings, Message, SamplingParams, load_model
 from tests.runtime.tiny_models import make_tiny_model
 
@@ -63,7 +63,7 @@ def test_an_idle_session_keeps_only_the_cache_it_needs(tmp_path, monkeypatch):
     """A long conversation (a 512-slot cache), then a short one on the same pooled session
     (reset: the long one's buffers stay allocated): once idle, the cache shrinks to one
     256-token chunk, and the freed memory is handed back to the OS."""
-    from attnchat import serve_engine
+    from attnchat.server import engine as serve_engine
 
     trims: list[int] = []
     monkeypatch.setattr(serve_engine, "_give_back_heap", lambda: trims.append(1))

@@ -15,10 +15,10 @@ import json
 import httpx2 as httpx
 import pytest
 
-from attnchat.server import create_app
+from attnchat.server.app import create_app
 from runtime import GenerationSettings, Message, load_model
-from runtime.chat_format import encode_messages
-from runtime.probe import head_scores
+from runtime.generate.chat_format import encode_messages
+from runtime.insight.probe import head_scores
 from tests.runtime.session_helpers import greedy_ids
 from tests.runtime.tiny_models import WINDOW, make_tiny_model
 

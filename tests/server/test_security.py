@@ -1,5 +1,5 @@
 """What ``attnchat serve`` refuses (issue 20): foreign Host names (DNS rebinding), foreign
-web pages (Origin), bodies that are not JSON (``attnchat.server_guard``), and requests
+web pages (Origin), bodies that are not JSON (``attnchat.server.guard``), and requests
 that would hold the only worker for hours.
 
 The checks go through a real server on 127.0.0.1 (no API key, as the desktop's "Serve
@@ -15,7 +15,7 @@ import time
 import httpx2 as httpx
 import pytest
 
-from attnchat.server_guard import HEADER_TIMEOUT_S, Guard, normalize_origin
+from attnchat.server.guard import HEADER_TIMEOUT_S, Guard, normalize_origin
 from tests.server.conftest import EXTRA_HOST, PAGE
 
 

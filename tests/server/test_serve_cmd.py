@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from attnchat import cli
-from attnchat.serve_cmd import API_KEY_ENV, is_loopback
+from attnchat.server.command import API_KEY_ENV, is_loopback
 from tests.live_server import serve_env
 
 MISSING = "/nonexistent/model.gguf"
@@ -79,7 +79,7 @@ def test_a_taken_port_is_one_line_before_the_load(serve):
 
 
 def test_the_server_imports_no_qt():
-    code = ("import sys, attnchat.server, attnchat.serve_cmd\n"
+    code = ("import sys, attnchat.server, attnchat.server.command\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'PySide6', 'shiboken6', 'pyqtgraph', 'desktop'}))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

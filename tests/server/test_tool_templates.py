@@ -1,5 +1,5 @@
 """Tools through the model's own chat template where it knows tools, else the fallback
-prompt (``attnchat.tools.template_renders_tools``), on a tiny seeded model (no socket).
+prompt (``attnchat.server.tools.template_renders_tools``), on a tiny seeded model (no socket).
 
 The tiny tokenizer gets a Hermes-style template that renders ``tools`` and ``tool``
 messages (as Qwen 2.5's does, much shortened); its own ChatML template knows neither.
@@ -14,11 +14,16 @@ import httpx2 as httpx
 import jsonschema
 import pytest
 
-from attnchat import tools
-from attnchat.server import create_app
+from attnchat.server import tools
+from attnchat.server.app import create_app
 from runtime import GenerationSettings, Message, load_model
-from runtime.chat_format import encode_messages, render
-from tests.runtime.tiny_models import CHAT_TEMPLATE, SMOLLM2_TEMPLATE, make_tiny_model, make_tokenizer
+from runtime.generate.chat_format import encode_messages, render
+from tests.runtime.tiny_models import (
+    CHAT_TEMPLATE,
+    SMOLLM2_TEMPLATE,
+    make_tiny_model,
+    make_tokenizer,
+)
 
 TOOL_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\n# Tools\n<tools>"

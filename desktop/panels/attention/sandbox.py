@@ -3,7 +3,7 @@
 - :class:`SandboxView`: keys, values and a query typed in (default: the material's three
   tokens "the cat sat"), each step of ``softmax(q·k/√d_k)·v`` shown; the weights can be
   hidden, the winner guessed, then revealed. The numbers are :func:`formula_by_hand`,
-  numpy's twin of ``runtime.formula.formula_by_hand`` (``attnchat formula``; the tests
+  numpy's twin of ``runtime.insight.formula.formula_by_hand`` (``attnchat formula``; the tests
   check they agree): widgets never import torch.
 - :class:`ScaleView`: the spread of ``q·k`` for random unit-variance vectors grows as
   √d (1.4 for d = 2, 8 for 64, 23 for 512), and a softmax over unscaled scores
@@ -53,7 +53,7 @@ def parse_vectors(text: str, what: str) -> list[list[float]]:
 
 
 def formula_by_hand(q, keys, values, *, scale: bool = True, causal_at: int | None = None) -> dict:
-    """``softmax(q·k/√d_k)·v`` step by step in float64 (as ``runtime.formula.formula_by_hand``).
+    """``softmax(q·k/√d_k)·v`` step by step in float64 (as ``runtime.insight.formula.formula_by_hand``).
 
     Returns:
         ``{"scores", "scaled", "weights", "output", "masked", "scale", "d_k"}``: lists over

@@ -1,0 +1,127 @@
+"""The ``attnchat`` command line: the app, ``chat``, ``models``.
+
+Errors a user can cause exit with status 2 and one line on stderr (what was wrong,
+what to do); anything unexpected writes its traceback to the log folder and prints
+one line pointing there. Heavy imports (torch) happen only in the commands that
+need them, so ``attnchat models ...`` and ``--help`` stay fast.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Sequence
+
+from attnchat.bench import command as bench
+from attnchat.cli import chat as chat_cmd
+from attnchat.cli import formula as formula_cmd
+from attnchat.cli import heads as heads_cmd
+from attnchat.cli import memory as memory_cmd
+from attnchat.cli import models as models_cmd
+from attnchat.server import command as serve_cmd
+
+EXIT_USER_ERROR = 2
+log = logging.getLogger("attnchat")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line and exits 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # Always "attnchat: error:" (subcommands too), the prefix every user error has.
+        self.exit(EXIT_USER_ERROR, f"attnchat: error: {message} (see {self.prog} --help)\n")
+
+
+def _quiet_libraries() -> None:
+    """No progress bars or library warnings on the user's terminal; never reach a model hub."""
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="attnchat", description="A local chat app that shows its KV cache and attention.")
+    parser.add_argument("--model", metavar="SRC", help="a .gguf file or a model folder")
+    parser.add_argument("--self-test", action="store_true", help="load the model, answer one question, exit 0 if right")
+    parser.add_argument("--screenshot", metavar="DIR", help="save screenshots of the app's windows to DIR and exit")
+    parser.add_argument("--terminal", action="store_true", help="chat in the terminal instead of the window")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    chat_cmd.add_parser(sub)
+    models_cmd.add_parser(sub)
+    memory_cmd.add_parser(sub)
+    heads_cmd.add_parser(sub)
+    formula_cmd.add_parser(sub)
+    bench.add_parser(sub)
+    serve_cmd.add_parser(sub)
+    return parser
+
+
+def _app(args: argparse.Namespace) -> int:
+    try:
+        from desktop.launch import main as desktop_main  # the window, when installed
+    except ImportError:
+        log.warning("the desktop app is not available; using the terminal", exc_info=True)
+        desktop_main = None
+    if desktop_main is not None and not args.terminal:
+        return desktop_main(args)  # the window; --self-test and --screenshot run headless there
+    if args.self_test:
+        return chat_cmd.self_test(args)
+    from models import fetch
+
+    fetch.ensure_default() if args.model is None else None
+    chat_args = build_parser().parse_args(["chat"] + (["--model", args.model] if args.model else []) + ["--device", args.device])
+    return chat_cmd.run(chat_args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    _quiet_libraries()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from models import logfile as logfile_mod
+
+    logfile = logfile_mod.to_file()  # None when the log folder cannot be written: run on without
+    try:
+        if args.command == "models":
+            return models_cmd.run(args)
+        if args.command == "chat":
+            return chat_cmd.run(args)
+        if args.command == "memory":
+            return memory_cmd.run(args)
+        if args.command == "heads":
+            return heads_cmd.run(args)
+        if args.command == "formula":
+            return formula_cmd.run(args)
+        if args.command == "serve":
+            return serve_cmd.run(args)
+        if args.command == "bench":
+            return bench.run(args)
+        return _app(args)
+    except KeyboardInterrupt:
+        print("attnchat: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one line for the user, the traceback for the log
+        from models import FetchError
+
+        user_error = isinstance(e, (ValueError, FetchError))
+        try:
+            from runtime.errors import AttnchatError
+
+            user_error = user_error or isinstance(e, AttnchatError)
+        except ImportError:
+            pass
+        log.exception("command failed")
+        first = (str(e).strip().splitlines() or [""])[0]  # one line, whatever the exception holds
+        if user_error:
+            print(f"attnchat: error: {first or type(e).__name__}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        where = f"; details in {logfile}" if logfile else ""
+        print(f"attnchat: internal error: {type(e).__name__}: {first}{where}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

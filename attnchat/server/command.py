@@ -1,0 +1,220 @@
+"""``attnchat serve``: the OpenAI-compatible HTTP server (see :mod:`attnchat.server`).
+
+``attnchat serve [--model SRC] [--host 127.0.0.1] [--port 8000] [--api-key KEY]``
+
+It binds to loopback by default and refuses any other address without an API key.
+The address is checked and bound before the model loads, so a mistake costs no wait.
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import socket
+import sys
+from typing import Any
+
+DEFAULT_PORT = 8000
+API_KEY_ENV = "ATTNCHAT_API_KEY"
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (0-65535; 0 picks a free one)")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _origin(text: str) -> str:
+    from attnchat.server.guard import normalize_origin
+
+    try:
+        return normalize_origin(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve", help="serve the model over an OpenAI-compatible HTTP API",
+        description="GET /v1/models and POST /v1/chat/completions (streamed or not), one request at a time. "
+                    "Binds to loopback unless given --host with --api-key.")
+    p.add_argument("--model", metavar="SRC", help="a .gguf file or a model folder (default: the default model)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --api-key)")
+    p.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT}; 0 picks a free one)")
+    key = p.add_mutually_exclusive_group()
+    key.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV) or None,
+                     help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, else none). Other users "
+                          f"see a command line's arguments (ps): prefer ${API_KEY_ENV} or --api-key-file")
+    key.add_argument("--api-key-file", metavar="PATH",
+                     help="read the API key from the first line of PATH (keep it 0600)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests whose Host header names NAME (repeatable; by default only "
+                        "localhost, 127.0.0.1, ::1 and --host: a guard against DNS rebinding)")
+    p.add_argument("--cors-origin", action="append", default=[], type=_origin, metavar="ORIGIN",
+                   help="let web pages at ORIGIN (e.g. http://localhost:3000) call the API (repeatable; "
+                        "by default requests from any web page are refused)")
+    p.add_argument("--model-id", metavar="NAME", help="the model's id in the API (default: its file name)")
+    p.add_argument("--max-tokens", type=_count, default=1024, metavar="N",
+                   help="reply length for requests without max_tokens (default 1024)")
+    p.add_argument("--max-tokens-limit", type=_count, default=4096, metavar="N",
+                   help="the most tokens a request may ask for in max_tokens; more gets a 400 (default 4096)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="for requests without temperature (default 0 = greedy)")
+    p.add_argument("--context", type=_count, default=None, metavar="N", help="context length in tokens (default: the model's maximum)")
+    p.add_argument("--cache-dtype", default=None, metavar="D", help="KV-cache dtype: float32, bfloat16, float16, int8 (8-bit, a scale per token and head)")
+    p.add_argument("--overflow", choices=["stop", "truncate-middle", "rolling"], default="stop",
+                   help="when a conversation passes the context (default stop: a 400 context_length_exceeded, as OpenAI; API clients manage their own context)")
+    p.add_argument("--sessions", type=_count, default=4, metavar="N",
+                   help="conversations that keep their KV cache between requests (default 4)")
+    p.add_argument("--max-queued", type=_count, default=16, metavar="N",
+                   help="requests that may wait behind the running one; more get 429 with Retry-After (default 16)")
+    p.add_argument("--max-connections", type=_count, default=64, metavar="N",
+                   help="open connections at most; requests past them get 503 (default 64)")
+    p.add_argument("--pool-mib", type=_count, default=256, metavar="M",
+                   help="KV-cache MiB the idle sessions may keep; the least recently used caches are freed "
+                        "past it (default 256)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    p.add_argument("--dtype", default=None, help="weight dtype: float32, bfloat16, float16 (default per device: float16 on the CPU, computing in float32)")
+    p.set_defaults(func=run)
+    return p
+
+
+def is_loopback(host: str) -> bool:
+    """True when every address ``host`` names is a loopback address (127.0.0.0/8, ::1)."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (not yet listening: uvicorn listens on it).
+
+    Raises:
+        ValueError: the host does not resolve, or the port is taken or not allowed.
+    """
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror:
+        raise ValueError(f"cannot resolve --host {host!r}; give an address such as 127.0.0.1") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port "
+                         "or stop what uses it") from None
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+
+
+def _read_key_file(path: str) -> str:
+    """The first line of ``path``, stripped.
+
+    Raises:
+        ValueError: the file cannot be read or holds no key (one line, for exit status 2).
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            key = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read --api-key-file {path!r} ({getattr(e, 'strerror', None) or e}); "
+                         "give a file holding the key on its first line") from None
+    if not key:
+        raise ValueError(f"--api-key-file {path!r} holds no key on its first line")
+    return key
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.api_key_file is not None:
+        args.api_key = _read_key_file(args.api_key_file)
+    if args.max_tokens > args.max_tokens_limit:
+        raise ValueError(f"--max-tokens {args.max_tokens} passes --max-tokens-limit {args.max_tokens_limit}; "
+                         "lower the one or raise the other")
+    if not is_loopback(args.host) and not args.api_key:
+        raise ValueError(f"refusing to serve on {args.host} without an API key: anyone who can reach it could "
+                         f"use it; add --api-key KEY (or set ${API_KEY_ENV}), or bind to 127.0.0.1")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ValueError("--api-key is empty; give a key, or leave it out on loopback")
+    settings = _settings(args)  # check before the slow load
+    sock = bind(args.host, args.port)
+    try:
+        return _serve(args, settings, sock)
+    finally:
+        sock.close()
+
+
+def _settings(args: argparse.Namespace):
+    from runtime import GenerationSettings, SamplingParams
+
+    SamplingParams(temperature=args.temperature)  # the same one-line error as `chat`
+    if args.cache_dtype is not None:
+        from runtime.dtypes import parse_cache_dtype
+
+        parse_cache_dtype(args.cache_dtype)
+    return GenerationSettings(context_limit=args.context, cache_dtype=args.cache_dtype, overflow=args.overflow)
+
+
+def _serve(args: argparse.Namespace, settings, sock: socket.socket) -> int:
+    import asyncio
+
+    import uvicorn
+
+    from attnchat.server.app import create_app
+    from attnchat.server.guard import HeaderDeadline, drop_query_strings
+    from runtime import load_model
+
+    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    app = create_app(model, api_key=args.api_key, model_id=args.model_id, settings=settings,
+                     sessions=args.sessions, default_temperature=args.temperature,
+                     default_max_tokens=args.max_tokens, max_tokens_limit=args.max_tokens_limit,
+                     max_queued=args.max_queued,
+                     allowed_hosts=[args.host, *args.allowed_host],
+                     cors_origins=args.cors_origin, pool_bytes=args.pool_mib << 20)
+    # log_config=None: uvicorn's records go to attnchat's log file, not the terminal.
+    # limit_concurrency: past it uvicorn answers 503 at once; half-sent requests hold a
+    # connection only until HEADER_TIMEOUT_S (server_guard.HeaderDeadline).
+    config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=3, lifespan="on",
+                            limit_concurrency=args.max_connections, http=HeaderDeadline)
+    logging.getLogger("uvicorn.access").addFilter(drop_query_strings)
+    server = uvicorn.Server(config)
+
+    async def serve() -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.05)
+        if server.started:
+            print(f"attnchat: serving {app.state.model_id} on {model.device} at {_url(sock)} "
+                  f"({'API key required' if args.api_key else 'no API key'}); Ctrl-C stops", flush=True)
+        await task
+
+    asyncio.run(serve())
+    if not server.started:
+        print("attnchat: error: the server did not start; see the log file", file=sys.stderr)
+        return 1
+    return 0

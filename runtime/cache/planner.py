@@ -1,0 +1,223 @@
+"""The memory planner: weights bytes, KV-cache bytes per token and at a context, what fits a budget.
+
+Must not import Qt. Works from a loaded model's config or from bare numbers, so a user
+can check a bigger model before fetching it.
+
+KV bytes per token = 2 (K and V) x layers x KV heads x head dim x bytes per element
+(the cache stores one key and one value vector per KV head per layer per token); an
+int8 cache adds one float32 scale per vector (:func:`runtime.dtypes.vector_bytes`), passed
+to the functions below as ``scale_bytes``.
+
+With sliding-window layers (Mistral, Gemma 2/3, Phi-3) a layer holds at most its window,
+so the KV cache at a context of ``n`` tokens is, per layer,
+``min(n, window) x 2 x KV heads x head dim x bytes`` (the same count
+:meth:`runtime.cache.kv_cache.KVCache.bytes_at` makes), and the planner reports it per layer
+type. It also compares, for the model's shape, what multi-head (one KV head per query
+head), grouped-query (the model's), multi-query (one KV head, Shazeer 2019, "Fast
+Transformer Decoding: One Write-Head is All You Need") and sliding-window attention would
+cost.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import torch
+
+from runtime import device as devices
+from runtime.cache.sizes import (
+    attention_variants,
+    cache_bytes_per_token,
+    kv_bytes_at,
+    layer_type_figures,
+    longest_context,
+)
+from runtime.config.model import ModelConfig
+from runtime.device import compute_dtype, default_dtype
+from runtime.dtypes import QUANTIZED_CACHE_DTYPES, SCALE_BYTES, dtype_name, parse_cache_dtype, parse_weight_dtype
+
+
+def count_parameters(cfg: ModelConfig) -> int:
+    """Parameters of a decoder described by ``cfg`` (tied embeddings counted once).
+
+    Llama family: embeddings V x C; per layer q/k/v/o (C x (H + 2 Hkv) D + H D x C,
+    plus biases), SwiGLU 3 x C x I, two RMSNorm weights; final norm; LM head unless tied.
+    GPT-2: the same plus learned positions, LayerNorm biases and a 2-matrix GELU MLP.
+    """
+    C, V, L, I = cfg.hidden_size, cfg.vocab_size, cfg.n_layers, cfg.intermediate_size
+    H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    qkv_out = (H + 2 * Hkv) * D
+    per_layer = C * qkv_out + H * D * C
+    per_layer += qkv_out if cfg.qkv_bias else 0
+    per_layer += C if cfg.o_bias else 0
+    if cfg.family == "llama":
+        per_layer += 3 * C * I + (2 * I + C if cfg.mlp_bias else 0) + 2 * C
+        per_layer += (2 * D if cfg.qk_norm else 0) + (2 * C if cfg.sandwich_norms else 0)  # Qwen3/Gemma extra norms
+        total = V * C + L * per_layer + C
+    else:
+        per_layer += 2 * C * I + (I + C if cfg.mlp_bias else 0) + 4 * C
+        total = V * C + cfg.max_position_embeddings * C + L * per_layer + 2 * C
+    if not cfg.tie_word_embeddings:
+        total += V * C
+    return total
+
+
+def weights_bytes(cfg: ModelConfig, weights_dtype: str | torch.dtype) -> int:
+    """Bytes of the weights of a decoder described by ``cfg`` stored in ``weights_dtype``:
+    parameters x element bytes; int8 weights add a float32 scale per matrix row (the
+    embeddings' and every projection's) and keep norm weights and biases in float32
+    (:func:`runtime.weights.convert.quantize_state`).
+
+    Raises:
+        ValueError: an unknown dtype.
+    """
+    dtype = parse_weight_dtype(weights_dtype)
+    params = count_parameters(cfg)
+    if dtype != torch.int8:
+        return params * dtype.itemsize
+    C, L, I = cfg.hidden_size, cfg.n_layers, cfg.intermediate_size
+    qkv_out = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+    up_rows = 2 * I if cfg.family == "llama" else I
+    matrix_rows = cfg.vocab_size * (1 if cfg.tie_word_embeddings else 2) + L * (qkv_out + C + up_rows + C)
+    matrix_params = cfg.vocab_size * C * (1 if cfg.tie_word_embeddings else 2) + L * (C * qkv_out + cfg.n_heads * cfg.head_dim * C + C * up_rows + I * C)
+    return matrix_params + 4 * matrix_rows + 4 * (params - matrix_params)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """A memory plan. Bytes are bytes, contexts are tokens.
+
+    Attributes:
+        layers, kv_heads, head_dim: the model's shape.
+        cache_dtype: the KV cache's dtype name.
+        kv_bytes_per_token: :func:`cache_bytes_per_token` (2 x layers x KV heads x head
+            dim x element bytes, plus a 4-byte scale per vector for int8).
+        context: the context asked about (tokens).
+        kv_bytes: KV bytes at ``context``.
+        budget_bytes: the KV budget asked about (None if none).
+        max_context_in_budget: whole tokens whose KV cache fits ``budget_bytes``
+            (None without a budget; capped by nothing else).
+        weights_bytes: the weights' bytes at ``weights_dtype`` (None without a model).
+        weights_dtype: dtype of the weights in that figure.
+        device: the device asked about; free_device_bytes its free memory (None if unknown).
+        total_bytes: weights + KV at ``context`` (None without a model).
+        fits_device: whether total (or KV alone) fits the free memory (None if unknown).
+        layer_types: per kind of layer (full, each window): ``kind``, ``window``,
+            ``layers``, ``bytes_per_token`` (those layers together), ``tokens`` (each
+            holds at ``context``) and ``used_bytes``, as the KV cache counts them.
+        variants: for the model's shape, ``name`` (``multi-head``, ``grouped-query``,
+            ``multi-query``, ``sliding-window``), ``kv_heads``, ``window``,
+            ``bytes_per_token`` (before any window fills), ``bytes_at_context``, and
+            ``this_model`` (the variant this model is). Multi-head needs the query
+            heads: only with a model config.
+    """
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    cache_dtype: str
+    kv_bytes_per_token: int
+    context: int
+    kv_bytes: int
+    budget_bytes: int | None = None
+    max_context_in_budget: int | None = None
+    weights_bytes: int | None = None
+    weights_dtype: str | None = None
+    parameters: int | None = None
+    device: str = "cpu"
+    free_device_bytes: int | None = None
+    total_bytes: int | None = None
+    fits_device: bool | None = None
+    layer_types: list[dict] = field(default_factory=list)
+    variants: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan(
+    *,
+    layers: int,
+    kv_heads: int,
+    head_dim: int,
+    cache_dtype: str | torch.dtype | None = None,
+    context: int,
+    budget_bytes: int | None = None,
+    config: ModelConfig | None = None,
+    weights_dtype: str | torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    windows: Sequence[int | None] | None = None,
+    n_heads: int | None = None,
+) -> MemoryPlan:
+    """Plan the memory of a model at a context length.
+
+    Args:
+        layers, kv_heads, head_dim: the model's shape (from ``config`` when given).
+        cache_dtype: KV-cache dtype name (default: what the cache takes on ``device`` with
+            those weights, :func:`runtime.device.compute_dtype`: float32 on the CPU,
+            float16 on CUDA and MPS for their default float16 weights).
+        context: context length in tokens (> 0).
+        budget_bytes: optional KV budget in bytes: reports the longest context that fits.
+        config: a model config: adds weights bytes and parameters.
+        weights_dtype: weights' dtype for that figure (default: ``device``'s default,
+            :func:`runtime.device.default_dtype`; float16 on the CPU).
+        device: the device planned for (its defaults) and whose free memory to report
+            (none for a device this machine does not have).
+        windows: per layer its sliding window in tokens or None (from ``config`` when
+            given); default every layer full.
+        n_heads: query heads per layer (from ``config`` when given): adds the
+            multi-head row to :attr:`MemoryPlan.variants`.
+
+    Raises:
+        ValueError: non-positive numbers, an unknown dtype, a window list of the wrong length.
+    """
+    if context <= 0:
+        raise ValueError(f"the context must be a positive number of tokens; got {context}")
+    if budget_bytes is not None and budget_bytes < 0:
+        raise ValueError(f"the budget must not be negative; got {budget_bytes} bytes")
+    if cache_dtype is None:
+        dev = torch.device(device)
+        try:
+            cache_dtype = compute_dtype(dev, default_dtype(dev) if weights_dtype is None else weights_dtype)
+        except ValueError:
+            raise ValueError(f"unknown weights dtype {weights_dtype!r}; use float32, bfloat16, float16 or int8") from None
+    dt = parse_cache_dtype(cache_dtype)
+    eb, sb = dt.itemsize, (SCALE_BYTES if dt in QUANTIZED_CACHE_DTYPES else 0)
+    per_token = cache_bytes_per_token(layers, kv_heads, head_dim, dt)
+    if windows is None and config is not None:
+        windows = config.windows
+    windows = tuple(windows) if windows else (None,) * layers
+    if len(windows) != layers or any(w is not None and w < 1 for w in windows):
+        raise ValueError(f"give {layers} windows (a positive number of tokens or None); got {windows}")
+    kv = kv_bytes_at(windows, kv_heads, head_dim, eb, context, sb)
+    params = weights = wdtype = None
+    if config is not None:
+        params = count_parameters(config)
+        if weights_dtype is None:
+            weights_dtype = default_dtype(torch.device(device))
+        try:
+            wdtype = dtype_name(parse_weight_dtype(weights_dtype))
+        except ValueError:
+            raise ValueError(f"unknown weights dtype {weights_dtype!r}; use float32, bfloat16, float16 or int8") from None
+        weights = weights_bytes(config, wdtype)
+    free = devices.free_memory_bytes(device)
+    total = (weights or 0) + kv
+    return MemoryPlan(
+        layers=layers, kv_heads=kv_heads, head_dim=head_dim,
+        cache_dtype=dtype_name(parse_cache_dtype(cache_dtype)), kv_bytes_per_token=per_token,
+        context=context, kv_bytes=kv, budget_bytes=budget_bytes,
+        max_context_in_budget=None if budget_bytes is None else longest_context(windows, kv_heads, head_dim, eb, budget_bytes, sb),
+        weights_bytes=weights, weights_dtype=wdtype, parameters=params, device=str(torch.device(device)),
+        free_device_bytes=free, total_bytes=total if config is not None else None,
+        fits_device=None if free is None else total <= free,
+        layer_types=layer_type_figures(windows, kv_heads, head_dim, eb, context, sb),
+        variants=attention_variants(windows, kv_heads, head_dim, eb, context,
+                                    n_heads=config.n_heads if config is not None else n_heads, scale_bytes=sb),
+    )
+
+
+def plan_for_config(config: ModelConfig, **kwargs) -> MemoryPlan:
+    """:func:`plan` with the shape taken from ``config``."""
+    return plan(layers=config.n_layers, kv_heads=config.n_kv_heads, head_dim=config.head_dim, config=config, **kwargs)
+
+

@@ -1,0 +1,223 @@
+"""Constrained decoding: at each step only the tokens that keep the output valid under a
+grammar (a JSON schema) may be sampled.
+
+The grammar engine is llguidance (guidance-ai/llguidance, on PyPI): chosen by measuring
+the per-token mask cost of llguidance, xgrammar and outlines-core on the default model's
+tokenizer (see the README, "Serving over HTTP"). Everything engine-specific lives here;
+the session only sees a :data:`runtime.generate.events.LogitsProcessor`.
+
+The token bitmask (``(ceil(V / 32),)`` int32, bit ``i % 32`` of word ``i // 32`` set when
+token ``i`` is allowed) is allocated once per reply, filled by the engine on the CPU at
+each step and applied to the logits in place on their own device (a bool row built with
+one shift). A reply without a grammar makes no :class:`GrammarProcessor`, so it pays
+nothing. Must not import Qt.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from runtime.generate import json_bounds
+
+log = logging.getLogger("attnchat.constrained")
+
+__all__ = ["Grammar", "GrammarCompiler", "GrammarError", "GrammarProcessor", "closes", "compiler_for", "schema_of"]
+
+#: JSON with no free whitespace (``{"a":1}``): a small model left free to add whitespace
+#: can spend its whole budget on newlines and spaces.
+_COMPACT = {"whitespace_flexible": False}
+
+
+class GrammarError(ValueError):
+    """A schema the grammar engine cannot take (one sentence: what, and what to change)."""
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A compiled grammar, checked against the tokenizer; make a processor per reply.
+
+    Attributes:
+        source: the llguidance grammar (JSON text).
+        compiler: the :class:`GrammarCompiler` that checked it.
+    """
+
+    source: str
+    compiler: "GrammarCompiler"
+
+    def processor(self) -> "GrammarProcessor":
+        """A fresh per-reply :class:`GrammarProcessor` (a :data:`runtime.LogitsProcessor`)."""
+        return GrammarProcessor(self)
+
+    def matches(self, text: str) -> bool:
+        """True when the grammar allows exactly ``text`` (then its end), whatever tokens
+        spell it: ``text`` is split by the engine's view of the tokenizer."""
+        ll = self.compiler._ll
+        matcher = ll.LLMatcher(self.compiler.tokenizer, self.source)
+        return matcher.consume_tokens(self.compiler.tokenizer.tokenize_str(text)) and matcher.is_accepting()
+
+
+class GrammarCompiler:
+    """Turns JSON schemas into :class:`Grammar` objects for one tokenizer.
+
+    Building the engine's view of the vocabulary takes 2-3 s for the default model's
+    49,152 tokens (measured, ``scripts/grammar_engines.py``), so make one per model
+    (:func:`compiler_for`) and keep it.
+
+    Args:
+        tokenizer: a transformers fast tokenizer.
+        stop_token_ids: the model's end-of-turn ids; the grammar's end is the tokenizer's
+            end-of-sequence token when it is one of them, else the first of them (so a
+            finished value ends the reply as the model's own end of turn would).
+    """
+
+    def __init__(self, tokenizer: Any, stop_token_ids: Sequence[int]):
+        import llguidance
+        import llguidance.hf
+
+        eos = getattr(tokenizer, "eos_token_id", None)
+        stops = sorted(stop_token_ids)
+        if eos not in stops and stops:
+            eos = stops[0]
+        self.eos_token_id = int(eos)
+        self._ll = llguidance
+        self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, eos_token=self.eos_token_id)
+
+    def json_schema(self, schema: dict[str, Any] | None, *, close: bool = True) -> Grammar:
+        """The grammar of compact JSON values valid under ``schema`` (``None``: any JSON object),
+        closed and bounded by :func:`runtime.generate.json_bounds.for_generation`: numbers have at
+        most 15 digits before the point and 6 after it, and (``close``) objects that leave
+        ``additionalProperties`` unset get ``false``.
+
+        Raises:
+            GrammarError: the schema is not a JSON object or uses what the engine cannot
+                constrain (the message names it).
+        """
+        if schema is None:  # JSON mode: any object, left open
+            schema, close = {"type": "object"}, False
+        if not isinstance(schema, dict):
+            raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
+        bounded, uses_any = json_bounds.for_generation(schema, close=close)
+        if uses_any:
+            bounded = json_bounds.with_any(bounded)
+        try:
+            source = self._ll.LLMatcher.grammar_from_json_schema(bounded, defaults=_COMPACT)
+        except Exception as e:  # the engine's own error types: one line for the client
+            raise GrammarError(f"the JSON schema cannot be used: {_first_line(e)}") from None
+        return self._checked(source)
+
+    def lark(self, grammar: str) -> Grammar:
+        """A grammar in llguidance's Lark dialect (``%json {...}`` embeds a JSON schema).
+
+        Raises:
+            GrammarError: the grammar does not compile.
+        """
+        try:
+            source = self._ll.LLMatcher.grammar_from_lark(grammar)
+        except Exception as e:
+            raise GrammarError(f"the grammar cannot be used: {_first_line(e)}") from None
+        return self._checked(source)
+
+    def _checked(self, source: str) -> Grammar:
+        error = self._ll.LLMatcher.validate_grammar(source, self.tokenizer)  # "" when valid
+        if error:
+            raise GrammarError(f"the grammar cannot be used: {_first_line(error)}")
+        return Grammar(source, self)
+
+
+def _first_line(e: Any) -> str:
+    return (str(e).strip().splitlines() or ["?"])[0][:300]
+
+
+_compilers: "weakref.WeakKeyDictionary[Any, GrammarCompiler]" = weakref.WeakKeyDictionary()
+_compilers_lock = threading.Lock()
+
+
+def compiler_for(model: Any) -> GrammarCompiler:
+    """The :class:`GrammarCompiler` of a loaded :class:`runtime.Model` (built on first use, kept)."""
+    with _compilers_lock:
+        c = _compilers.get(model.tokenizer)  # kept as long as the model's tokenizer lives
+        if c is None:
+            c = GrammarCompiler(model.tokenizer, model.stop_token_ids)
+            _compilers[model.tokenizer] = c
+        return c
+
+
+class GrammarProcessor:
+    """A per-reply :data:`runtime.LogitsProcessor`: logits of tokens the grammar forbids
+    become -inf, in place.
+
+    Called with the reply's token ids so far: it feeds the engine the ones it has not
+    seen, fills the bitmask (allocated once here) and applies it. Once the value is
+    complete only the end token is allowed, so the reply ends exactly there.
+    """
+
+    def __init__(self, grammar: Grammar):
+        c = grammar.compiler
+        self._c = c
+        self._matcher = c._ll.LLMatcher(c.tokenizer, grammar.source)
+        words = math.ceil(c.tokenizer.vocab_size / 32)
+        self._bitmask = torch.zeros((1, words), dtype=torch.int32)  # (1, ceil(V/32)), filled per step
+        self._seen = 0
+        self._shifts: torch.Tensor | None = None
+
+    @property
+    def is_accepting(self) -> bool:
+        """True when the output so far is a complete value."""
+        return self._matcher.is_accepting()
+
+    @torch.inference_mode()  # the decoder's logits are inference tensors: changed in place here
+    def __call__(self, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
+        for token in generated[self._seen:]:
+            if not self._matcher.consume_token(int(token)):
+                log.warning("grammar refused token %d: %s", token, self._matcher.get_error())
+        self._seen = len(generated)
+        V = logits.shape[-1]
+        if self._matcher.is_error():
+            allowed = torch.zeros(V, dtype=torch.bool, device=logits.device)
+            allowed[self._c.eos_token_id] = True  # a broken matcher ends the reply
+        else:
+            row = self._bitmask[0]
+            self._matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+            allowed = self._unpack(logits.device, V)
+        return logits.masked_fill_(~allowed, -math.inf)
+
+    def _unpack(self, device: torch.device, V: int) -> torch.Tensor:
+        """The bitmask as a bool row (V,) on ``device`` (ids past the tokenizer's: False)."""
+        if self._shifts is None or self._shifts.device != device:
+            self._shifts = torch.arange(32, dtype=torch.int32, device=device)
+        words = self._bitmask[0].to(device, non_blocking=True)
+        bits = ((words.unsqueeze(-1) >> self._shifts) & 1).bool().reshape(-1)  # (32 * words,)
+        if bits.shape[0] >= V:
+            return bits[:V]
+        return torch.cat([bits, bits.new_zeros(V - bits.shape[0])])
+
+
+def schema_of(response_format: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON schema of an OpenAI ``response_format`` of type ``json_schema`` (``None``
+    for ``json_object``). Its objects are closed unless ``json_schema.strict`` is ``false``
+    (:func:`closes`).
+
+    Raises:
+        GrammarError: no ``json_schema.schema`` object where one is needed.
+    """
+    if response_format.get("type") == "json_object":
+        return None
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise GrammarError("'response_format.json_schema' must be an object with a 'schema' object")
+    return spec.get("schema") or {"type": "object"}
+
+
+def closes(response_format: dict[str, Any]) -> bool:
+    """Whether a ``response_format``'s objects are closed where the schema leaves
+    ``additionalProperties`` unset: unless ``json_schema.strict`` is ``false``, given
+    explicitly (OpenAI's strict mode requires them closed; without it the default model
+    went on adding keys until its token limit)."""
+    spec = response_format.get("json_schema")
+    return not (isinstance(spec, dict) and spec.get("strict") is False)

