@@ -1,0 +1,301 @@
+"""Linear products on a GGUF's quantized weights, per device and block type, chosen by timing.
+Must not import Qt or transformers.
+
+A :class:`QuantWeight` is one matrix in its file's own blocks (a memory-mapped
+``uint8 (rows, row bytes)``) and its block type (:mod:`runtime.weights.quant_types`);
+each kernel of :data:`QUANT_KERNELS` prepares what it takes from those blocks once
+(nothing, a repack, or a widened copy) and computes ``x @ W.T`` in float32:
+
+- ``ggml``: ggml's own ``mul_mat`` on the raw blocks (:mod:`runtime.kernels.ggml_ops`),
+  activations quantized per block of 32 as llama.cpp does. CPU, every type; needs ggml-python.
+- ``int4pack-bf16`` / ``int4pack-f16``: torch's ``_weight_int4pack_mm_for_cpu`` on 4-bit
+  types (Q4_0, Q4_1, Q4_K) repacked with scales and zeros per group of 32, activations
+  rounded to bfloat16 / float16. CPU.
+- ``int4pack-cuda``: tinygemm's ``_weight_int4pack_mm`` (bfloat16). CUDA only; its repack's
+  layout is checked on the CPU (:func:`tinygemm_operands`).
+- ``int8pack``: torch's ``_weight_int8pack_mm``, the weights requantized to int8 per row
+  (not the file's groups: adds rounding). Any device where the op exists.
+- ``f16``: the weights widened to float16 once (twice to four times the file's bytes),
+  torch's float16 GEMV for one row, float32 products (oneDNN) on a widened block of rows
+  for several. Any type; the ``--dtype float16`` comparison path.
+- ``widen``: the blocks dequantized per call into a float32 scratch buffer (ggml's
+  ``to_float`` where it loads, a block of rows at a time), then oneDNN's float32 product:
+  no memory beyond the file's blocks; compute-bound prefill amortizes the widening over
+  the chunk's rows (without ggml, torch's decoding is ~100x slower: a last resort).
+
+Which kernel runs is measured per machine and block type (:func:`measure`), as the float
+kernels are (:mod:`runtime.kernels`): one for a single row (decode) and one for several
+(prefill).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from runtime.weights.quant_types import BlockType, dequantize, repack_int4, centred  # noqa: F401
+
+log = logging.getLogger(__name__)
+
+
+class QuantWeight:
+    """One matrix in its file's blocks, and what kernels prepared of it.
+
+    Attributes:
+        raw: ``uint8 (rows, row bytes)``, usually a view of the memory-mapped file.
+        btype: its block type.
+        rows, cols: the matrix's shape ``(out, in)``.
+        prepared: kernel name -> that kernel's form of the weight (made on first use).
+    """
+
+    __slots__ = ("raw", "btype", "rows", "cols", "prepared")
+
+    def __init__(self, raw: torch.Tensor, btype: BlockType, rows: int, cols: int):
+        if raw.shape != (rows, btype.row_bytes(cols)):
+            raise ValueError(f"{btype.name} blocks {tuple(raw.shape)} do not hold a {rows} x {cols} matrix")
+        self.raw, self.btype, self.rows, self.cols, self.prepared = raw, btype, rows, cols, {}
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.rows, self.cols
+
+    @property
+    def file_bytes(self) -> int:
+        """Bytes of the blocks (what the file holds for this matrix)."""
+        return self.raw.numel()
+
+    @property
+    def extra_bytes(self) -> int:
+        """Bytes kernels made beside the blocks (repacks, widened copies; ggml's graph not counted)."""
+        total = 0
+        for form in self.prepared.values():
+            for t in form if isinstance(form, tuple) else (form,):
+                if isinstance(t, torch.Tensor):
+                    total += t.numel() * t.element_size()
+        return total
+
+    def dequantized(self, dtype: torch.dtype = torch.float32, rows: slice | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+        """The weights ``(rows, cols)`` (or a slice of rows) widened to ``dtype`` (float32 into
+        ``out`` when given): ggml's ``to_float`` where it loads, else :func:`dequantize`; both
+        are bitwise ``gguf.quants.dequantize``."""
+        raw = self.raw if rows is None else self.raw[rows]
+        return widen(raw, self.btype, dtype, out)
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """float32 rows ``ids`` (any shape of int64 ids) -> ``(*ids.shape, cols)``: an embedding
+        lookup that dequantizes only the rows asked for."""
+        flat = ids.reshape(-1)
+        return widen(self.raw.index_select(0, flat), self.btype).view(*ids.shape, self.cols)
+
+
+def widen(raw: torch.Tensor, btype: BlockType, dtype: torch.dtype = torch.float32,
+          out: torch.Tensor | None = None) -> torch.Tensor:
+    """Blocks ``raw uint8 (rows, row bytes)`` -> ``(rows, cols)`` in ``dtype`` (into float32 ``out``
+    when given): ggml's ``to_float`` when it loads (C; ~100x torch's decoding), else
+    :func:`runtime.weights.quant_types.dequantize`."""
+    from runtime.kernels import ggml_ops
+
+    rows = raw.shape[0]
+    cols = raw.shape[1] // btype.block_bytes * btype.block_size
+    if btype.quantized and raw.device.type == "cpu" and ggml_ops.available():
+        buf = out if out is not None else torch.empty(rows, cols, dtype=torch.float32)
+        ggml_ops.to_float(raw.contiguous(), btype.ggml_type, buf)
+    else:
+        buf = dequantize(raw, btype, (rows, cols))
+        if out is not None:
+            buf = out.copy_(buf)
+    return buf if dtype == torch.float32 else buf.to(dtype)
+
+
+@dataclass(frozen=True)
+class QuantKernel:
+    """A way to compute ``x (M, in) float32 @ W.T -> (M, out) float32`` from a :class:`QuantWeight`.
+
+    Attributes:
+        name: key in :data:`QUANT_KERNELS`.
+        devices: device types it runs on.
+        takes: which block types it takes.
+        prepare: weight, device -> the kernel's form of it (kept in ``weight.prepared``).
+        run: x, prepared form, weight -> float32 result.
+        available: whether it can run in this process (probed on first use).
+    """
+
+    name: str
+    devices: tuple[str, ...]
+    takes: Callable[[BlockType], bool]
+    prepare: Callable[[QuantWeight, torch.device], object]
+    run: Callable[[torch.Tensor, object, QuantWeight], torch.Tensor]
+    available: Callable[[], bool] = field(default=lambda: True)
+
+
+# ---- the kernels ----------------------------------------------------------------------------
+def _rows2d(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1]).contiguous()
+
+
+def _ggml_prepare(w: QuantWeight, device: torch.device):
+    from runtime.kernels.ggml_ops import GGMLMatrix
+
+    return GGMLMatrix(w.raw, w.btype.ggml_type, w.rows, w.cols)
+
+
+def _ggml_run(x: torch.Tensor, m, w: QuantWeight) -> torch.Tensor:
+    return m(x if x.dtype == torch.float32 else x.float())
+
+
+def _ggml_available() -> bool:
+    from runtime.kernels import ggml_ops
+
+    return ggml_ops.available()
+
+
+def _int4_prepare(dtype: torch.dtype):
+    def prepare(w: QuantWeight, device: torch.device):
+        return repack_int4(w.raw, w.btype, device="cpu", dtype=dtype)
+
+    return prepare
+
+
+def _int4_run(dtype: torch.dtype):
+    def run(x: torch.Tensor, form, w: QuantWeight) -> torch.Tensor:
+        packed, sz = form
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(dtype), packed, 32, sz).to(torch.float32)
+
+    return run
+
+
+def tinygemm_operands(w: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """What ``_convert_weight_to_int4pack`` (CUDA) takes: ``(uint8 (rows, cols / 2)`` codes two to
+    a byte, the even column in the high nibble; ``scales_and_zeros bfloat16 (cols / 32, rows, 2))``
+    with ``w = (q4 - 8) * scale + zero``. Runs on the CPU (the tests check it there)."""
+    codes, scale, offset = centred(w.raw, w.btype)
+    q4 = (codes.to(torch.int16) + 8).to(torch.uint8)  # (rows, cols) 0..15
+    pairs = (q4[:, ::2] << 4) | q4[:, 1::2]
+    zero = torch.zeros_like(scale) if offset is None else offset
+    return pairs.contiguous(), torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+
+
+def _tinygemm_prepare(w: QuantWeight, device: torch.device):
+    pairs, sz = tinygemm_operands(w)
+    packed = torch.ops.aten._convert_weight_to_int4pack(pairs.to(device), 8)
+    return packed, sz.to(device)
+
+
+def _tinygemm_run(x: torch.Tensor, form, w: QuantWeight) -> torch.Tensor:
+    packed, sz = form
+    return torch.ops.aten._weight_int4pack_mm(x.to(torch.bfloat16), packed, 32, sz).to(torch.float32)
+
+
+def _int8_prepare(w: QuantWeight, device: torch.device):
+    W = w.dequantized(torch.float32)
+    scale = W.abs().amax(dim=1).clamp_min(1e-12) / 127.0  # (rows,)
+    codes = torch.round(W / scale.unsqueeze(1)).clamp(-127, 127).to(torch.int8)
+    return codes.to(device), scale.to(device)
+
+
+def _int8_run(x: torch.Tensor, form, w: QuantWeight) -> torch.Tensor:
+    codes, scale = form
+    return torch.ops.aten._weight_int8pack_mm(x.to(torch.float32), codes, scale)
+
+
+def _f16_prepare(w: QuantWeight, device: torch.device):
+    """float16 ``(rows, cols)``, widened a block of rows at a time (never a float32 copy of it all)."""
+    W = torch.empty(w.rows, w.cols, dtype=torch.float16, device=device)
+    step = max(1, SCRATCH_ELEMENTS // w.cols)
+    for r0 in range(0, w.rows, step):
+        n = min(step, w.rows - r0)
+        W[r0 : r0 + n] = w.dequantized(rows=slice(r0, r0 + n), out=_scratch_rows(n, w.cols))
+    return W
+
+
+def _f16_run(x: torch.Tensor, W: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+    if x.shape[0] == 1 or W.device.type != "cpu":
+        return F.linear(x.to(torch.float16), W).to(torch.float32)
+    from runtime import kernels as float_kernels  # after the house: runtime.kernels.cpu
+
+    return float_kernels.widened_product(float_kernels._onednn, x, W, None, None)
+
+
+#: Weights the widening kernels dequantize at a time, into a per-thread float32 scratch
+#: buffer (16 MiB): a bigger matrix goes through it a block of rows at a time.
+SCRATCH_ELEMENTS = 1 << 22
+_scratch = threading.local()
+
+
+def _scratch_rows(n: int, cols: int) -> torch.Tensor:
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.numel() < n * cols:
+        with torch.inference_mode(False):
+            buf = _scratch.buf = torch.empty(max(n * cols, SCRATCH_ELEMENTS), dtype=torch.float32)
+    return buf[: n * cols].view(n, cols)
+
+
+def _float_product(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """float32 ``x @ W.T`` with the CPU's fastest float32 product (oneDNN's inner product where it works)."""
+    from runtime import kernels as float_kernels  # after the house: runtime.kernels.cpu
+
+    return float_kernels._onednn(x, W, None)
+
+
+def _widen_run(x: torch.Tensor, form, w: QuantWeight) -> torch.Tensor:
+    """Dequantize a block of rows at a time into the scratch buffer, a float32 product each."""
+    x = x.float()
+    step = max(1, SCRATCH_ELEMENTS // w.cols)
+    if step >= w.rows and x.device.type == "cpu":
+        return _float_product(x, w.dequantized(out=_scratch_rows(w.rows, w.cols)))
+    out = x.new_empty((x.shape[0], w.rows), dtype=torch.float32)
+    for r0 in range(0, w.rows, step):
+        r = slice(r0, min(r0 + step, w.rows))
+        n = r.stop - r0
+        W = w.dequantized(rows=r, out=_scratch_rows(n, w.cols)) if x.device.type == "cpu" else w.dequantized(rows=r).to(x.device)
+        out[:, r] = _float_product(x, W) if x.device.type == "cpu" else F.linear(x, W)
+    return out
+
+
+def _four_bit(t: BlockType) -> bool:
+    return t.quantized and t.bits == 4 and t.group == 32
+
+
+QUANT_KERNELS: dict[str, QuantKernel] = {k.name: k for k in (
+    QuantKernel("ggml", ("cpu",), lambda t: True, _ggml_prepare, _ggml_run, _ggml_available),
+    QuantKernel("int4pack-bf16", ("cpu",), _four_bit, _int4_prepare(torch.bfloat16), _int4_run(torch.bfloat16)),
+    QuantKernel("int4pack-f16", ("cpu",), _four_bit, _int4_prepare(torch.float16), _int4_run(torch.float16)),
+    QuantKernel("int4pack-cuda", ("cuda",), _four_bit, _tinygemm_prepare, _tinygemm_run),
+    QuantKernel("int8pack", ("cpu", "cuda"), lambda t: True, _int8_prepare, _int8_run),
+    QuantKernel("f16", ("cpu", "cuda", "mps"), lambda t: True, _f16_prepare, _f16_run),
+    QuantKernel("widen", ("cpu", "cuda", "mps"), lambda t: True, lambda w, d: None, _widen_run),
+)}
+
+
+def candidates(btype: BlockType, device: str | torch.device = "cpu") -> list[str]:
+    """Kernels that take ``btype`` on ``device``'s type and can run in this process, in
+    :data:`QUANT_KERNELS`' order."""
+    kind = torch.device(device).type
+    return [k.name for k in QUANT_KERNELS.values() if kind in k.devices and k.takes(btype) and k.available()]
+
+
+def prepared(w: QuantWeight, kernel: str, device: str | torch.device = "cpu"):
+    """``kernel``'s form of ``w`` (made and kept on first use)."""
+    form = w.prepared.get(kernel)
+    if form is None and kernel not in w.prepared:
+        form = w.prepared[kernel] = QUANT_KERNELS[kernel].prepare(w, torch.device(device))
+    return form
+
+
+def quant_linear(x: torch.Tensor, w: QuantWeight, kernel: str, bias: torch.Tensor | None = None,
+                 device: str | torch.device = "cpu") -> torch.Tensor:
+    """``x (..., cols) @ W.T + bias`` -> float32 ``(..., rows)`` with ``kernel``.
+
+    Raises:
+        KeyError: an unknown kernel.
+    """
+    k = QUANT_KERNELS[kernel]
+    shape = x.shape
+    y = k.run(_rows2d(x), prepared(w, kernel, device), w)
+    y = y.view(*shape[:-1], w.rows)
+    return y if bias is None else y + bias

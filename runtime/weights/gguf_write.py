@@ -1,0 +1,209 @@
+"""Write a random-weight GGUF of a real model's shape (Llama family), quantized with the
+block types of :mod:`runtime.weights.quant_types`. Must not import Qt or transformers.
+
+What for: the benchmark's 1B-scale figures without a download (``scripts/make_gguf.py``
+writes Llama 3.2 1B's shape in Q4_K or Q4_0 with the default model's tokenizer), and the
+tests' tiny files (every block type, a few kilobytes). Tensors are named, shaped and
+ordered as llama.cpp's converter writes them (``blk.N.attn_q.weight`` ...); weights are
+``N(0, std)`` from a seeded generator, one tensor at a time, streamed to the file (a
+1B-shape file needs about one tensor of memory, not the model's).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from runtime.weights.quant_types import BLOCK_TYPES, block_type, quantize
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    """A Llama-family decoder's sizes (``vocab`` None: the tokenizer's token count)."""
+
+    n_layers: int
+    hidden: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int | None = None
+    context: int = 8192
+    rope_base: float = 500000.0
+    eps: float = 1e-5
+
+
+SHAPES: dict[str, LlamaShape] = {
+    # meta-llama/Llama-3.2-1B's config (context kept at 8k: the bench's caches stay small;
+    # its own vocabulary is 128,256 tokens: with the default model's tokenizer, 49,152).
+    "llama-3.2-1b": LlamaShape(16, 2048, 8192, 32, 8, 64),
+    # SmolLM2-135M's (the default model).
+    "smollm2-135m": LlamaShape(30, 576, 1536, 9, 3, 64, rope_base=100000.0),
+    # tests: rows of 256 (whole K-quant blocks), 2 layers
+    "tiny": LlamaShape(2, 256, 512, 4, 2, 64, context=512, rope_base=10000.0),
+}
+
+#: llama.cpp's ``general.file_type`` per all-matrices type (``gguf.LlamaFileType``).
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K": 15, "Q5_K": 17,
+              "Q6_K": 18, "BF16": 32}
+#: Tokenizer keys copied by :func:`tokenizer_metadata` (strings and integers; arrays whole).
+TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.scores")
+
+
+def tokenizer_metadata(gguf_path: str | Path) -> dict[str, object]:
+    """Every ``tokenizer.*`` key of a GGUF file (the vocabulary read whole)."""
+    from runtime.weights.gguf_tensors import read_gguf_tensors
+
+    meta = read_gguf_tensors(gguf_path, arrays=TOKENIZER_ARRAYS).metadata
+    return {k: v for k, v in meta.items() if k.startswith("tokenizer.") and not isinstance(v, tuple)}
+
+
+def _add_value(writer, key: str, value) -> None:
+    from gguf import GGUFValueType
+
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, (int, np.integer)):
+        writer.add_uint32(key, int(value))
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    elif isinstance(value, np.ndarray):
+        kind = {np.dtype("<i4"): GGUFValueType.INT32, np.dtype("<f4"): GGUFValueType.FLOAT32}[value.dtype]
+        writer.add_key_value(key, [x.item() for x in value], GGUFValueType.ARRAY, sub_type=kind)
+    elif isinstance(value, list):
+        writer.add_array(key, value)
+    else:
+        raise TypeError(f"{key}: cannot write a {type(value).__name__}")
+
+
+def tensor_plan(shape: LlamaShape, vocab: int, matrix_type: str, embed_type: str,
+                overrides: dict[str, str] | None = None) -> list[tuple[str, tuple[int, ...], str]]:
+    """``(name, (rows, cols) or (n,), block type)`` of every tensor, in llama.cpp's order.
+
+    ``overrides`` maps a name's suffix (``"ffn_down.weight"``, ``"attn_v.weight"``) or a full
+    name to a block type (as llama.cpp's Q4_K_M gives some matrices Q6_K).
+    """
+    H, D = shape.hidden, shape.head_dim
+    plan: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (vocab, H), embed_type)]
+    for i in range(shape.n_layers):
+        p = f"blk.{i}."
+        plan += [
+            (p + "attn_norm.weight", (H,), "F32"),
+            (p + "attn_q.weight", (shape.heads * D, H), matrix_type),
+            (p + "attn_k.weight", (shape.kv_heads * D, H), matrix_type),
+            (p + "attn_v.weight", (shape.kv_heads * D, H), matrix_type),
+            (p + "attn_output.weight", (H, shape.heads * D), matrix_type),
+            (p + "ffn_norm.weight", (H,), "F32"),
+            (p + "ffn_gate.weight", (shape.ffn, H), matrix_type),
+            (p + "ffn_up.weight", (shape.ffn, H), matrix_type),
+            (p + "ffn_down.weight", (H, shape.ffn), matrix_type),
+        ]
+    plan.append(("output_norm.weight", (H,), "F32"))
+    if overrides:
+        out = []
+        for name, dims, t in plan:
+            key = next((k for k in overrides if name == k or name.endswith("." + k) or name.endswith(k)), None)
+            out.append((name, dims, overrides[key] if key and len(dims) == 2 else t))
+        plan = out
+    return plan
+
+
+def write_random_gguf(
+    path: str | Path,
+    shape: LlamaShape | str,
+    *,
+    matrix_type: str = "Q4_K",
+    embed_type: str | None = None,
+    overrides: dict[str, str] | None = None,
+    tokenizer: dict[str, object] | None = None,
+    name: str | None = None,
+    seed: int = 0,
+    std: float = 0.02,
+) -> Path:
+    """Write a random-weight Llama-family GGUF to ``path`` and return it.
+
+    Args:
+        shape: a :class:`LlamaShape` or a key of :data:`SHAPES`.
+        matrix_type: every projection's block type (a key of
+            :data:`runtime.weights.quant_types.BLOCK_TYPES`).
+        embed_type: the (tied) token embedding's type; default Q6_K for K-quant
+            matrices, Q8_0 otherwise (what llama.cpp's quantizer gives the tied output).
+        overrides: per-tensor types (see :func:`tensor_plan`).
+        tokenizer: ``tokenizer.*`` metadata (:func:`tokenizer_metadata`); its token list
+            sets the vocabulary unless ``shape.vocab`` does. Without it: no tokenizer keys,
+            and ``shape.vocab`` must be set.
+        std: the weights' standard deviation (norm weights are 1).
+
+    Raises:
+        KeyError: an unknown block type. ValueError: no vocabulary size.
+    """
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    if isinstance(shape, str):
+        shape = SHAPES[shape]
+    tokens = (tokenizer or {}).get("tokenizer.ggml.tokens")
+    vocab = shape.vocab or (len(tokens) if tokens else None)
+    if vocab is None:
+        raise ValueError("no vocabulary size: give a tokenizer or a shape with vocab")
+    shape = replace(shape, vocab=vocab)
+    block_type(matrix_type)
+    if embed_type is None:
+        embed_type = "Q6_K" if matrix_type.endswith("_K") else "Q8_0"
+    plan = tensor_plan(shape, vocab, matrix_type, embed_type, overrides)
+    path = Path(path)
+    w = GGUFWriter(str(path), "llama")
+    w.add_name(name or f"random {matrix_type} {shape.n_layers}x{shape.hidden}")
+    w.add_block_count(shape.n_layers)
+    w.add_context_length(shape.context)
+    w.add_embedding_length(shape.hidden)
+    w.add_feed_forward_length(shape.ffn)
+    w.add_head_count(shape.heads)
+    w.add_head_count_kv(shape.kv_heads)
+    w.add_rope_freq_base(shape.rope_base)
+    w.add_layer_norm_rms_eps(shape.eps)
+    w.add_rope_dimension_count(shape.head_dim)
+    w.add_key_length(shape.head_dim)
+    w.add_value_length(shape.head_dim)
+    w.add_vocab_size(vocab)
+    w.add_file_type(FILE_TYPES.get(matrix_type, 1024))
+    w.add_quantization_version(2)
+    for key, value in (tokenizer or {}).items():
+        _add_value(w, key, value)
+    for tname, dims, t in plan:
+        bt = BLOCK_TYPES[t]
+        rows = dims[0] if len(dims) == 2 else 1
+        cols = dims[-1]
+        nbytes = rows * bt.row_bytes(cols)
+        if bt.quantized or t == "BF16":
+            w.add_tensor_info(tname, (rows, bt.row_bytes(cols)) if len(dims) == 2 else (bt.row_bytes(cols),),
+                              np.dtype(np.uint8), nbytes, raw_dtype=GGMLQuantizationType(bt.ggml_type))
+        else:
+            w.add_tensor_info(tname, dims, np.dtype(np.float32 if t == "F32" else np.float16), nbytes)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for tname, dims, t in plan:
+        bt = BLOCK_TYPES[t]
+        if len(dims) == 1:
+            data = np.ones(dims, dtype=np.float32)
+            w.write_tensor_data(data if t == "F32" else quantize(data.reshape(1, -1), bt).reshape(-1).view(
+                np.float16 if t == "F16" else np.uint8))
+            continue
+        rows, cols = dims
+        out = np.empty((rows, bt.row_bytes(cols)), dtype=np.uint8)
+        step = max(1, (1 << 22) // cols)  # 16 MiB of float32 at a time
+        for r0 in range(0, rows, step):
+            chunk = rng.standard_normal((min(step, rows - r0), cols), dtype=np.float32) * np.float32(std)
+            out[r0 : r0 + chunk.shape[0]] = quantize(chunk, bt)
+        if t == "F32":
+            w.write_tensor_data(out.view(np.float32))
+        elif t == "F16":
+            w.write_tensor_data(out.view(np.float16))
+        else:
+            w.write_tensor_data(out)
+    w.close()
+    return path
