@@ -11,10 +11,12 @@ graph's structs. ggml quantizes the activations per block (to Q8_0, Q8_1 or Q8_K
 type's ``vec_dot_type``), as llama.cpp does: relative error about 0.5 % against float64
 on the default model's matrices (AMD EPYC Zen 3), where the weights' own rounding is ~8 %.
 
-Threads: each call uses ``torch.get_num_threads()`` of the pool's threads, so the
-thread governors (``runtime.kernels.threads``) steer ggml too. The pool's workers sleep
-between calls (``poll=0``): spinning ones would take the cores torch's own threads need
-for the attention and norms between products.
+Threads: each call uses ``torch.get_num_threads()`` threads, so the thread governors
+steer ggml too. ggml-python builds ggml with OpenMP, and ggml's ``libggml-cpu.so`` asks
+for ``libgomp.so.1``: in a process that imported torch first, that is torch's own copy
+(one soname, loaded once), so ggml's parallel regions run on torch's OpenMP threads and
+no second pool competes with them for the cores. The "threadpool" ggml's plan names is
+then only per-thread state, made once instead of on every call.
 """
 from __future__ import annotations
 
@@ -64,7 +66,7 @@ def _pool(threads: int):
     if _STATE.get("threads", 0) < threads:
         old = _STATE.get("pool")
         params = g.ggml_threadpool_params_default(threads)
-        params.poll = 0  # workers sleep between graphs (see the module docstring)
+        params.poll = 0  # (without OpenMP: workers would sleep between graphs, not spin)
         _STATE["pool"] = g.ggml_threadpool_new(ctypes.byref(params))
         _STATE["threads"] = threads
         if old:

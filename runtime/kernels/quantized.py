@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -52,7 +53,7 @@ class QuantWeight:
         prepared: kernel name -> that kernel's form of the weight (made on first use).
     """
 
-    __slots__ = ("raw", "btype", "rows", "cols", "prepared")
+    __slots__ = ("raw", "btype", "rows", "cols", "prepared", "__weakref__")
 
     def __init__(self, raw: torch.Tensor, btype: BlockType, rows: int, cols: int):
         if raw.shape != (rows, btype.row_bytes(cols)):
@@ -299,3 +300,186 @@ def quant_linear(x: torch.Tensor, w: QuantWeight, kernel: str, bias: torch.Tenso
     y = k.run(_rows2d(x), prepared(w, kernel, device), w)
     y = y.view(*shape[:-1], w.rows)
     return y if bias is None else y + bias
+
+
+# ---- choosing per machine and block type ------------------------------------------------------
+def kernel_pairs(btype: BlockType, device: str | torch.device = "cpu") -> list[tuple[str, str]]:
+    """The ``(decode, prefill)`` kernel pairs tried for ``btype`` on ``device``, the default first.
+
+    A pair shares one form of the weights, so the choice never holds two: ggml decodes
+    from the raw blocks and prefill widens the same blocks (or runs ggml too); int4pack
+    repacks once for both. Without ggml the CPU runs torch's int4pack on 4-bit types and
+    a float16 copy for the others (twice to four times their bytes), and says so once.
+    CUDA: tinygemm for 4-bit types, a float16 copy for the others.
+    """
+    kind = torch.device(device).type
+    four = _four_bit(btype)
+    if not btype.quantized:
+        return [("widen", "widen")] if kind == "cpu" else [("f16", "f16")]
+    if kind == "cuda":
+        return [("int4pack-cuda", "int4pack-cuda")] if four else [("f16", "f16")]
+    if kind != "cpu":
+        return [("f16", "f16")]
+    pairs = []
+    if QUANT_KERNELS["ggml"].available():
+        pairs += [("ggml", "widen"), ("ggml", "ggml")]
+    if four:
+        pairs.append(("int4pack-bf16", "int4pack-bf16"))
+    if not pairs:
+        _say_once("ggml-python is not installed: 5-, 6- and 8-bit GGUF matrices run as float16 copies "
+                  "(torch's kernels), 4-bit ones through torch's int4pack")
+        pairs.append(("f16", "f16"))
+    return pairs
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _SAID:
+        _SAID.add(message)
+        log.warning(message)
+
+
+@dataclass(frozen=True)
+class QuantChoice:
+    """The kernels per block type: ``kernels[type name] = (decode kernel, prefill kernel)``.
+
+    Attributes:
+        kernels: as above.
+        timings_us: measured microseconds per token: ``type -> phase -> kernel -> us`` (empty
+            when not measured).
+        measured: whether it was timed now (False: the defaults, or read from a file).
+    """
+
+    kernels: dict[str, tuple[str, str]]
+    timings_us: dict = field(default_factory=dict, compare=False)
+    measured: bool = field(default=False, compare=False)
+
+    def kernel(self, btype: BlockType, rows: int) -> str:
+        """The kernel for a product of ``rows`` activation rows (1: decode)."""
+        decode, prefill = self.kernels[btype.name]
+        return decode if rows == 1 else prefill
+
+    def describe(self) -> dict:
+        """JSON-ready: ``{type: {"decode": k, "prefill": k}}`` and the timings."""
+        return {"kernels": {t: {"decode": d, "prefill": p} for t, (d, p) in self.kernels.items()},
+                "timings_us": self.timings_us, "measured": self.measured}
+
+
+def default_quant_choice(types: set[str] | list[str], device: str | torch.device = "cpu") -> QuantChoice:
+    """The first pair of :func:`kernel_pairs` for each block type name in ``types``."""
+    from runtime.weights.quant_types import block_type
+
+    return QuantChoice({t: kernel_pairs(block_type(t), device)[0] for t in sorted(types)})
+
+
+def _best_us(fn: Callable[[], object], reps: int) -> float:
+    import time
+
+    fn()  # warm-up (and any lazily made form)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e6
+
+
+def measure_quant(weights: list[QuantWeight], device: str | torch.device = "cpu", *, prefill_rows: int = 64,
+                  reps: int = 3, prefill_weights: list[QuantWeight] | None = None) -> QuantChoice:
+    """Time each block type's kernel pairs on the model's own matrices and keep the fastest.
+
+    Decode: one row through every matrix of the type, in ``weights``' order (a token's:
+    each read from memory, not from the CPU's cache), per decode kernel. Prefill:
+    ``prefill_rows`` rows through one matrix of each shape of the type (times its count),
+    per prefill kernel paired with the chosen decode kernel. Forms made for kernels that
+    lose are dropped. Candidates run interleaved, best of ``reps``: other processes only
+    ever slow a run down.
+
+    Args:
+        weights: every quantized matrix a token passes through, in order (layers, then the head).
+        prefill_weights: the matrices prefill multiplies with several rows (default
+            ``weights``; the LM head sees one row per prefill chunk, so callers leave it out).
+
+    Returns:
+        the choice, with ``timings_us[type][phase][kernel]`` in microseconds per token.
+    """
+    by_type: dict[str, list[QuantWeight]] = {}
+    for w in weights:
+        by_type.setdefault(w.btype.name, []).append(w)
+    prefill_set = {id(w) for w in (prefill_weights if prefill_weights is not None else weights)}
+    chosen, timings = {}, {}
+    with torch.inference_mode():
+        for tname, ws in by_type.items():
+            pairs = kernel_pairs(ws[0].btype, device)
+            decodes = list(dict.fromkeys(d for d, _ in pairs))
+            xs = {w.cols: torch.randn(1, w.cols, device=device) for w in ws}
+            per: dict[str, dict[str, float]] = {"decode": {}, "prefill": {}}
+            if len(pairs) > 1:
+                for k in decodes:
+                    def token(k=k):
+                        for w in ws:
+                            quant_linear(xs[w.cols], w, k, device=device)
+                    try:
+                        per["decode"][k] = round(_best_us(token, reps), 1)
+                    except (RuntimeError, NotImplementedError) as e:
+                        log.info("quantized kernel %s unusable for %s: %s", k, tname, e)
+            decode = min(per["decode"], key=per["decode"].get) if per["decode"] else decodes[0]
+            prefills = [p for d, p in pairs if d == decode]
+            shapes: dict[tuple[int, int], list[QuantWeight]] = {}
+            for w in ws:
+                if id(w) in prefill_set:
+                    shapes.setdefault(w.shape, []).append(w)
+            if len(prefills) > 1 and shapes:
+                for k in prefills:
+                    total = 0.0
+                    for (rows, cols), same in shapes.items():
+                        x = torch.randn(prefill_rows, cols, device=device)
+                        total += _best_us(lambda w=same[0], x=x, k=k: quant_linear(x, w, k, device=device), reps) * len(same)
+                    per["prefill"][k] = round(total / prefill_rows, 1)
+            prefill = min(per["prefill"], key=per["prefill"].get) if per["prefill"] else prefills[0]
+            chosen[tname] = (decode, prefill)
+            timings[tname] = per
+            for w in ws:
+                for k in list(w.prepared):
+                    if k not in (decode, prefill):
+                        del w.prepared[k]
+    return QuantChoice(chosen, timings_us=timings, measured=True)
+
+
+# ---- inside torch.compile ---------------------------------------------------------------------
+_WEIGHTS: "weakref.WeakValueDictionary[int, QuantWeight]" = weakref.WeakValueDictionary()
+_IDS: dict[int, int] = {}  # id(weight) -> its key in _WEIGHTS
+_OP = None
+
+
+def weight_key(w: QuantWeight) -> int:
+    """A small int naming ``w`` for :func:`compiled_linear` (weights are held weakly)."""
+    key = _IDS.get(id(w))
+    if key is None or _WEIGHTS.get(key) is not w:
+        key = len(_IDS) + 1
+        while key in _WEIGHTS:
+            key += 1
+        _IDS[id(w)] = key
+        _WEIGHTS[key] = w
+    return key
+
+
+def compiled_linear():
+    """``torch.ops.attnchat.quant_linear(x, key, kernel)``: :func:`quant_linear` as one opaque op
+    for ``torch.compile`` (defined on first call; ``key`` from :func:`weight_key`). Inductor
+    cannot trace ctypes calls or repacked operands; as an opaque op the compiled decode step
+    calls the chosen kernel as the eager one does (as it calls oneDNN's inner product)."""
+    global _OP
+    if _OP is None:
+        @torch.library.custom_op("attnchat::quant_linear", mutates_args=())
+        def op(x: torch.Tensor, key: int, kernel: str) -> torch.Tensor:
+            return quant_linear(x, _WEIGHTS[key], kernel, device=x.device)
+
+        @op.register_fake
+        def _(x: torch.Tensor, key: int, kernel: str) -> torch.Tensor:
+            return x.new_empty((*x.shape[:-1], _WEIGHTS[key].rows), dtype=torch.float32)
+
+        _OP = torch.ops.attnchat.quant_linear
+    return _OP

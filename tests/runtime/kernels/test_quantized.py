@@ -136,3 +136,55 @@ def test_ggml_follows_torch_thread_count(weights):
         torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)  # rows split, same sums
     finally:
         torch.set_num_threads(before)
+
+
+def test_kernel_pairs_share_one_form_and_fall_back_without_ggml(monkeypatch):
+    from runtime.kernels import quantized
+
+    q4k, q8 = BLOCK_TYPES["Q4_K"], BLOCK_TYPES["Q8_0"]
+    if ggml_ops.available():
+        assert quantized.kernel_pairs(q8, "cpu")[0] == ("ggml", "widen")
+    monkeypatch.setitem(ggml_ops._STATE, "why", "test")
+    monkeypatch.delitem(ggml_ops._STATE, "ggml", raising=False)
+    assert not ggml_ops.available()
+    assert quantized.kernel_pairs(q4k, "cpu") == [("int4pack-bf16", "int4pack-bf16")]
+    assert quantized.kernel_pairs(q8, "cpu") == [("f16", "f16")]
+    assert quantized.kernel_pairs(q4k, "cuda") == [("int4pack-cuda", "int4pack-cuda")]
+    assert quantized.kernel_pairs(q8, "cuda") == [("f16", "f16")]
+    for d, p in quantized.kernel_pairs(q4k, "cpu") + quantized.kernel_pairs(q8, "cpu"):
+        assert QUANT_KERNELS[d].available() and QUANT_KERNELS[p].available()
+
+
+def test_widen_without_ggml_is_torch_decoding(weights, monkeypatch):
+    w = weights["Q5_K"]
+    ref = widen(w.raw, w.btype)
+    monkeypatch.setitem(ggml_ops._STATE, "why", "test")
+    monkeypatch.delitem(ggml_ops._STATE, "ggml", raising=False)
+    torch.testing.assert_close(widen(w.raw, w.btype), ref, rtol=0, atol=0)
+
+
+def test_measure_keeps_one_pair_per_type(weights):
+    from runtime.kernels.quantized import kernel_pairs, measure_quant
+
+    ws = list(weights.values())
+    choice = measure_quant(ws, reps=1, prefill_rows=4)
+    assert set(choice.kernels) == {w.btype.name for w in ws}
+    for name, pair in choice.kernels.items():
+        assert pair in kernel_pairs(BLOCK_TYPES[name], "cpu")
+    for w in ws:  # the losers' forms are dropped
+        assert set(w.prepared) <= set(choice.kernels[w.btype.name])
+
+
+def test_compiled_op_equals_eager(weights):
+    from runtime.kernels.quantized import compiled_linear, weight_key
+
+    w = weights["Q4_K"]
+    op, key = compiled_linear(), weight_key(w)
+    assert weight_key(w) == key
+
+    def f(x):
+        return torch.relu(op(x * 2, key, "widen")) + 1
+
+    x = torch.randn(1, 1, w.cols)
+    with torch.inference_mode():
+        torch.testing.assert_close(torch.compile(f, fullgraph=True, dynamic=False)(x), f(x), rtol=0, atol=0)
