@@ -23,9 +23,10 @@ from collections import defaultdict
 
 import torch
 
-from runtime.kernels.quantized import QUANT_KERNELS, QuantWeight, candidates, prepared, quant_linear
+from runtime.kernels.quantized import QUANT_KERNELS, candidates, prepared, quant_linear
 from runtime.weights.gguf_tensors import read_gguf_tensors
 from runtime.weights.quant_types import block_type
+from runtime.weights.quant_weight import QuantWeight
 
 SKIP: list[str] = []  # kernels left out (--skip)
 

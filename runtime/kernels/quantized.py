@@ -1,9 +1,8 @@
 """Linear products on a GGUF's quantized weights, per device and block type, chosen by timing.
 Must not import Qt or transformers.
 
-A :class:`QuantWeight` is one matrix in its file's own blocks (a memory-mapped
-``uint8 (rows, row bytes)``) and its block type (:mod:`runtime.weights.quant_types`);
-each kernel of :data:`QUANT_KERNELS` prepares what it takes from those blocks once
+A ``QuantWeight`` (:mod:`runtime.weights.quant_weight`) is one matrix in its file's own
+blocks (a memory-mapped ``uint8 (rows, row bytes)``) and its block type; each kernel of :data:`QUANT_KERNELS` prepares what it takes from those blocks once
 (nothing, a repack, or a widened copy) and computes ``x @ W.T`` in float32:
 
 - ``ggml``: ggml's own ``mul_mat`` on the raw blocks (:mod:`runtime.kernels.ggml_ops`),
@@ -12,7 +11,7 @@ each kernel of :data:`QUANT_KERNELS` prepares what it takes from those blocks on
   types (Q4_0, Q4_1, Q4_K) repacked with scales and zeros per group of 32, activations
   rounded to bfloat16 / float16. CPU.
 - ``int4pack-cuda``: tinygemm's ``_weight_int4pack_mm`` (bfloat16). CUDA only; its repack's
-  layout is checked on the CPU (:func:`tinygemm_operands`).
+  layout is checked on the CPU (``runtime.weights.quant_types.tinygemm_operands``).
 - ``int8pack``: torch's ``_weight_int8pack_mm``, the weights requantized to int8 per row
   (not the file's groups: adds rounding). Any device where the op exists.
 - ``f16``: the weights widened to float16 once (twice to four times the file's bytes),
@@ -33,84 +32,50 @@ import logging
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
-from runtime.weights.quant_types import BlockType, dequantize, repack_int4, centred  # noqa: F401
-
 log = logging.getLogger(__name__)
 
-
-class QuantWeight:
-    """One matrix in its file's blocks, and what kernels prepared of it.
-
-    Attributes:
-        raw: ``uint8 (rows, row bytes)``, usually a view of the memory-mapped file.
-        btype: its block type.
-        rows, cols: the matrix's shape ``(out, in)``.
-        prepared: kernel name -> that kernel's form of the weight (made on first use).
-    """
-
-    __slots__ = ("raw", "btype", "rows", "cols", "prepared", "__weakref__")
-
-    def __init__(self, raw: torch.Tensor, btype: BlockType, rows: int, cols: int):
-        if raw.shape != (rows, btype.row_bytes(cols)):
-            raise ValueError(f"{btype.name} blocks {tuple(raw.shape)} do not hold a {rows} x {cols} matrix")
-        self.raw, self.btype, self.rows, self.cols, self.prepared = raw, btype, rows, cols, {}
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.rows, self.cols
-
-    @property
-    def file_bytes(self) -> int:
-        """Bytes of the blocks (what the file holds for this matrix)."""
-        return self.raw.numel()
-
-    @property
-    def extra_bytes(self) -> int:
-        """Bytes kernels made beside the blocks (repacks, widened copies; ggml's graph not counted)."""
-        total = 0
-        for form in self.prepared.values():
-            for t in form if isinstance(form, tuple) else (form,):
-                if isinstance(t, torch.Tensor):
-                    total += t.numel() * t.element_size()
-        return total
-
-    def dequantized(self, dtype: torch.dtype = torch.float32, rows: slice | None = None,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
-        """The weights ``(rows, cols)`` (or a slice of rows) widened to ``dtype`` (float32 into
-        ``out`` when given): ggml's ``to_float`` where it loads, else :func:`dequantize`; both
-        are bitwise ``gguf.quants.dequantize``."""
-        raw = self.raw if rows is None else self.raw[rows]
-        return widen(raw, self.btype, dtype, out)
-
-    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
-        """float32 rows ``ids`` (any shape of int64 ids) -> ``(*ids.shape, cols)``: an embedding
-        lookup that dequantizes only the rows asked for."""
-        flat = ids.reshape(-1)
-        return widen(self.raw.index_select(0, flat), self.btype).view(*ids.shape, self.cols)
+# The weights a kernel takes are :class:`runtime.weights.quant_weight.QuantWeight` objects,
+# read by their attributes (``raw``, ``btype`` with ``name/ggml_type/bits/group/quantized/
+# block_size/block_bytes``, ``rows``, ``cols``, ``prepared``) and their methods
+# (``form(name, device)``: a repack; ``dequantized(...)``: torch's decoding): kernels do
+# not import the weights package (the layers contract keeps the two independent).
+QuantWeight = Any  # runtime.weights.quant_weight.QuantWeight
+BlockType = Any  # runtime.weights.quant_types.BlockType
 
 
-def widen(raw: torch.Tensor, btype: BlockType, dtype: torch.dtype = torch.float32,
+def widen(w: QuantWeight, dtype: torch.dtype = torch.float32, rows: slice | None = None,
           out: torch.Tensor | None = None) -> torch.Tensor:
-    """Blocks ``raw uint8 (rows, row bytes)`` -> ``(rows, cols)`` in ``dtype`` (into float32 ``out``
-    when given): ggml's ``to_float`` when it loads (C; ~100x torch's decoding), else
-    :func:`runtime.weights.quant_types.dequantize`."""
+    """``w``'s weights ``(rows, cols)`` (or a slice of rows) in ``dtype`` (float32 into ``out``
+    when given): ggml's ``to_float`` where it loads (C; ~100x torch's decoding on the Intel
+    Xeon of issue 26), else ``w.dequantized``. Both are bitwise ``gguf.quants.dequantize``."""
     from runtime.kernels import ggml_ops
 
-    rows = raw.shape[0]
-    cols = raw.shape[1] // btype.block_bytes * btype.block_size
-    if btype.quantized and raw.device.type == "cpu" and ggml_ops.available():
-        buf = out if out is not None else torch.empty(rows, cols, dtype=torch.float32)
-        ggml_ops.to_float(raw.contiguous(), btype.ggml_type, buf)
-    else:
-        buf = dequantize(raw, btype, (rows, cols))
-        if out is not None:
-            buf = out.copy_(buf)
+    raw = w.raw if rows is None else w.raw[rows]
+    if not (w.btype.quantized and raw.device.type == "cpu" and ggml_ops.available()):
+        return w.dequantized(dtype, rows, out)
+    buf = out if out is not None else torch.empty(raw.shape[0], w.cols, dtype=torch.float32)
+    ggml_ops.to_float(raw if raw.is_contiguous() else raw.contiguous(), w.btype.ggml_type, buf)
     return buf if dtype == torch.float32 else buf.to(dtype)
+
+
+def lookup(w: QuantWeight, ids: torch.Tensor) -> torch.Tensor:
+    """float32 rows ``ids`` (any shape of int64 ids) of ``w`` -> ``(*ids.shape, cols)``: an
+    embedding lookup that widens only the rows asked for."""
+    flat = ids.reshape(-1)
+    rows = w.raw.index_select(0, flat)
+    from runtime.kernels import ggml_ops
+
+    if w.btype.quantized and rows.device.type == "cpu" and ggml_ops.available():
+        out = torch.empty(flat.numel(), w.cols, dtype=torch.float32)
+        ggml_ops.to_float(rows, w.btype.ggml_type, out)
+    else:
+        out = w.decode(rows)
+    return out.view(*ids.shape, w.cols)
 
 
 @dataclass(frozen=True)
@@ -157,7 +122,7 @@ def _ggml_available() -> bool:
 
 def _int4_prepare(dtype: torch.dtype):
     def prepare(w: QuantWeight, device: torch.device):
-        return repack_int4(w.raw, w.btype, device="cpu", dtype=dtype)
+        return w.form(f"int4-cpu-{str(dtype).removeprefix('torch.')}")
 
     return prepare
 
@@ -170,33 +135,9 @@ def _int4_run(dtype: torch.dtype):
     return run
 
 
-def tinygemm_operands(w: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    """What ``_convert_weight_to_int4pack`` (CUDA) takes: ``(uint8 (rows, cols / 2)`` codes two to
-    a byte, the even column in the high nibble; ``scales_and_zeros bfloat16 (cols / 32, rows, 2))``
-    with ``w = (q4 - 8) * scale + zero``. Runs on the CPU (the tests check it there)."""
-    codes, scale, offset = centred(w.raw, w.btype)
-    q4 = (codes.to(torch.int16) + 8).to(torch.uint8)  # (rows, cols) 0..15
-    pairs = (q4[:, ::2] << 4) | q4[:, 1::2]
-    zero = torch.zeros_like(scale) if offset is None else offset
-    return pairs.contiguous(), torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
-
-
-def _tinygemm_prepare(w: QuantWeight, device: torch.device):
-    pairs, sz = tinygemm_operands(w)
-    packed = torch.ops.aten._convert_weight_to_int4pack(pairs.to(device), 8)
-    return packed, sz.to(device)
-
-
 def _tinygemm_run(x: torch.Tensor, form, w: QuantWeight) -> torch.Tensor:
     packed, sz = form
     return torch.ops.aten._weight_int4pack_mm(x.to(torch.bfloat16), packed, 32, sz).to(torch.float32)
-
-
-def _int8_prepare(w: QuantWeight, device: torch.device):
-    W = w.dequantized(torch.float32)
-    scale = W.abs().amax(dim=1).clamp_min(1e-12) / 127.0  # (rows,)
-    codes = torch.round(W / scale.unsqueeze(1)).clamp(-127, 127).to(torch.int8)
-    return codes.to(device), scale.to(device)
 
 
 def _int8_run(x: torch.Tensor, form, w: QuantWeight) -> torch.Tensor:
@@ -210,7 +151,7 @@ def _f16_prepare(w: QuantWeight, device: torch.device):
     step = max(1, SCRATCH_ELEMENTS // w.cols)
     for r0 in range(0, w.rows, step):
         n = min(step, w.rows - r0)
-        W[r0 : r0 + n] = w.dequantized(rows=slice(r0, r0 + n), out=_scratch_rows(n, w.cols))
+        W[r0 : r0 + n] = widen(w, rows=slice(r0, r0 + n), out=_scratch_rows(n, w.cols))
     return W
 
 
@@ -248,12 +189,12 @@ def _widen_run(x: torch.Tensor, form, w: QuantWeight) -> torch.Tensor:
     x = x.float()
     step = max(1, SCRATCH_ELEMENTS // w.cols)
     if step >= w.rows and x.device.type == "cpu":
-        return _float_product(x, w.dequantized(out=_scratch_rows(w.rows, w.cols)))
+        return _float_product(x, widen(w, out=_scratch_rows(w.rows, w.cols)))
     out = x.new_empty((x.shape[0], w.rows), dtype=torch.float32)
     for r0 in range(0, w.rows, step):
         r = slice(r0, min(r0 + step, w.rows))
         n = r.stop - r0
-        W = w.dequantized(rows=r, out=_scratch_rows(n, w.cols)) if x.device.type == "cpu" else w.dequantized(rows=r).to(x.device)
+        W = widen(w, rows=r, out=_scratch_rows(n, w.cols)) if x.device.type == "cpu" else widen(w, rows=r).to(x.device)
         out[:, r] = _float_product(x, W) if x.device.type == "cpu" else F.linear(x, W)
     return out
 
@@ -266,8 +207,8 @@ QUANT_KERNELS: dict[str, QuantKernel] = {k.name: k for k in (
     QuantKernel("ggml", ("cpu",), lambda t: True, _ggml_prepare, _ggml_run, _ggml_available),
     QuantKernel("int4pack-bf16", ("cpu",), _four_bit, _int4_prepare(torch.bfloat16), _int4_run(torch.bfloat16)),
     QuantKernel("int4pack-f16", ("cpu",), _four_bit, _int4_prepare(torch.float16), _int4_run(torch.float16)),
-    QuantKernel("int4pack-cuda", ("cuda",), _four_bit, _tinygemm_prepare, _tinygemm_run),
-    QuantKernel("int8pack", ("cpu", "cuda"), lambda t: True, _int8_prepare, _int8_run),
+    QuantKernel("int4pack-cuda", ("cuda",), _four_bit, lambda w, d: w.form("int4-cuda", d), _tinygemm_run),
+    QuantKernel("int8pack", ("cpu", "cuda"), lambda t: t.quantized, lambda w, d: w.form("int8-rows", d), _int8_run),
     QuantKernel("f16", ("cpu", "cuda", "mps"), lambda t: True, _f16_prepare, _f16_run),
     QuantKernel("widen", ("cpu", "cuda", "mps"), lambda t: True, lambda w, d: None, _widen_run),
 )}
@@ -367,11 +308,9 @@ class QuantChoice:
                 "timings_us": self.timings_us, "measured": self.measured}
 
 
-def default_quant_choice(types: set[str] | list[str], device: str | torch.device = "cpu") -> QuantChoice:
-    """The first pair of :func:`kernel_pairs` for each block type name in ``types``."""
-    from runtime.weights.quant_types import block_type
-
-    return QuantChoice({t: kernel_pairs(block_type(t), device)[0] for t in sorted(types)})
+def default_quant_choice(btypes, device: str | torch.device = "cpu") -> QuantChoice:
+    """The first pair of :func:`kernel_pairs` for each block type of ``btypes``."""
+    return QuantChoice({t.name: kernel_pairs(t, device)[0] for t in sorted(btypes, key=lambda t: t.name)})
 
 
 def _best_us(fn: Callable[[], object], reps: int) -> float:

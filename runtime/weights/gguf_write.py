@@ -80,8 +80,9 @@ def _add_value(writer, key: str, value) -> None:
 
 
 def tensor_plan(shape: LlamaShape, vocab: int, matrix_type: str, embed_type: str,
-                overrides: dict[str, str] | None = None) -> list[tuple[str, tuple[int, ...], str]]:
-    """``(name, (rows, cols) or (n,), block type)`` of every tensor, in llama.cpp's order.
+                overrides: dict[str, str] | None = None, arch: str = "llama") -> list[tuple[str, tuple[int, ...], str]]:
+    """``(name, (rows, cols) or (n,), block type)`` of every tensor, in llama.cpp's order
+    (``arch="gemma3"`` adds Gemma 3's q/k norms and the norms after attention and the MLP).
 
     ``overrides`` maps a name's suffix (``"ffn_down.weight"``, ``"attn_v.weight"``) or a full
     name to a block type (as llama.cpp's Q4_K_M gives some matrices Q6_K).
@@ -101,6 +102,9 @@ def tensor_plan(shape: LlamaShape, vocab: int, matrix_type: str, embed_type: str
             (p + "ffn_up.weight", (shape.ffn, H), matrix_type),
             (p + "ffn_down.weight", (H, shape.ffn), matrix_type),
         ]
+        if arch == "gemma3":
+            plan += [(p + "attn_q_norm.weight", (D,), "F32"), (p + "attn_k_norm.weight", (D,), "F32"),
+                     (p + "post_attention_norm.weight", (H,), "F32"), (p + "post_ffw_norm.weight", (H,), "F32")]
     plan.append(("output_norm.weight", (H,), "F32"))
     if overrides:
         out = []
@@ -122,6 +126,7 @@ def write_random_gguf(
     name: str | None = None,
     seed: int = 0,
     std: float = 0.02,
+    arch: str = "llama",
 ) -> Path:
     """Write a random-weight Llama-family GGUF to ``path`` and return it.
 
@@ -135,7 +140,9 @@ def write_random_gguf(
         tokenizer: ``tokenizer.*`` metadata (:func:`tokenizer_metadata`); its token list
             sets the vocabulary unless ``shape.vocab`` does. Without it: no tokenizer keys,
             and ``shape.vocab`` must be set.
-        std: the weights' standard deviation (norm weights are 1).
+        std: the weights' standard deviation (norm weights are ``1 + N(0, std)``).
+        arch: ``"llama"`` or ``"gemma3"`` (Gemma 3's metadata keys, extra norms, a sliding
+            window of 512 tokens and llama.cpp's stored ``1 + w`` norm weights).
 
     Raises:
         KeyError: an unknown block type. ValueError: no vocabulary size.
@@ -152,9 +159,9 @@ def write_random_gguf(
     block_type(matrix_type)
     if embed_type is None:
         embed_type = "Q6_K" if matrix_type.endswith("_K") else "Q8_0"
-    plan = tensor_plan(shape, vocab, matrix_type, embed_type, overrides)
+    plan = tensor_plan(shape, vocab, matrix_type, embed_type, overrides, arch)
     path = Path(path)
-    w = GGUFWriter(str(path), "llama")
+    w = GGUFWriter(str(path), arch)
     w.add_name(name or f"random {matrix_type} {shape.n_layers}x{shape.hidden}")
     w.add_block_count(shape.n_layers)
     w.add_context_length(shape.context)
@@ -168,6 +175,8 @@ def write_random_gguf(
     w.add_key_length(shape.head_dim)
     w.add_value_length(shape.head_dim)
     w.add_vocab_size(vocab)
+    if arch == "gemma3":
+        w.add_sliding_window(512)
     w.add_file_type(FILE_TYPES.get(matrix_type, 1024))
     w.add_quantization_version(2)
     for key, value in (tokenizer or {}).items():
@@ -188,8 +197,8 @@ def write_random_gguf(
     rng = np.random.default_rng(seed)
     for tname, dims, t in plan:
         bt = BLOCK_TYPES[t]
-        if len(dims) == 1:
-            data = np.ones(dims, dtype=np.float32)
+        if len(dims) == 1:  # norms near 1 (Gemma stores 1 + w: near 2), not all equal
+            data = (1.0 + (arch == "gemma3") + rng.standard_normal(dims, dtype=np.float32) * np.float32(std)).astype(np.float32)
             w.write_tensor_data(data if t == "F32" else quantize(data.reshape(1, -1), bt).reshape(-1).view(
                 np.float16 if t == "F16" else np.uint8))
             continue

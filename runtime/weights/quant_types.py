@@ -269,6 +269,24 @@ def repack_int4(raw: torch.Tensor, t: BlockType, *, device: str = "cpu", dtype: 
     return packed, scales_and_zeros
 
 
+def tinygemm_operands(raw: torch.Tensor, t: BlockType) -> tuple[torch.Tensor, torch.Tensor]:
+    """What CUDA's ``_convert_weight_to_int4pack`` takes for a 4-bit type's rows: ``(uint8 (rows,
+    in / 2)`` codes two to a byte, the even column in the high nibble; ``scales_and_zeros
+    bfloat16 (in / 32, rows, 2))`` with ``w = (q4 - 8) * scale + zero`` (tinygemm's
+    convention). Runs on the CPU (the tests check it there; the conversion needs CUDA).
+
+    Raises:
+        ValueError: not a 4-bit type with groups of 32.
+    """
+    if t.bits != 4 or t.group != INT4_GROUP:
+        raise ValueError(f"{t.name} is not a 4-bit type with groups of {INT4_GROUP}")
+    codes, scale, offset = centred(raw, t)
+    q4 = (codes.to(torch.int16) + 8).to(torch.uint8)  # (rows, in) 0..15
+    pairs = (q4[:, ::2] << 4) | q4[:, 1::2]
+    zero = torch.zeros_like(scale) if offset is None else offset
+    return pairs.contiguous(), torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+
+
 # ---- making blocks (tests, random-weight files) -----------------------------------------------
 def quantize(w: np.ndarray, t: BlockType) -> np.ndarray:
     """``w float32 (rows, in)`` as type ``t``'s blocks, ``uint8 (rows, bytes per row)``.

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from runtime.kernels import ggml_ops
-from runtime.kernels.quantized import QUANT_KERNELS, QuantWeight, candidates, quant_linear, tinygemm_operands, widen
+from runtime.kernels.quantized import QUANT_KERNELS, candidates, lookup, quant_linear, widen
 from runtime.weights.gguf_tensors import read_gguf_tensors
-from runtime.weights.quant_types import BLOCK_TYPES, block_type, dequantize
+from runtime.weights.quant_types import BLOCK_TYPES, block_type, dequantize, tinygemm_operands
+from runtime.weights.quant_weight import QuantWeight
 from tests.runtime.tiny_gguf import EVERY_TYPE, make_tiny_gguf
 
 needs_ggml = pytest.mark.skipif(not ggml_ops.available(), reason="ggml-python not installed")
@@ -78,7 +79,7 @@ def test_tinygemm_operands_decode_to_the_weights(weights, name):
     """The CUDA kernel's operands, unpacked by hand on the CPU: codes two to a byte (even
     column high), ``w = (q - 8) * scale + zero`` with bfloat16 scales and zeros."""
     w = weights[name]
-    pairs, sz = tinygemm_operands(w)
+    pairs, sz = tinygemm_operands(w.raw, w.btype)
     assert pairs.dtype == torch.uint8 and pairs.shape == (w.rows, w.cols // 2)
     assert sz.dtype == torch.bfloat16 and sz.shape == (w.cols // 32, w.rows, 2)
     q = torch.stack([pairs >> 4, pairs & 0x0F], dim=-1).reshape(w.rows, w.cols).float()
@@ -101,7 +102,7 @@ def test_tinygemm_on_cuda(weights, name):
 def test_embedding_lookup_dequantizes_only_its_rows(weights):
     w = weights["Q6_K"]
     ids = torch.tensor([[3, 0, 3], [7, 1, 2]])
-    rows = w.lookup(ids)
+    rows = lookup(w, ids)
     assert rows.shape == (2, 3, w.cols)
     torch.testing.assert_close(rows, dequantize(w.raw, w.btype)[ids], rtol=0, atol=0)
 
@@ -120,7 +121,7 @@ def test_ggml_to_float_is_bitwise_gguf(name):
     if t.quantized:
         out = ggml_ops.to_float(raw, t.ggml_type, torch.empty(4, 512))
         torch.testing.assert_close(out, dequantize(raw, t), rtol=0, atol=0)
-    torch.testing.assert_close(widen(raw, t), out, rtol=0, atol=0)
+    torch.testing.assert_close(widen(QuantWeight(raw, t, 4, 512)), out, rtol=0, atol=0)
 
 
 @needs_ggml
@@ -157,10 +158,11 @@ def test_kernel_pairs_share_one_form_and_fall_back_without_ggml(monkeypatch):
 
 def test_widen_without_ggml_is_torch_decoding(weights, monkeypatch):
     w = weights["Q5_K"]
-    ref = widen(w.raw, w.btype)
+    ref, rows = widen(w), lookup(w, torch.tensor([5, 0]))
     monkeypatch.setitem(ggml_ops._STATE, "why", "test")
     monkeypatch.delitem(ggml_ops._STATE, "ggml", raising=False)
-    torch.testing.assert_close(widen(w.raw, w.btype), ref, rtol=0, atol=0)
+    torch.testing.assert_close(widen(w), ref, rtol=0, atol=0)
+    torch.testing.assert_close(lookup(w, torch.tensor([5, 0])), rows, rtol=0, atol=0)
 
 
 def test_measure_keeps_one_pair_per_type(weights):

@@ -1,0 +1,97 @@
+"""A GGUF file's transformers config and tokenizer, from our own header reader: no
+``gguf.GGUFReader``. Must not import Qt.
+
+transformers builds a GGUF's config through ``load_gguf_checkpoint``, which opens the
+file with ``gguf.GGUFReader``: 22 s for the default model and 79 s for Gemma 3 270M on
+the busy Intel Xeon of issue 26 (most of the old first load). :func:`config_dict` is the
+metadata half of that function (its mapping tables, defaults and special cases, applied
+the same way) over :func:`runtime.weights.gguf_tensors.read_gguf_tensors`' scalars;
+the tests check it gives transformers' own dict. The tokenizer comes from the class
+transformers picks for the model type, built by transformers from the GGUF (its
+tokenizer path already reads the file with a fast reader of its own).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from runtime.weights.gguf_tensors import GGUFTensors
+
+
+def _architecture(meta: dict) -> tuple[str, str]:
+    """``(architecture, transformers' name for it)`` as ``load_gguf_checkpoint`` renames them."""
+    arch = str(meta.get("general.architecture", ""))
+    name = str(meta.get("general.name", ""))
+    updated = arch
+    if "llama" in arch and "mistral" in name:
+        updated = "mistral"  # llama.cpp writes Mistral models as llama
+    for key, value in (("qwen2moe", "qwen2_moe"), ("qwen3moe", "qwen3_moe"), ("gpt_oss", "gpt_oss"),
+                       ("gpt-oss", "gpt_oss"), ("minimax-m2", "minimax_m2")):
+        if key in arch:
+            updated = value
+    return arch, updated
+
+
+def config_dict(g: GGUFTensors) -> dict:
+    """transformers' config dict for the GGUF ``g`` (what ``load_gguf_checkpoint(path)["config"]``
+    returns, for the decoder families attnchat runs).
+
+    Raises:
+        ValueError: an architecture transformers does not read from GGUF.
+    """
+    from transformers.integrations import GGUF_CONFIG_DEFAULTS_MAPPING
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES, GGUF_TO_TRANSFORMERS_MAPPING
+
+    meta = g.metadata
+    arch, updated = _architecture(meta)
+    if arch not in GGUF_SUPPORTED_ARCHITECTURES and updated not in GGUF_SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"GGUF model with architecture {arch} is not supported yet.")
+    config: dict = {"tie_word_embeddings": "output.weight" not in g.tensors or arch in ("falcon", "bloom")}
+    for key, value in GGUF_CONFIG_DEFAULTS_MAPPING.get(updated, GGUF_CONFIG_DEFAULTS_MAPPING.get(arch) or {}).items():
+        config.setdefault(key, value)
+    renames = GGUF_TO_TRANSFORMERS_MAPPING["config"]
+    for gguf_key, value in meta.items():
+        if isinstance(value, tuple):  # an array we did not read: only a tokenizer's, for the config
+            continue
+        gguf_key = gguf_key.replace(arch, updated)
+        prefix, _, config_key = gguf_key.partition(".")
+        if isinstance(value, str) and arch in value:
+            value = value.replace(arch, updated)
+        if prefix in renames and config_key in renames[prefix]:
+            target = renames[prefix][config_key]
+            if target is not None and target != -1:
+                config[target] = value
+    if config.get("model_type") == "gemma3":
+        config["model_type"] = "gemma3_text"  # a Gemma 3 GGUF holds the text backbone only
+    if "vocab_size" not in config:
+        tokens = meta.get("tokenizer.ggml.tokens")
+        if isinstance(tokens, tuple):  # ("array", item type, count)
+            config["vocab_size"] = tokens[2]
+        elif tokens is not None:
+            config["vocab_size"] = len(tokens)
+    return config
+
+
+def hf_config(g: GGUFTensors):
+    """The transformers config object (``AutoConfig.for_model`` of :func:`config_dict`)."""
+    from transformers import AutoConfig
+
+    d = dict(config_dict(g))
+    d.pop("_model_name_or_path", None)
+    return AutoConfig.for_model(**d)
+
+
+def tokenizer(path: Path, folder: str, model_type: str):
+    """The tokenizer transformers would give the GGUF ``path``, built from the file only.
+
+    ``folder`` is an empty private folder (transformers reads tokenizer files from the
+    folder it is given: none are read beside a GGUF). The class is the one AutoTokenizer
+    picks for ``model_type`` (``TokenizersBackend`` where it names none).
+    """
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
+
+    name = TOKENIZER_MAPPING_NAMES.get(model_type)
+    if isinstance(name, (tuple, list)):
+        name = next((n for n in reversed(name) if n), None)
+    cls = (tokenizer_class_from_name(name) if name else None) or PreTrainedTokenizerFast
+    return cls.from_pretrained(folder, gguf_file=str(Path(path).resolve()), trust_remote_code=False)
