@@ -422,3 +422,23 @@ def compiled_linear():
 
         _OP = torch.ops.attnchat.quant_linear
     return _OP
+
+
+_LOOKUP_OP = None
+
+
+def compiled_lookup():
+    """``torch.ops.attnchat.quant_lookup(ids, key)``: :func:`lookup` as one opaque op for
+    ``torch.compile`` (``key`` from :func:`weight_key`)."""
+    global _LOOKUP_OP
+    if _LOOKUP_OP is None:
+        @torch.library.custom_op("attnchat::quant_lookup", mutates_args=())
+        def op(ids: torch.Tensor, key: int) -> torch.Tensor:
+            return lookup(_WEIGHTS[key], ids)
+
+        @op.register_fake
+        def _(ids: torch.Tensor, key: int) -> torch.Tensor:
+            return ids.new_empty((*ids.shape, _WEIGHTS[key].cols), dtype=torch.float32)
+
+        _LOOKUP_OP = torch.ops.attnchat.quant_lookup
+    return _LOOKUP_OP

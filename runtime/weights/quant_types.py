@@ -296,10 +296,15 @@ def quantize(w: np.ndarray, t: BlockType) -> np.ndarray:
     round-to-nearest of our own with the types' layouts: good enough for tests and
     random-weight files, not ggml's search for the best scales (do not use it to publish
     a quantized model).
+
+    Raises:
+        ValueError: rows that are not whole blocks.
     """
     from gguf import GGMLQuantizationType, quants
 
     w = np.ascontiguousarray(w, dtype=np.float32)
+    if w.ndim != 2 or w.shape[1] % t.block_size:
+        raise ValueError(f"rows of {w.shape[-1]} weights are not whole {t.name} blocks of {t.block_size}")
     if t.name in ("Q4_K", "Q5_K", "Q6_K"):
         return _quantize_k(w, t)
     if t.name == "F32":

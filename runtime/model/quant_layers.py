@@ -1,0 +1,133 @@
+"""The decoder's linear layers and embedding on a GGUF's own blocks (issue 26).
+Must not import Qt.
+
+:class:`QuantLinear` holds a matrix as parts in their file's blocks
+(:class:`runtime.weights.quant_weight.QuantWeight`, stacked along the output rows: a
+layer's q/k/v when their types differ) and runs each part with the kernel chosen for
+its block type and the row count (:class:`runtime.kernels.quantized.QuantChoice`: one
+row is decode, several prefill). :class:`QuantEmbedding` widens only the rows a token
+needs. Inside ``torch.compile`` both call opaque ops (ggml's kernels are ctypes calls);
+with gradients (the attribution view) a product uses the dequantized matrix, so autograd
+sees an ordinary linear layer.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from runtime.kernels import quantized as qk
+
+__all__ = ["QuantLinear", "QuantEmbedding"]
+
+
+class QuantLinear(nn.Module):
+    """``y = x @ W.T + b`` with ``W`` in GGUF blocks: ``x (..., in)`` any float dtype ->
+    ``(..., out)`` in ``x``'s dtype (the kernels compute in float32, or bfloat16 for int4pack).
+
+    Attributes:
+        parts: the matrix's parts, top to bottom (``out`` = their rows summed).
+        bias: float ``(out,)`` or None.
+        choice: the kernels (:meth:`set_choice`); until set, the defaults for the CPU.
+    """
+
+    def __init__(self, parts: list, bias: torch.Tensor | None = None):
+        super().__init__()
+        if not parts or any(p.cols != parts[0].cols for p in parts):
+            raise ValueError("a QuantLinear needs parts with one row length")
+        self.parts = list(parts)
+        self.in_features = parts[0].cols
+        self.out_features = sum(p.rows for p in parts)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.choice: qk.QuantChoice | None = None
+        self.device = torch.device("cpu")
+        self._runs: tuple[list, list] = ([], [])  # per part: (kernel run, form, weight), decode then prefill
+        self._keys: list[int] = []
+
+    def extra_repr(self) -> str:
+        kinds = ", ".join(f"{p.btype.name} {p.rows}x{p.cols}" for p in self.parts)
+        return f"in={self.in_features}, out={self.out_features}, parts=[{kinds}], bias={self.bias is not None}"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the blocks and of the forms the chosen kernels made (tied parts counted here too)."""
+        return sum(p.file_bytes + p.extra_bytes for p in self.parts) + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
+
+    def set_choice(self, choice: qk.QuantChoice, device: torch.device | str = "cpu") -> None:
+        """Run the parts with ``choice``'s kernels on ``device``; each kernel's form of each
+        part is made now (a repack, or ggml's graph), not on the first token."""
+        self.choice, self.device = choice, torch.device(device)
+        runs: tuple[list, list] = ([], [])
+        for p in self.parts:
+            decode, prefill = choice.kernels[p.btype.name]
+            for phase, name in zip(runs, (decode, prefill)):
+                phase.append((qk.QUANT_KERNELS[name].run, qk.prepared(p, name, self.device), p, name))
+        self._runs = runs
+        self._keys = [qk.weight_key(p) for p in self.parts]
+        qk.compiled_linear()  # defined now: torch.compile cannot define an op while tracing
+
+    def _ensure_choice(self) -> None:
+        if self.choice is None:
+            self.set_choice(qk.default_quant_choice({p.btype for p in self.parts}, self.device), self.device)
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The whole matrix ``(out, in)`` widened to ``dtype`` (a fresh tensor: for views that
+        need the numbers, such as gradients, not for products)."""
+        return torch.cat([qk.widen(p, dtype) for p in self.parts]).to(self.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and x.requires_grad:  # attribution: an ordinary linear layer to autograd
+            return F.linear(x, self.dequantized(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        self._ensure_choice()
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        phase = 0 if x2.shape[0] == 1 else 1
+        if torch.compiler.is_compiling():
+            op = qk.compiled_linear()
+            outs = [op(x2, key, run[3]) for key, run in zip(self._keys, self._runs[phase])]
+        else:
+            xf = x2 if x2.dtype == torch.float32 else x2.float()
+            outs = [run(xf, form, p) for run, form, p, _ in self._runs[phase]]
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        y = y.view(*shape[:-1], self.out_features)
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+
+class QuantEmbedding(nn.Module):
+    """Token ids ``(...)`` -> float32 rows ``(..., dim)`` of an embedding in GGUF blocks; also the
+    tied LM head (:attr:`head`, a :class:`QuantLinear` over the same blocks: no copy)."""
+
+    def __init__(self, weight):
+        super().__init__()
+        self.weight_q = weight
+        self.num_embeddings, self.embedding_dim = weight.rows, weight.cols
+        self.device = torch.device("cpu")
+        self._key = qk.weight_key(weight)
+        self.head = QuantLinear([weight])
+        qk.compiled_lookup()  # defined now: torch.compile cannot define an op while tracing
+
+    def extra_repr(self) -> str:
+        return f"{self.weight_q.btype.name} {self.num_embeddings}x{self.embedding_dim}"
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight_q.file_bytes + self.weight_q.extra_bytes
+
+    def to_device(self, device: torch.device | str) -> None:
+        """Keep the blocks on ``device`` (off the CPU a lookup decodes rows with torch ops there:
+        what a CUDA graph can capture)."""
+        self.device = torch.device(device)
+        if self.device.type != "cpu" and self.weight_q.raw.device != self.device:
+            self.weight_q.raw = self.weight_q.raw.to(self.device)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.device.type != "cpu":
+            w = self.weight_q
+            return w.decode(w.raw.index_select(0, ids.reshape(-1))).view(*ids.shape, self.embedding_dim)
+        if torch.compiler.is_compiling():
+            return qk.compiled_lookup()(ids, self._key)
+        return qk.lookup(self.weight_q, ids)
