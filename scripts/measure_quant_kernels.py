@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     SKIP.extend(args.skip)
     torch.set_num_threads(args.threads)
-    from runtime import kernels as float_kernels  # after the house: runtime.kernels.cpu / choice
+    from runtime.kernels import choice as float_kernels
 
     report = {"cpu": float_kernels.cpu_info()["model"], "threads": args.threads, "torch": torch.__version__,
               "python": platform.python_version(), "load_before": float_kernels.machine_load(), "files": []}

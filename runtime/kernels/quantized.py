@@ -158,9 +158,9 @@ def _f16_prepare(w: QuantWeight, device: torch.device):
 def _f16_run(x: torch.Tensor, W: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     if x.shape[0] == 1 or W.device.type != "cpu":
         return F.linear(x.to(torch.float16), W).to(torch.float32)
-    from runtime import kernels as float_kernels  # after the house: runtime.kernels.cpu
+    from runtime.kernels import cpu
 
-    return float_kernels.widened_product(float_kernels._onednn, x, W, None, None)
+    return cpu.widened_product(cpu._onednn, x, W, None, None)
 
 
 #: Weights the widening kernels dequantize at a time, into a per-thread float32 scratch
@@ -179,9 +179,9 @@ def _scratch_rows(n: int, cols: int) -> torch.Tensor:
 
 def _float_product(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """float32 ``x @ W.T`` with the CPU's fastest float32 product (oneDNN's inner product where it works)."""
-    from runtime import kernels as float_kernels  # after the house: runtime.kernels.cpu
+    from runtime.kernels import cpu
 
-    return float_kernels._onednn(x, W, None)
+    return cpu._onednn(x, W, None)
 
 
 def _widen_run(x: torch.Tensor, form, w: QuantWeight) -> torch.Tensor:

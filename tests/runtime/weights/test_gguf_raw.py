@@ -17,9 +17,9 @@ def _transformers_state(path):
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from runtime.config import ModelConfig
-    from runtime.loader import _TensorNames  # after the house: runtime.weights.gguf
-    from runtime.weights import to_decoder_state  # after the house: runtime.weights.convert
+    from runtime.config.model import ModelConfig
+    from runtime.weights.convert import to_decoder_state
+    from runtime.weights.gguf import _TensorNames
 
     hf = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     with torch.device("meta"):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from gguf import GGUFReader
 
-from runtime.gguf_header import GGUFHeaderError
+from runtime.weights.gguf_header import GGUFHeaderError
 from runtime.weights.gguf_tensors import read_gguf_tensors
 from runtime.weights.gguf_write import tokenizer_metadata
 from tests.runtime.tiny_gguf import EVERY_TYPE, make_tiny_gguf
