@@ -4,7 +4,7 @@ torch + transformers; never Qt. This module is the public API the desktop and th
 command line use. Nothing runs at import time.
 """
 from runtime.cache.kv_cache import KVCache
-from runtime.cache.planner import MemoryPlan, count_parameters, plan, plan_for_config
+from runtime.cache.planner import Fit, MemoryPlan, count_parameters, fit, plan, plan_for_config
 from runtime.cache.sizes import cache_bytes_per_token, element_bytes, kv_bytes_per_token
 from runtime.config.model import ModelConfig
 from runtime.device import WEIGHT_DTYPE_QUALITY, available_devices, compute_dtype, default_dtype, free_memory_bytes
@@ -70,7 +70,7 @@ from runtime.model.attention import (
 
 __all__ = [
     "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "compute_dtype", "default_dtype", "WEIGHT_DTYPE_QUALITY", "Message", "builtin_system_prompt", "ModelConfig", "KVCache", "CACHE_DTYPES", "Model", "load_model",
-    "SamplingParams", "MemoryPlan", "plan", "plan_for_config", "kv_bytes_per_token", "cache_bytes_per_token", "count_parameters", "element_bytes",
+    "SamplingParams", "Fit", "fit", "MemoryPlan", "plan", "plan_for_config", "kv_bytes_per_token", "cache_bytes_per_token", "count_parameters", "element_bytes",
     "free_memory_bytes", "AttentionCapture", "HeadScores", "head_scores",
     "ABLATION_MODES", "InductionAblation", "ablated", "induction_ablation", "parse_heads", "top_and_probs",
     "AttentionStepTime", "attention_step_seconds", "scores_per_head", "Explanation", "explain_token", "kendall_tau",

@@ -216,6 +216,56 @@ def plan(
     )
 
 
+#: A model whose weights and KV cache take more than this share of the free memory is
+#: "tight": the rest is what the app, the activations and everything else running need.
+TIGHT_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Whether a model file fits this machine: weights at the file's size (quantized blocks
+    stay as stored, DESIGN.md) plus the KV cache at ``context`` tokens, against free memory.
+
+    Attributes:
+        verdict: ``"fits"`` (at most :data:`TIGHT_SHARE` of the free memory), ``"tight"``
+            (more, but within it), ``"does not fit"``, or ``"unknown"`` (free memory unknown).
+        weights_bytes, kv_bytes, total_bytes, free_bytes: bytes (free None when unknown).
+        context: tokens; device, cache_dtype: as planned.
+    """
+
+    verdict: str
+    weights_bytes: int
+    kv_bytes: int
+    total_bytes: int
+    free_bytes: int | None
+    context: int
+    device: str
+    cache_dtype: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def fit(file_bytes: int, *, layers: int, kv_heads: int, head_dim: int, context: int,
+        windows: Sequence[int | None] | None = None, device: str | torch.device = "cpu",
+        cache_dtype: str | torch.dtype | None = None, free_bytes: int | None = None) -> Fit:
+    """:class:`Fit` of a model file of ``file_bytes`` with that shape at ``context`` tokens on
+    ``device`` (its free memory from :func:`runtime.device.free_memory_bytes` unless ``free_bytes`` is given).
+
+    Raises:
+        ValueError: as :func:`plan`.
+    """
+    p = plan(layers=layers, kv_heads=kv_heads, head_dim=head_dim, context=context, windows=windows,
+             device=device, cache_dtype=cache_dtype)
+    free = p.free_device_bytes if free_bytes is None else free_bytes
+    total = file_bytes + p.kv_bytes
+    if free is None:
+        verdict = "unknown"
+    else:
+        verdict = "fits" if total <= TIGHT_SHARE * free else "tight" if total <= free else "does not fit"
+    return Fit(verdict, file_bytes, p.kv_bytes, total, free, context, p.device, p.cache_dtype)
+
+
 def plan_for_config(config: ModelConfig, **kwargs) -> MemoryPlan:
     """:func:`plan` with the shape taken from ``config``."""
     return plan(layers=config.n_layers, kv_heads=config.n_kv_heads, head_dim=config.head_dim, config=config, **kwargs)
