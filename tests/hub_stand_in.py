@@ -29,9 +29,12 @@ import json
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
+
+import pytest
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -102,6 +105,7 @@ class StandInHub:
         self.token = token
         self.granted: set[str] = set()     # gated repos the token may read
         self.drops: dict[str, list[int]] = {}  # sha -> for each coming GET, the body bytes sent before dropping
+        self.throttle_s = 0.0   # seconds the CDN waits before each 64 KiB of a body (a slow network)
         self._servers: list[ThreadingHTTPServer] = []
         self.endpoint = self.cdn = ""
 
@@ -297,8 +301,41 @@ def _server(hub: StandInHub, kind: str) -> ThreadingHTTPServer:
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)
                 return
+            if self.command == "GET" and hub.throttle_s:
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                for i in range(0, len(body), 64 << 10):
+                    time.sleep(hub.throttle_s)
+                    self.wfile.write(body[i:i + (64 << 10)])
+                return
             self._send(status, body, headers)
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     srv.daemon_threads = True
     return srv
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """A running stand-in Hub; HF_ENDPOINT points at it, the model folder is empty, no token
+    is set (neither HF_TOKEN nor a saved login), HF_HUB_OFFLINE is unset."""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_ENDPOINT", "")
+    monkeypatch.setenv("ATTNCHAT_MODELS_DIR", str(tmp_path / "models"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-saved-token"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    # 64 KiB body chunks (1 MiB in use): the tiny files then arrive in several chunks, as big ones do.
+    monkeypatch.setattr("models.hub.download.HTTP_CHUNK", 64 << 10)
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", constants.DOWNLOAD_CHUNK_SIZE)
+    server = StandInHub().start()
+    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+    yield server
+    server.stop()

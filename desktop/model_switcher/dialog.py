@@ -1,13 +1,17 @@
-"""File > Models…: switch between the catalog's models; one not downloaded yet shows its size
-and license before the download.
+"""File > Models…: switch between models; get new ones from the Hugging Face Hub.
 
-The list holds every :data:`models.CATALOG` entry with its state (loaded, installed, not
-downloaded). The details of the selected one: what it is, its size in bytes on disk, its
-license (a link to the text), its attention (layers, KV heads, sliding window) and what
-its KV cache takes, and whether it chats or continues text. **Load** loads an installed
-model on the engine (the window's :meth:`load_model`); **Download…** opens the download
-dialog for it (it names the size and license again and asks first), and a finished
-download is loaded. Must not import torch or runtime.
+Tab "On this computer": every :data:`models.CATALOG` entry with its state (loaded,
+installed, not downloaded), then the files downloaded from the Hub by reference. The
+details of the selected one: what it is, its size in bytes on disk, its license (a link to
+the text), its attention (layers, KV heads, sliding window) and what its KV cache takes,
+whether it chats or continues text, and, before a download, whether it fits this machine.
+**Load** loads an installed model on the engine (the window's :meth:`load_model`);
+**Download…** opens the download dialog for it (it names the size and license again and
+asks first), and a finished download is loaded.
+
+Tab "Hugging Face Hub": :class:`~.hub_browser.HubBrowser` (search, quants with fit badges,
+license, download with Cancel and resume). Offline, the first tab says so and is shown.
+Must not import torch or runtime (the fit is computed through :mod:`.hub_jobs`).
 """
 from __future__ import annotations
 
@@ -18,17 +22,18 @@ from typing import Callable
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
-    QDialog, QDialogButtonBox, QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QPushButton, QVBoxLayout,
+    QDialog, QDialogButtonBox, QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QPushButton, QTabWidget,
+    QVBoxLayout, QWidget,
 )
 
 import models
 from desktop.download_dialog import DownloadDialog
+from desktop.model_switcher.hub_browser import NOTE_STYLE, HubBrowser
+from desktop.model_switcher.hub_jobs import QUOTED_CONTEXT, HubService
 
 __all__ = ["ModelsDialog", "ModelSwitcher", "install", "details_html"]
 
 MIB = 2**20
-#: The context the details quote the KV cache at (tokens; capped by the model's own).
-QUOTED_CONTEXT = 8192
 
 
 def _mb(n: int) -> str:
@@ -71,29 +76,63 @@ def details_html(e: models.CatalogEntry, state: str, path: Path | None) -> str:
             f"<table>{table}</table><p>{where}</p>")
 
 
+def hub_details_html(f: "models.hub.LocalHubFile", state: str) -> str:
+    """The details pane of a file downloaded from the Hub by reference."""
+    m = f.manifest or {}
+    page = f"https://huggingface.co/{f.repo_id}"
+    rows = [("From", f'<a href="{html.escape(page)}">{html.escape(f.ref)}</a>'),
+            ("Size", f"{_mb(f.size_bytes)} ({f.size_bytes:,} bytes)"),
+            ("License", html.escape(str(m.get("license") or "not stated: read the model card"))),
+            ("Architecture", html.escape(str(m.get("architecture") or "?"))),
+            ("Commit", html.escape(str(m.get("commit") or "?")[:12])),
+            ("SHA-256", html.escape(str(m.get("sha256") or "?")))]
+    table = "".join(f"<tr><td><b>{k}</b>&nbsp;&nbsp;</td><td>{v}</td></tr>" for k, v in rows)
+    where = "Loaded now." if state == "loaded" else f"Installed: <code>{html.escape(str(f.path))}</code>"
+    return f"<h3>{html.escape(f.path.stem)}</h3><p>Downloaded from the Hugging Face Hub.</p><table>{table}</table><p>{where}</p>"
+
+
+def fit_line(fit: dict | None) -> str:
+    """``"Fits this machine: fits (1,344.6 MB with the KV cache at 8,192 tokens; 21,644.3 MB free on cpu)"``."""
+    if not fit:
+        return ""
+    free = f"{fit['free_bytes'] / 1e6:,.1f} MB free on {fit['device']}" if fit.get("free_bytes") else "free memory unknown"
+    return (f"<p><b>Fits this machine:</b> {html.escape(fit['verdict'])} ({fit['total_bytes'] / 1e6:,.1f} MB: the "
+            f"file and the KV cache at {fit['context']:,} tokens; {free})</p>")
+
+
 class ModelsDialog(QDialog):
-    """The catalog's models; :attr:`load_requested` carries the path to load.
+    """The models on this computer and the catalog's (first tab), and the Hugging Face Hub
+    (second tab, :class:`~.hub_browser.HubBrowser`); :attr:`load_requested` carries the path
+    to load.
 
     Args:
         loaded_path: the loaded model's file ("" if none).
         installed_fn: ``(entry) -> Path | None`` (default :func:`models.installed_path`).
         fetch_fn: the download dialog's fetch (default :func:`models.fetch_model`).
         catalog: the entries to list (default :data:`models.CATALOG`).
+        service: what the Hub tab and the fit lines call (default: the real Hub and planner).
+        device: the loaded model's device ("": the one the runtime would pick).
     """
 
     load_requested = Signal(str)
 
+    LOCAL, HUB = 0, 1
+
     def __init__(self, parent=None, *, loaded_path: str = "", installed_fn: Callable | None = None,
-                 fetch_fn: Callable | None = None, catalog=None):
+                 fetch_fn: Callable | None = None, catalog=None, service: HubService | None = None,
+                 device: str = ""):
         super().__init__(parent)
         self.setObjectName("modelsDialog")
         self.setWindowTitle("Models")
-        self.setMinimumSize(640, 400)
+        self.setMinimumSize(820, 520)
         self.catalog = tuple(catalog or models.CATALOG)
         self.loaded_path = loaded_path
         self._installed = installed_fn or models.installed_path
         self._fetch = fetch_fn
+        self.service = service or HubService()
+        self._device = device
         self.download: DownloadDialog | None = None
+        self.rows: list[tuple[str, object]] = []   # ("catalog", CatalogEntry) or ("hub", LocalHubFile)
         self.list = QListWidget()
         self.list.setObjectName("modelsList")
         self.list.setMinimumWidth(250)
@@ -107,6 +146,11 @@ class ModelsDialog(QDialog):
         self.details.setOpenExternalLinks(True)
         self.details.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
         self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
+        self.banner = QLabel()
+        self.banner.setObjectName("modelsBanner")
+        self.banner.setWordWrap(True)
+        self.banner.setStyleSheet(NOTE_STYLE)
+        self.banner.hide()
         self.load_button = QPushButton("Load")
         self.download_button = QPushButton("Download…")
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
@@ -117,19 +161,34 @@ class ModelsDialog(QDialog):
         self.download_button.clicked.connect(self._download)
         self.list.currentRowChanged.connect(self._show)
         self.list.itemDoubleClicked.connect(lambda _item: self.load_button.isEnabled() and self._load())
+        local = QWidget()
         body = QHBoxLayout()
         body.addWidget(self.list, 2)
         body.addWidget(self.details, 5)
+        ll = QVBoxLayout(local)
+        ll.addWidget(self.banner)
+        ll.addLayout(body, 1)
+        ll.addWidget(buttons)
+        self.browser = HubBrowser(self, service=self.service)
+        self.browser.load_requested.connect(self._load_path)
+        self.browser.downloaded.connect(lambda _path: self.refresh())
+        self.browser.offline.connect(self.show_offline)
+        self.tabs = QTabWidget()
+        self.tabs.setObjectName("modelsTabs")
+        self.tabs.addTab(local, "On this computer")
+        self.tabs.addTab(self.browser, "Hugging Face Hub")
         lay = QVBoxLayout(self)
-        lay.addLayout(body, 1)
-        lay.addWidget(buttons)
+        lay.addWidget(self.tabs)
         self.refresh()
-        self.list.setCurrentRow(next((i for i in range(len(self.catalog)) if self.state(i) == "loaded"), 0))
+        self.list.setCurrentRow(next((i for i in range(len(self.rows)) if self.state(i) == "loaded"), 0))
 
     # ---- states ------------------------------------------------------------------------------
     def path(self, row: int) -> Path | None:
+        kind, item = self.rows[row]
+        if kind == "hub":
+            return item.path
         try:
-            return self._installed(self.catalog[row])
+            return self._installed(item)
         except OSError:   # the model folder cannot be made: nothing is installed
             return None
 
@@ -140,41 +199,81 @@ class ModelsDialog(QDialog):
             return "missing"
         return "loaded" if self.loaded_path and Path(self.loaded_path) == p else "installed"
 
+    def _hub_downloads(self) -> list:
+        """Hub downloads that are not a catalog entry's file."""
+        try:
+            files = models.hub.installed_files()
+        except OSError:
+            return []
+        taken = {self.path(i) for i in range(len(self.rows))}
+        return [f for f in files if f.complete and f.path not in taken]
+
     def refresh(self) -> None:
         """Rebuild the list's rows (after a download or a load)."""
         row = max(self.list.currentRow(), 0)
+        self.rows = [("catalog", e) for e in self.catalog]
+        self.rows += [("hub", f) for f in self._hub_downloads()]
         self.list.blockSignals(True)
         self.list.clear()
-        for i, e in enumerate(self.catalog):
-            tag = {"loaded": "loaded", "installed": "installed", "missing": f"{_mb(e.size_bytes)} to download"}
-            item = QListWidgetItem(f"{e.name}\n{tag[self.state(i)]} · {e.license}")
-            item.setData(Qt.ItemDataRole.UserRole, e.id)
-            self.list.addItem(item)
+        for i, (kind, item) in enumerate(self.rows):
+            state = self.state(i)
+            if kind == "catalog":
+                tag = {"loaded": "loaded", "installed": "installed", "missing": f"{_mb(item.size_bytes)} to download"}
+                text = f"{item.name}\n{tag[state]} · {item.license}"
+            else:
+                lic = (item.manifest or {}).get("license") or "license ?"
+                text = f"{item.path.stem}\n{'loaded' if state == 'loaded' else 'downloaded'} · {lic} · {item.repo_id}"
+            li = QListWidgetItem(text)
+            li.setData(Qt.ItemDataRole.UserRole, item.id if kind == "catalog" else item.ref)
+            self.list.addItem(li)
         self.list.blockSignals(False)
-        self.list.setCurrentRow(min(row, len(self.catalog) - 1))
+        self.list.setCurrentRow(min(row, len(self.rows) - 1))
         self._show(self.list.currentRow())
 
+    def _fit(self, e: models.CatalogEntry) -> dict | None:
+        try:
+            device = self._device or self.service.device()
+            return self.service.fit(e.size_bytes, e, min(QUOTED_CONTEXT, e.context_length), device)
+        except Exception:  # noqa: BLE001 - the details stay useful without it
+            return None
+
     def _show(self, row: int) -> None:
-        if not 0 <= row < len(self.catalog):
+        if not 0 <= row < len(self.rows):
             return
         state = self.state(row)
-        self.details.setText(details_html(self.catalog[row], state, self.path(row)))
+        kind, item = self.rows[row]
+        if kind == "catalog":
+            extra = fit_line(self._fit(item)) if state == "missing" else ""
+            self.details.setText(details_html(item, state, self.path(row)) + extra)
+        else:
+            self.details.setText(hub_details_html(item, state))
         self.load_button.setEnabled(state == "installed")
         self.load_button.setText("Loaded" if state == "loaded" else "Load")
         self.download_button.setVisible(state == "missing")
         self.load_button.setDefault(state == "installed")
         self.download_button.setDefault(state == "missing")
 
+    def show_offline(self, message: str) -> None:
+        """The Hub cannot be reached: say so above the models on this computer, and show them."""
+        # The line's CLI hints ("attnchat models list") are for the terminal: cut them here.
+        reason = message.split("; check the network connection")[0]
+        self.banner.setText(f"Offline: {reason}. The models on this computer are listed below.")
+        self.banner.show()
+        self.tabs.setCurrentIndex(self.LOCAL)
+
     # ---- actions -----------------------------------------------------------------------------
     def _load(self) -> None:
         path = self.path(self.list.currentRow())
         if path is not None:
-            self.load_requested.emit(str(path))
-            self.accept()
+            self._load_path(str(path))
+
+    def _load_path(self, path: str) -> None:
+        self.load_requested.emit(path)
+        self.accept()
 
     def _download(self) -> DownloadDialog:
-        """Open the download dialog for the selected model (it asks before fetching)."""
-        entry = self.catalog[self.list.currentRow()]
+        """Open the download dialog for the selected catalog model (it asks before fetching)."""
+        entry = self.rows[self.list.currentRow()][1]
         self.download = DownloadDialog(self, fetch_fn=self._fetch, entry=entry,
                                        headline=f"Switch to {entry.name}.")
         self.download.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
@@ -187,12 +286,17 @@ class ModelsDialog(QDialog):
         self.load_requested.emit(path)
         self.accept()
 
+    def done(self, result: int) -> None:  # noqa: D401 - Qt API: closing stops the Hub tab's jobs
+        self.browser.shutdown()
+        super().done(result)
+
 
 class ModelSwitcher:
     """File > Models… in a window: the menu action and the dialog it opens."""
 
-    def __init__(self, window, *, fetch_fn: Callable | None = None, installed_fn: Callable | None = None):
-        self.window, self.fetch_fn, self.installed_fn = window, fetch_fn, installed_fn
+    def __init__(self, window, *, fetch_fn: Callable | None = None, installed_fn: Callable | None = None,
+                 service: HubService | None = None):
+        self.window, self.fetch_fn, self.installed_fn, self.service = window, fetch_fn, installed_fn, service
         self.dialog: ModelsDialog | None = None
         self.action = QAction("&Models…", window)
         self.action.setObjectName("modelsAction")
@@ -205,8 +309,9 @@ class ModelSwitcher:
         """Open the dialog (not blocking); a chosen or downloaded model is loaded."""
         info = self.window.engine.model or {}
         loaded = "" if info.get("remote") else str(info.get("path") or "")
+        device = "" if info.get("remote") else str(info.get("device") or "")
         self.dialog = ModelsDialog(self.window, loaded_path=loaded, fetch_fn=self.fetch_fn,
-                                   installed_fn=self.installed_fn)
+                                   installed_fn=self.installed_fn, service=self.service, device=device)
         self.dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         self.dialog.load_requested.connect(self.window.load_model)
         self.dialog.open()

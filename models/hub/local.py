@@ -20,7 +20,7 @@ from models.paths import models_dir
 from .ref import DEFAULT_QUANT, GGUFFile, HubFile, HubRef, RefError, choose, group_files
 
 __all__ = ["HUB_DIRNAME", "LocalHubFile", "find_installed", "hub_path", "installed_files", "manifest_path",
-           "partial_dir", "read_manifest", "write_manifest"]
+           "partial_bytes", "partial_dir", "read_manifest", "write_manifest"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,16 @@ def partial_dir(folder: Path | None = None) -> Path:
     path = (folder or models_dir()) / PARTIAL_DIRNAME
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def partial_bytes(sha256: str, folder: Path | None = None) -> int:
+    """Bytes of the file with that sha256 downloaded so far and kept to resume (0: none)."""
+    if not sha256:
+        return 0
+    try:
+        return ((folder or models_dir()) / PARTIAL_DIRNAME / f"{sha256.lower()}.part").stat().st_size
+    except OSError:
+        return 0
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:

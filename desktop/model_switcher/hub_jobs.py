@@ -1,0 +1,169 @@
+"""The Hub browser's work off the GUI thread: searching, opening a repo (its files, its model's
+shape, each file's fit on this machine) and downloading, each job on its own QThread.
+
+Results cross back as signals carrying plain data (dicts, strings, numbers). A failure is
+one line and a kind (``models.HubError.kind``: ``"offline"``, ``"gated"``...). The functions
+that touch the network or the planner are arguments (:class:`HubService`), so tests pass
+fakes or point the real ones at a stand-in Hub. Imports Qt and :mod:`models`; the planner
+(:func:`runtime.fit`) only inside the job that needs it.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+import models
+from desktop.worker import start_thread
+
+__all__ = ["HubService", "Job", "JobRunner", "QUOTED_CONTEXT", "default_fit", "open_repo"]
+
+log = logging.getLogger(__name__)
+
+#: The context a fit is quoted at (tokens; capped by the model's own).
+QUOTED_CONTEXT = 8192
+
+
+def default_fit(size_bytes: int, shape: Any, context: int, device: str) -> dict:
+    """:func:`runtime.fit` of a file of ``size_bytes`` with ``shape`` (a GGUFShape or a catalog
+    entry's numbers) at ``context`` tokens on ``device``, as a dict."""
+    import runtime
+
+    windows = getattr(shape, "windows", None)
+    return runtime.fit(size_bytes, layers=shape.n_layers, kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
+                       context=context, windows=windows, device=device).to_dict()
+
+
+def default_device(loaded: str = "") -> str:
+    """The device a fit is planned for: the loaded model's, else what the runtime would pick."""
+    if loaded:
+        return loaded
+    import runtime
+
+    names = [name for name, _label in runtime.available_devices()]
+    return next((n for prefix in ("cuda", "mps") for n in names if n.startswith(prefix)), "cpu")
+
+
+@dataclass
+class HubService:
+    """What the browser calls (the real ones by default)."""
+
+    search: Callable = field(default_factory=lambda: models.hub.search)
+    listing: Callable = field(default_factory=lambda: models.hub.repo_listing)
+    shape: Callable = field(default_factory=lambda: models.hub.remote_shape)
+    fetch: Callable = field(default_factory=lambda: models.hub.fetch_hub)
+    fit: Callable = default_fit
+    device: Callable[[], str] = default_device
+
+
+def open_repo(service: HubService, repo_id: str) -> dict:
+    """A repo's listing with each GGUF's size, quant and fit, as the browser shows it.
+
+    The shape is read once, from the smallest single-file GGUF (every quant of a repo is the
+    same model). Returns ``{"repo_id", "commit", "license", "gated", "architecture",
+    "supported", "context", "shape_error", "files": [{"name", "quant", "size_bytes", "split",
+    "parts", "installed", "fit"}]}`` (``fit`` None when the shape could not be read).
+
+    Raises:
+        models.HubError: the listing failed (offline, not found...).
+    """
+    listing = service.listing(repo_id)
+    singles = [g for g in listing.ggufs if not g.split]
+    shape, shape_error = None, ""
+    if singles:
+        try:
+            shape = service.shape(listing.repo_id, singles[0], listing.commit)
+        except models.HubError as exc:
+            shape_error = str(exc)
+    context = min(QUOTED_CONTEXT, (shape.context_length if shape else 0) or QUOTED_CONTEXT)
+    device = service.device() if shape else ""
+    local = {f.filename for f in models.hub.installed_files(listing.repo_id) if f.complete}
+    files = []
+    for g in listing.ggufs:
+        fit = None
+        if shape is not None and not g.split:
+            try:
+                fit = service.fit(g.size_bytes, shape, context, device)
+            except Exception:  # noqa: BLE001 - a fit we cannot compute is shown as unknown
+                log.warning("fit of %s failed", g.name, exc_info=True)
+        files.append({"name": g.name, "quant": g.quant, "size_bytes": g.size_bytes, "split": g.split,
+                      "parts": len(g.parts), "installed": g.name in local, "fit": fit,
+                      "sha256": g.parts[0].sha256})
+    arch = (shape.architecture if shape else "") or listing.architecture
+    supported = shape.supported if shape else listing.supported
+    return {"repo_id": listing.repo_id, "commit": listing.commit, "license": listing.license, "gated": listing.gated,
+            "architecture": arch, "supported": supported, "context": context, "shape_error": shape_error,
+            "files": files}
+
+
+class Job(QObject):
+    """Runs ``fn(*args)`` once on its own thread; ``done`` carries the result, ``failed`` one
+    line and a kind (``models.HubError.kind``, ``"cancelled"``, or ``"error"``)."""
+
+    done = Signal(object)
+    failed = Signal(str, str)
+    progress = Signal(int, int)     # done bytes, total bytes
+    ended = Signal()                # after done or failed
+
+    def __init__(self, fn: Callable, *args: Any, wants_progress: bool = False):
+        super().__init__()
+        self.fn, self.args, self.wants_progress = fn, args, wants_progress
+        self.cancel_event = threading.Event()
+
+    @Slot()
+    def run(self) -> None:
+        try:
+            if self.wants_progress:
+                result = self.fn(*self.args, progress=self.progress.emit, cancel=self.cancel_event.is_set)
+            else:
+                result = self.fn(*self.args)
+        except models.FetchCancelled as exc:
+            self.failed.emit(str(exc), "cancelled")
+        except models.HubError as exc:
+            log.info("hub job failed: %s", exc)
+            self.failed.emit(str(exc), exc.kind)
+        except models.FetchError as exc:
+            self.failed.emit(str(exc), "error")
+        except Exception as exc:  # noqa: BLE001 - one line for the user, the traceback to the log
+            log.exception("hub job failed")
+            self.failed.emit(f"{type(exc).__name__}: {exc}; see the log for details", "error")
+        else:
+            self.done.emit(result)
+        finally:
+            self.ended.emit()
+
+
+class JobRunner(QObject):
+    """Starts jobs on their own QThreads, quits each when it ends, and waits for them all in
+    :meth:`shutdown` (a dialog closing, a test ending)."""
+
+    def __init__(self, parent: QObject | None = None):
+        super().__init__(parent)
+        self._running: dict[Job, QThread] = {}
+
+    def start(self, job: Job, name: str) -> Job:
+        job.ended.connect(self._reap)  # a slot of this GUI-thread object: queued, runs here
+        self._running[job] = start_thread(name, job, job.run)
+        return job
+
+    @Slot()
+    def _reap(self) -> None:
+        thread = self._running.pop(self.sender(), None)
+        if thread is not None:
+            thread.quit()
+            thread.wait()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._running)
+
+    def shutdown(self) -> None:
+        """Cancel what can be cancelled (downloads) and wait for every job's thread."""
+        for job, thread in list(self._running.items()):
+            job.cancel_event.set()
+            thread.quit()
+            thread.wait()
+        self._running.clear()
