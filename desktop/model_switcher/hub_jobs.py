@@ -75,7 +75,7 @@ def open_repo(service: HubService, repo_id: str) -> dict:
     shape, shape_error = None, ""
     if singles:
         try:
-            shape = service.shape(listing.repo_id, singles[0], listing.commit)
+            shape = service.shape(listing.repo_id, singles[0], listing.revision)
         except models.HubError as exc:
             shape_error = str(exc)
     context = min(QUOTED_CONTEXT, (shape.context_length if shape else 0) or QUOTED_CONTEXT)

@@ -221,7 +221,9 @@ class RepoListing:
     """A repo's GGUF models at one commit.
 
     Attributes:
-        repo_id: ``OWNER/REPO``; commit: the commit listed (every download pins it).
+        repo_id: ``OWNER/REPO``; commit: the commit listed; revision: the revision asked
+            for (downloads resolve files at it; their sha256 must be the listing's, so a
+            push in between is caught).
         ggufs: its GGUF models (split ones grouped), smallest first.
         gated, license, architecture, supported, context_length, parameters: as in
             :class:`RepoHit`.
@@ -230,6 +232,7 @@ class RepoListing:
     repo_id: str
     commit: str
     ggufs: list[GGUFFile]
+    revision: str = "main"
     gated: Any = False
     license: str = ""
     architecture: str = ""
@@ -261,7 +264,8 @@ def repo_listing(repo_id: str, revision: str = "main") -> RepoListing:
             files = [HubFile(t.path, int(t.size or 0), (t.lfs.sha256 if t.lfs else "") or "")
                      for t in tree if hasattr(t, "size")]
         return RepoListing(
-            repo_id=info.id or repo_id, commit=info.sha, ggufs=group_files(files), gated=info.gated or False,
+            repo_id=info.id or repo_id, commit=info.sha, ggufs=group_files(files), revision=revision,
+            gated=info.gated or False,
             license=_license(info.card_data, info.tags), architecture=arch, supported=supported,
             context_length=ctx, parameters=params, files=files)
 

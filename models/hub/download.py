@@ -3,7 +3,7 @@ against the Hub's LFS sha256, moved into place only once whole and checked.
 
 The bytes come through huggingface_hub's own ``http_get`` (the function ``hf_hub_download``
 uses: its retries, its resume with a ``Range`` header after a dropped connection, its
-size check), at the commit the repo was listed at, into
+size check), at the revision the repo was listed at (its sha256 must be the listing's), into
 ``<models_dir>/.partial/SHA256.part``. ``hf_hub_download`` itself writes a fresh,
 process-unique temporary file each time and deletes it on failure, so an interrupted
 download would start over; keeping the part under the content's sha256 lets the next
@@ -156,10 +156,10 @@ def _check_disk(folder: Path, need: int, name: str) -> None:
                        "free some space (or set ATTNCHAT_MODELS_DIR to a bigger disk) and try again", "disk_full")
 
 
-def download_file(repo_id: str, commit: str, file: HubFile, *, progress: ProgressFn | None = None,
+def download_file(repo_id: str, revision: str, file: HubFile, *, progress: ProgressFn | None = None,
                   cancel: CancelFn | None = None, extra: dict[str, Any] | None = None,
                   expected_sha256: str = "") -> Path:
-    """Download one file of ``repo_id`` at ``commit`` into the model folder and return its path.
+    """Download one file of ``repo_id`` at ``revision`` into the model folder and return its path.
 
     ``file`` is as the Hub listed it (size, LFS sha256); ``expected_sha256`` is a catalog's
     own checksum, which must agree with the Hub's. ``progress(done, total)`` counts bytes
@@ -186,7 +186,7 @@ def download_file(repo_id: str, commit: str, file: HubFile, *, progress: Progres
     if (listed and final.is_file() and final.stat().st_size == file.size_bytes and manifest
             and manifest.get("sha256") == listed):
         return final
-    remote = api.remote_file(repo_id, file.path, commit)
+    remote = api.remote_file(repo_id, file.path, revision)
     served = remote.etag.lower() if _SHA256.match(remote.etag.lower()) else ""
     # The LFS sha256: the listing's, else the resolve answer's X-Linked-Etag (the same LFS oid).
     expected = listed or served
@@ -255,7 +255,7 @@ def download_file(repo_id: str, commit: str, file: HubFile, *, progress: Progres
                            f"Hub's LFS metadata say {expected[:12]}...; nothing was kept; try again", "checksum")
         try:
             final.parent.mkdir(parents=True, exist_ok=True)
-            write_manifest(final, {"repo_id": repo_id, "filename": file.path, "commit": remote.commit or commit,
+            write_manifest(final, {"repo_id": repo_id, "filename": file.path, "commit": remote.commit,
                                    "sha256": expected, "size_bytes": size, "source": "hf.co",
                                    "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **(extra or {})})
             os.replace(part, final)
@@ -299,7 +299,7 @@ def fetch_hub(ref: str | HubRef, *, progress: ProgressFn | None = None, cancel: 
     _check_fetchable(listing, gguf)
     extra = {"license": listing.license, "gated": listing.gated or False, "architecture": listing.architecture,
              "quant": gguf.quant, "revision": ref.revision}
-    return download_file(listing.repo_id, listing.commit, gguf.parts[0], progress=progress, cancel=cancel,
+    return download_file(listing.repo_id, listing.revision, gguf.parts[0], progress=progress, cancel=cancel,
                          extra=extra, expected_sha256=expected_sha256)
 
 

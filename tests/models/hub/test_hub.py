@@ -111,8 +111,8 @@ def test_fetch_by_quant_tag(hub):
     assert manifest["size_bytes"] == size and manifest["license"] == "apache-2.0" and manifest["quant"] == "Q8_0"
     assert only_files(folder) == ["hf.co/owner/Tiny-Instruct-GGUF/.Tiny-Instruct-Q8_0.gguf.json",
                                   "hf.co/owner/Tiny-Instruct-GGUF/Tiny-Instruct-Q8_0.gguf"]
-    # Pinned to the listed commit; the token-free CDN got the bytes.
-    assert hub.hits("hub", "HEAD", f"/{REPO}/resolve/{COMMIT}/Tiny-Instruct-Q8_0.gguf")
+    # Resolved at the revision listed (main); the token-free CDN sent the bytes.
+    assert hub.hits("hub", "HEAD", f"/{REPO}/resolve/main/Tiny-Instruct-Q8_0.gguf")
     assert [r.range for r in hub.hits("cdn", "GET")] == [None]
     # A second fetch downloads nothing; resolve_hub finds it without the network.
     n = len(hub.requests)
@@ -205,7 +205,7 @@ def test_missing_repo_and_file_are_404s(hub):
     listing = models.hub.repo_listing(REPO)
     del hub.repos[REPO].files["Tiny-Instruct-Q8_0.gguf"]
     with pytest.raises(HubError) as info:
-        download.download_file(REPO, listing.commit, listing.ggufs[1].parts[0])
+        download.download_file(REPO, listing.revision, listing.ggufs[1].parts[0])
     assert info.value.kind == "not_found" and "has no file 'Tiny-Instruct-Q8_0.gguf'" in str(info.value)
     assert only_files(models.models_dir()) == []
 
@@ -406,6 +406,7 @@ def test_a_catalog_entry_is_fetched_at_its_pinned_revision_or_main_when_gone(hub
     path = models.fetch_model(entry)
     assert path.read_bytes() == repo.files[name] and models.installed_path(entry) == path
     assert hub.hits("hub", "GET", f"/api/models/{REPO}/revision/{COMMIT}")
+    assert hub.hits("hub", "HEAD", f"/{REPO}/resolve/{COMMIT}/{name}")
     path.unlink()
     # A revision the Hub no longer has (a squashed history): main, where the sha256 must still match.
     gone = dataclasses.replace(entry, hub_revision="f" * 40)
@@ -415,3 +416,16 @@ def test_a_catalog_entry_is_fetched_at_its_pinned_revision_or_main_when_gone(hub
     by_tag = dataclasses.replace(entry, hub_file="", hub_quant="Q4_K_M", sha256="")
     assert models.installed_path(by_tag) == path
     assert models.installed_path(dataclasses.replace(by_tag, hub_quant="Q8_0")) is None
+
+
+def test_a_push_between_listing_and_download_is_caught(hub):
+    repo = tiny_repo(hub)
+    listing = models.hub.repo_listing(REPO)
+    name = "Tiny-Instruct-Q8_0.gguf"
+    repo.files[name] = gguf_bytes(payload=500_000, seed=99)      # re-uploaded on main meanwhile
+    hub.blobs[repo.sha(name)] = repo.files[name]
+    with pytest.raises(HubError) as info:
+        download.download_file(REPO, listing.revision, listing.ggufs[1].parts[0])
+    assert info.value.kind == "checksum" and str(info.value).startswith(
+        f"the Hub's answers about hf.co/{REPO}/{name} disagree (listed sha256 ")
+    assert not hub.hits("cdn") and only_files(models.models_dir()) == []
