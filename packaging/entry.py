@@ -4,8 +4,10 @@ The installed app (``.venv/bin/attnchat``) starts at ``attnchat.cli:main``; the 
 one starts here, which first does what only a frozen app needs:
 
 - forces the model hubs offline (``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE``) before
-  transformers is imported: the app never downloads from a hub, and an attempt
-  would hang on a machine without network;
+  transformers is imported: the libraries never download from a hub while loading a
+  model, and an attempt would hang on a machine without network; only attnchat's own
+  Hub commands (models.hub) still reach the Hugging Face Hub, unless the user had set
+  ``HF_HUB_OFFLINE`` themselves;
 - gives ``multiprocessing`` its freeze support (a child process of a frozen app is
   the app itself, started with multiprocessing's arguments);
 - runs ``attnchat -m attnchat.bench.worker ...``, how ``attnchat bench`` starts its
@@ -23,8 +25,14 @@ RUNNABLE_MODULES = ("attnchat.bench.worker",)
 
 def main() -> int:
     multiprocessing.freeze_support()
+    truthy = {"1", "ON", "YES", "TRUE"}
+    user_offline = any(os.environ.get(k, "").strip().upper() in truthy for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    if not user_offline:
+        # attnchat's own switch (models.hub.api.APP_OFFLINE_ENV): the libraries stay offline, but
+        # File > Models… and `attnchat models fetch` may still reach the Hugging Face Hub.
+        os.environ["ATTNCHAT_HUB_OFFLINE_BY_APP"] = "1"
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     if len(sys.argv) > 2 and sys.argv[1] == "-m" and sys.argv[2] in RUNNABLE_MODULES:
         import runpy

@@ -6,13 +6,15 @@ session), imported when first needed so ``import models`` stays cheap. The endpo
 ``HF_ENDPOINT`` read at each call (the tests point it at a local stand-in Hub after
 ``huggingface_hub`` is imported); the token is the user's own, from huggingface_hub's
 login (``hf auth login``) or ``HF_TOKEN``, never passed through attnchat's code, printed
-or logged. ``HF_HUB_OFFLINE=1`` is honoured before any request.
+or logged. A user's ``HF_HUB_OFFLINE=1`` is honoured before any request; the one attnchat sets
+for its libraries (:func:`libraries_offline`) is not.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -22,7 +24,8 @@ from models.errors import HubError
 from .gguf_meta import SUPPORTED_ARCHITECTURES, GGUFMetaError, GGUFShape, read_shape
 from .ref import GGUFFile, HubFile, group_files
 
-__all__ = ["RemoteFile", "RepoHit", "RepoListing", "endpoint", "hub_errors", "offline", "remote_file",
+__all__ = ["APP_OFFLINE_ENV", "RemoteFile", "RepoHit", "RepoListing", "endpoint", "hub_errors", "libraries_offline",
+           "offline", "remote_file",
            "repo_listing", "remote_shape", "search"]
 
 log = logging.getLogger(__name__)
@@ -45,14 +48,68 @@ def endpoint() -> str:
     return constants.ENDPOINT
 
 
+APP_OFFLINE_ENV = "ATTNCHAT_HUB_OFFLINE_BY_APP"
+"""Set to "1" by :func:`libraries_offline` when attnchat, not the user, switched the hubs off."""
+_TRUE = {"1", "ON", "YES", "TRUE"}
+_reach_lock = threading.Lock()
+_reach_users = 0
+_reach_saved: bool | None = None
+
+
+def libraries_offline() -> None:
+    """Switch huggingface_hub and transformers offline for the app's own model loading (a local
+    file never needs a hub, and a library reaching for one would hang without network), unless
+    the user set ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE`` already. Call it before transformers
+    or huggingface_hub is imported (the command line's and the frozen app's entry points do).
+    The explicit requests of this module still go out (:func:`_reachable`); a user's own
+    ``HF_HUB_OFFLINE=1`` stops them too."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip() or os.environ.get("TRANSFORMERS_OFFLINE", "").strip():
+        return
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ[APP_OFFLINE_ENV] = "1"
+
+
+def _app_switched_off() -> bool:
+    return os.environ.get(APP_OFFLINE_ENV) == "1"
+
+
 def offline() -> bool:
-    """Whether ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) says not to use the network."""
+    """Whether the user said not to use the network (``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``,
+    unless :func:`libraries_offline` set them)."""
+    if _app_switched_off():
+        return False
     flag = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    if flag.strip().upper() in {"1", "ON", "YES", "TRUE"}:
+    if flag.strip().upper() in _TRUE:
         return True
     from huggingface_hub import constants
 
     return bool(constants.is_offline_mode())
+
+
+@contextlib.contextmanager
+def _reachable() -> Iterator[None]:
+    """Let huggingface_hub's requests out while inside, when only attnchat switched it offline
+    (its request hook reads ``constants.HF_HUB_OFFLINE``, fixed at import). Nested and
+    concurrent uses share one switch; the last to leave restores it."""
+    global _reach_users, _reach_saved
+    if not _app_switched_off():
+        yield
+        return
+    from huggingface_hub import constants
+
+    with _reach_lock:
+        if _reach_users == 0:
+            _reach_saved = constants.HF_HUB_OFFLINE
+            constants.HF_HUB_OFFLINE = False
+        _reach_users += 1
+    try:
+        yield
+    finally:
+        with _reach_lock:
+            _reach_users -= 1
+            if _reach_users == 0:
+                constants.HF_HUB_OFFLINE = bool(_reach_saved)
 
 
 def _api():
@@ -82,7 +139,8 @@ def hub_errors(what: str, repo_id: str = "", filename: str = "") -> Iterator[Non
 
     where = f"hf.co/{repo_id}" if repo_id else "the Hub"
     try:
-        yield
+        with _reachable():
+            yield
     except HubError:
         raise
     except OfflineModeIsEnabled as exc:

@@ -77,14 +77,24 @@ def test_entry_forces_hubs_offline_before_the_cli(entry, monkeypatch):
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     seen = {}
 
+    monkeypatch.delenv("ATTNCHAT_HUB_OFFLINE_BY_APP", raising=False)
+    seen = {}
+
     def fake_cli():
-        seen.update(hub=os.environ.get("HF_HUB_OFFLINE"), transformers=os.environ.get("TRANSFORMERS_OFFLINE"))
+        seen.update(hub=os.environ.get("HF_HUB_OFFLINE"), transformers=os.environ.get("TRANSFORMERS_OFFLINE"),
+                    by_app=os.environ.get("ATTNCHAT_HUB_OFFLINE_BY_APP"))
         return 7
 
     monkeypatch.setattr(attnchat.cli, "main", fake_cli)
     monkeypatch.setattr(sys, "argv", ["attnchat", "--self-test"])
     assert entry.main() == 7
-    assert seen == {"hub": "1", "transformers": "1"}
+    # The libraries go offline; attnchat's own Hub requests may still go out (models.hub.api).
+    assert seen == {"hub": "1", "transformers": "1", "by_app": "1"}
+    # A user who switched the Hub off keeps it off for attnchat's requests too.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("ATTNCHAT_HUB_OFFLINE_BY_APP")
+    assert entry.main() == 7
+    assert seen == {"hub": "1", "transformers": "1", "by_app": None}
 
 
 def test_entry_gives_multiprocessing_freeze_support(entry, monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import socket
 
 import pytest
@@ -261,6 +262,31 @@ def test_offline_mode_asks_nothing(hub, monkeypatch):
     with pytest.raises(HubError, match="switched off here"):
         models.hub.search("tiny")
     assert hub.requests == []
+
+
+def test_the_offline_switch_attnchat_sets_for_its_libraries_does_not_stop_the_hub(hub, monkeypatch):
+    """The command line switches huggingface_hub/transformers offline for its own loading
+    (models.hub.api.libraries_offline); an explicit search or download still goes out, and the
+    switch is back on afterwards. A user's own HF_HUB_OFFLINE (test above) stops them."""
+    from huggingface_hub import constants
+
+    repo = tiny_repo(hub)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.delenv(api.APP_OFFLINE_ENV, raising=False)
+    api.libraries_offline()
+    assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ[api.APP_OFFLINE_ENV] == "1"
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)   # as read when huggingface_hub was imported
+    assert [h.repo_id for h in models.hub.search("tiny")] == [REPO]
+    path = models.hub.fetch_hub(f"hf.co/{REPO}:Q4_K_M")
+    assert path.read_bytes() == repo.files["Tiny-Instruct-Q4_K_M.gguf"]
+    assert constants.HF_HUB_OFFLINE is True
+    # A user who set it before attnchat started keeps it.
+    monkeypatch.delenv(api.APP_OFFLINE_ENV)
+    api.libraries_offline()
+    assert api.APP_OFFLINE_ENV not in os.environ
+    with pytest.raises(HubError, match="switched off here"):
+        models.hub.search("tiny")
 
 
 def test_no_network(hub, monkeypatch):
