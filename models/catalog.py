@@ -285,4 +285,5 @@ def get(model_id: str) -> CatalogEntry:
         if entry.id.lower() == wanted:
             return entry
     known = ", ".join(entry.id for entry in CATALOG)
-    raise UnknownModelError(f"unknown model {model_id!r}; known models: {known}")
+    raise UnknownModelError(f"unknown model {model_id!r}; known models: {known}; or a Hugging Face model as "
+                            "hf.co/OWNER/REPO:QUANT (`attnchat models search TEXT`)")

@@ -43,7 +43,8 @@ from .store import (  # re-exported: the whole model-folder API from one module
 
 __all__ = [
     "CHUNK_BYTES", "CancelFn", "FetchCancelled", "FetchError", "ImportModelError", "ModelInfo",
-    "ProgressFn", "ensure_default", "fetch", "import_model", "installed_path", "list_models", "resolve", "verify",
+    "ProgressFn", "ensure_default", "fetch", "import_model", "installed_path", "list_models", "preferred_file",
+    "resolve", "verify",
 ]
 
 log = logging.getLogger(__name__)
@@ -240,7 +241,7 @@ def fetch(entry: CatalogEntry = DEFAULT_MODEL, *, progress: ProgressFn | None = 
     return final
 
 
-def _preferred(repo_id: str) -> str:
+def preferred_file(repo_id: str) -> str:
     """The catalog's file for a Hub repo ("" when the repo is not in the catalog)."""
     from .catalog import CATALOG
 
@@ -272,7 +273,7 @@ def resolve(source: str | os.PathLike[str], *, progress: ProgressFn | None = Non
         return path
     if is_hub_ref(text):
         ref = parse_ref(text)
-        return resolve_hub(ref, progress=progress, cancel=cancel, preferred=_preferred(ref.repo_id))
+        return resolve_hub(ref, progress=progress, cancel=cancel, preferred=preferred_file(ref.repo_id))
     try:
         entry = catalog.get(text)
     except catalog.UnknownModelError:

@@ -330,6 +330,7 @@ def hub(tmp_path, monkeypatch):
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.delenv("ATTNCHAT_HUB_OFFLINE_BY_APP", raising=False)   # an in-process CLI test may have set it
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-saved-token"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     # 64 KiB body chunks (1 MiB in use): the tiny files then arrive in several chunks, as big ones do.

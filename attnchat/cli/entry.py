@@ -34,10 +34,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _quiet_libraries() -> None:
-    """No progress bars or library warnings on the user's terminal; never reach a model hub."""
+    """No progress bars or library warnings on the user's terminal; the libraries never reach a
+    model hub (only attnchat's own Hub commands do: models.hub.api.libraries_offline)."""
+    from models.hub.api import libraries_offline
+
     os.environ.setdefault("TQDM_DISABLE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    libraries_offline()
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -18,13 +18,11 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 import models
 from desktop.worker import start_thread
+from models.hub.report import QUOTED_CONTEXT
 
 __all__ = ["HubService", "Job", "JobRunner", "QUOTED_CONTEXT", "default_fit", "open_repo"]
 
 log = logging.getLogger(__name__)
-
-#: The context a fit is quoted at (tokens; capped by the model's own).
-QUOTED_CONTEXT = 8192
 
 
 def default_fit(size_bytes: int, shape: Any, context: int, device: str) -> dict:
@@ -60,43 +58,16 @@ class HubService:
 
 
 def open_repo(service: HubService, repo_id: str) -> dict:
-    """A repo's listing with each GGUF's size, quant and fit, as the browser shows it.
-
-    The shape is read once, from the smallest single-file GGUF (every quant of a repo is the
-    same model). Returns ``{"repo_id", "commit", "license", "gated", "architecture",
-    "supported", "context", "shape_error", "files": [{"name", "quant", "size_bytes", "split",
-    "parts", "installed", "fit"}]}`` (``fit`` None when the shape could not be read).
+    """A repo's files with sizes, quants and fits on this machine (:func:`models.hub.report.files_report`).
 
     Raises:
         models.HubError: the listing failed (offline, not found...).
     """
-    listing = service.listing(repo_id)
-    singles = [g for g in listing.ggufs if not g.split]
-    shape, shape_error = None, ""
-    if singles:
-        try:
-            shape = service.shape(listing.repo_id, singles[0], listing.revision)
-        except models.HubError as exc:
-            shape_error = str(exc)
-    context = min(QUOTED_CONTEXT, (shape.context_length if shape else 0) or QUOTED_CONTEXT)
-    device = service.device() if shape else ""
-    local = {f.filename for f in models.hub.installed_files(listing.repo_id) if f.complete}
-    files = []
-    for g in listing.ggufs:
-        fit = None
-        if shape is not None and not g.split:
-            try:
-                fit = service.fit(g.size_bytes, shape, context, device)
-            except Exception:  # noqa: BLE001 - a fit we cannot compute is shown as unknown
-                log.warning("fit of %s failed", g.name, exc_info=True)
-        files.append({"name": g.name, "quant": g.quant, "size_bytes": g.size_bytes, "split": g.split,
-                      "parts": len(g.parts), "installed": g.name in local, "fit": fit,
-                      "sha256": g.parts[0].sha256})
-    arch = (shape.architecture if shape else "") or listing.architecture
-    supported = shape.supported if shape else listing.supported
-    return {"repo_id": listing.repo_id, "commit": listing.commit, "license": listing.license, "gated": listing.gated,
-            "architecture": arch, "supported": supported, "context": context, "shape_error": shape_error,
-            "files": files}
+    from models.hub.report import files_report
+
+    device = service.device()
+    return files_report(repo_id, listing=service.listing, shape=service.shape,
+                        fit=lambda size, shape, context: service.fit(size, shape, context, device))
 
 
 class Job(QObject):

@@ -5,6 +5,7 @@
 - :mod:`.local`      where downloads live in the model folder, and what is there (stdlib)
 - :mod:`.api`        search, a repo's listing, a file's address and shape, through huggingface_hub
 - :mod:`.download`   resumable, checked, atomic downloads through huggingface_hub's ``http_get``
+- :mod:`.report`     a repo's files with sizes, quants and fits (the fit from the caller's planner)
 
 May import the stdlib, platformdirs, huggingface_hub (only inside functions, so importing
 this package stays cheap) and :mod:`models`' own base modules; never torch, transformers,
@@ -14,10 +15,11 @@ from __future__ import annotations
 
 from .gguf_meta import SUPPORTED_ARCHITECTURES, GGUFMetaError, GGUFShape, read_shape, shape_from_file
 from .local import LocalHubFile, find_installed, hub_path, installed_files, partial_bytes
+from .report import QUOTED_CONTEXT, files_report
 from .ref import DEFAULT_QUANT, GGUFFile, HubFile, HubRef, RefError, choose, group_files, is_hub_ref, parse_ref, quant_tag
 
 __all__ = [
-    "DEFAULT_QUANT", "GGUFFile", "GGUFMetaError", "GGUFShape", "HubFile", "HubRef", "LocalHubFile", "RefError",
+    "DEFAULT_QUANT", "QUOTED_CONTEXT", "files_report", "GGUFFile", "GGUFMetaError", "GGUFShape", "HubFile", "HubRef", "LocalHubFile", "RefError",
     "SUPPORTED_ARCHITECTURES", "choose", "fetch_hub", "find_installed", "group_files", "hub_path", "installed_files",
     "is_hub_ref", "partial_bytes", "parse_ref", "quant_tag", "read_shape", "remote_shape", "repo_listing", "resolve_hub", "search",
     "shape_from_file",

@@ -1,0 +1,142 @@
+"""``attnchat models search|files|fetch`` against the stand-in Hub: tables, JSON, fits from the
+planner, progress, resume after Ctrl-C, one-line errors with exit status 2."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import models
+from attnchat import cli
+from tests.hub_stand_in import COMMIT, gguf_bytes, hub  # noqa: F401 - hub is a fixture
+
+ROOT = Path(__file__).resolve().parents[2]
+REPO = "owner/Tiny-Instruct-GGUF"
+SHAPE = dict(layers=3, heads=4, kv_heads=2, embd=128, context=2048)
+KV_AT_2048 = 2 * 3 * 2 * 32 * 4 * 2048   # float32 K and V, 3 layers x 2 KV heads x 32, 2,048 tokens
+
+
+def tiny(hub, **kw):
+    return hub.add_repo(REPO, {
+        "Tiny-Instruct-Q4_K_M.gguf": gguf_bytes(payload=300_000, seed=1, **SHAPE),
+        "Tiny-Instruct-Q8_0.gguf": gguf_bytes(payload=500_000, seed=2, **SHAPE),
+        "Tiny-Instruct-F16-00001-of-00002.gguf": gguf_bytes(payload=600_000, seed=3, **SHAPE),
+        "Tiny-Instruct-F16-00002-of-00002.gguf": b"z" * 600_000,
+    }, downloads=1234, **kw)
+
+
+def run(capsys, *argv):
+    status = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_search_table_and_json(hub, capsys):
+    tiny(hub)
+    hub.add_repo("b/tiny-mamba-GGUF", {"m-Q4_K_M.gguf": gguf_bytes("mamba")}, downloads=99999, architecture="mamba",
+                 gated="auto", license="other-license")
+    status, out, err = run(capsys, "models", "search", "tiny")
+    assert status == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].split() == ["REF", "DOWNLOADS", "LICENSE", "ARCHITECTURE", "GATED"] and len(lines) == 3
+    assert lines[1].split() == ["hf.co/b/tiny-mamba-GGUF", "99,999", "other-license", "mamba", "(not", "supported)", "yes"]
+    assert lines[2].split() == [f"hf.co/{REPO}", "1,234", "apache-2.0", "llama", "-"]
+    status, out, _ = run(capsys, "models", "search", "tiny", "--json", "--limit", "1")
+    data = json.loads(out)
+    assert status == 0 and [d["ref"] for d in data] == ["hf.co/b/tiny-mamba-GGUF"]
+    assert data[0]["downloads"] == 99999 and data[0]["supported"] is False and data[0]["gated"] == "auto"
+
+
+def test_files_with_fits_from_the_planner(hub, capsys, monkeypatch):
+    import psutil
+
+    repo = tiny(hub)
+    free = 4_400_000
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("VM", (), {"available": free})())
+    status, out, err = run(capsys, "models", "files", f"hf.co/{REPO}:Q8_0")
+    assert status == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0] == f"hf.co/{REPO}  license apache-2.0  architecture llama"
+    assert lines[1] == "fit: the file + the KV cache at 2,048 tokens (float32) against 4.2 MiB free on cpu"
+    assert lines[2].split() == ["FILE", "QUANT", "SIZE", "FIT", "NEEDS", "HERE"]
+    q4, q8 = (len(repo.files[f"Tiny-Instruct-{q}.gguf"]) for q in ("Q4_K_M", "Q8_0"))
+    assert lines[3].split() == ["Tiny-Instruct-Q4_K_M.gguf", "Q4_K_M", "0.3", "MiB", "fits", "3.3", "MiB", "-"]
+    assert lines[4].split() == ["*", "Tiny-Instruct-Q8_0.gguf", "Q8_0", "0.5", "MiB", "tight", "3.5", "MiB", "-"]
+    assert lines[5].split()[:2] == ["Tiny-Instruct-F16-00001-of-00002.gguf", "F16"]
+    assert "split in 2 files (not supported)" in lines[5]
+    status, out, _ = run(capsys, "models", "files", f"hf.co/{REPO}", "--json", "--context", "1024")
+    report = json.loads(out)
+    assert status == 0 and report["context"] == 1024 and report["commit"] == COMMIT
+    assert report["shape"] == {"architecture": "llama", "layers": 3, "heads": 4, "kv_heads": 2, "head_dim": 32,
+                               "context_length": 2048, "windows": [None, None, None]}
+    f = report["files"][1]
+    assert (f["name"], f["size_bytes"], f["installed"], f["split"]) == ("Tiny-Instruct-Q8_0.gguf", q8, False, False)
+    assert f["fit"] == {"verdict": "tight" if q8 + KV_AT_2048 // 2 > 0.8 * free else "fits", "weights_bytes": q8,
+                        "kv_bytes": KV_AT_2048 // 2, "total_bytes": q8 + KV_AT_2048 // 2, "free_bytes": free,
+                        "context": 1024, "device": "cpu", "cache_dtype": "float32"}
+    assert report["files"][2]["fit"] is None and report["files"][2]["parts"] == 2
+
+
+def test_fetch_prints_the_path_and_a_second_fetch_needs_no_network(hub, capsys):
+    repo = tiny(hub)
+    status, out, err = run(capsys, "models", "fetch", f"hf.co/{REPO}:q4_k_m")
+    path = Path(out.strip())
+    assert status == 0 and err == ""
+    assert path == models.models_dir() / "hf.co" / REPO / "Tiny-Instruct-Q4_K_M.gguf"
+    assert path.read_bytes() == repo.files["Tiny-Instruct-Q4_K_M.gguf"]
+    hub.stop()
+    status, out, _ = run(capsys, "models", "fetch", f"hf.co/{REPO}:Q4_K_M")
+    assert status == 0 and Path(out.strip()) == path
+    status, out, _ = run(capsys, "models", "list", "--json")
+    assert [r["id"] for r in json.loads(out) if r["source"] == "hub"] == [f"hf.co/{REPO}/Tiny-Instruct-Q4_K_M.gguf"]
+
+
+@pytest.mark.parametrize("argv, kind_words", [
+    (["models", "fetch", "hf.co/owner/Nope-GGUF:Q4_K_M"], "no such model repo on the Hub"),
+    (["models", "fetch", f"hf.co/{REPO}:Q3_K_S"], f"hf.co/{REPO} has no Q3_K_S file; it has F16, Q4_K_M, Q8_0"),
+    (["models", "fetch", f"hf.co/{REPO}:F16"], "is split into 2 files; attnchat loads single-file GGUFs only"),
+    (["models", "files", "hf.co/owner"], "names no repo"),
+    (["models", "fetch", "no-such-id"], "or a Hugging Face model as hf.co/OWNER/REPO:QUANT"),
+])
+def test_errors_are_one_line_and_exit_2(hub, capsys, argv, kind_words):
+    tiny(hub)
+    status, out, err = run(capsys, *argv)
+    assert status == 2 and out == ""
+    assert err.startswith("attnchat: error: ") and err.count("\n") == 1 and kind_words in err, err
+
+
+def test_fetch_in_a_real_process_resumes_after_ctrl_c(hub, tmp_path):
+    """The installed command, its own process: the libraries are switched offline by the command
+    line itself, the Hub still answers; SIGINT mid-download exits 130 and keeps the part; the
+    same command resumes with a Range request."""
+    import signal
+    import time
+
+    name = "Tiny-Instruct-Q6_K.gguf"
+    repo = hub.add_repo(REPO, {name: gguf_bytes(payload=3_000_000, seed=7, **SHAPE)})
+    hub.throttle_s = 0.02   # 64 KiB every 20 ms: the 3 MB in ~1 s, handed over in 1 MiB chunks
+    env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "ATTNCHAT_MODELS_DIR": os.environ["ATTNCHAT_MODELS_DIR"],
+           "HF_TOKEN_PATH": str(tmp_path / "none"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "ATTNCHAT_HUB_OFFLINE_BY_APP", "HF_TOKEN"):
+        env.pop(var, None)
+    cmd = [sys.executable, "-m", "attnchat", "models", "fetch", f"hf.co/{REPO}:Q6_K"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while models.hub.partial_bytes(repo.sha(name)) == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)   # until the first 1 MiB chunk is written (the rest takes 0.6 s more to arrive)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == ("attnchat: error: interrupted (the bytes downloaded so far are kept: "
+                                            "the same command resumes)")
+    kept = models.hub.partial_bytes(repo.sha(name))
+    assert 0 < kept < len(repo.files[name]) and kept % (1 << 20) == 0
+    hub.throttle_s = 0
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()).read_bytes() == repo.files[name]
+    assert hub.hits("cdn", "GET")[-1].range == f"bytes={kept}-"
