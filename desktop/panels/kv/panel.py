@@ -23,7 +23,7 @@ from PySide6.QtWidgets import QCheckBox, QLabel, QVBoxLayout, QWidget
 
 import runtime
 from desktop.remote.engine import REMOTE_KV_NOTE, usage_text
-from desktop.panels.kv import readout
+from desktop.panels.kv import labels, readout
 from desktop.panels.kv.readout import OTHER_MODEL
 from desktop.panels.kv.series import KVSeries, policy_next
 from desktop.settings.checks import CONTEXT_KEYS, effective_context
@@ -107,6 +107,7 @@ class KVPanel(QWidget):
                                                                             "anchors": [(0.5, 1), (0.5, 1)]})
         item.addItem(self.context_line, ignoreBounds=True)
         item.addItem(self.memory_line, ignoreBounds=True)
+        item.vb.sigResized.connect(lambda *_: self.place_labels())   # the labels' room changed
         self.event_items: list = []
         dash, dot, solid = Qt.PenStyle.DashLine, Qt.PenStyle.DotLine, Qt.PenStyle.SolidLine
         #: Each line's pen: (colour, width in logical pixels, style); see :meth:`_apply_pens`.
@@ -283,6 +284,7 @@ class KVPanel(QWidget):
         top_bytes = top_bytes or EMPTY_TOP_BYTES   # nothing to draw yet: 0..1 MiB, not 0..1e-06
         item.setXRange(0, span * 1.02, padding=0)
         item.setYRange(0, top_bytes / MIB * 1.08, padding=0)
+        self.place_labels()
         self.readout.setText(self._readout())
 
     def plotted(self) -> tuple[list[float], list[float], list[float]]:
@@ -310,9 +312,14 @@ class KVPanel(QWidget):
         for before, after, kind in self.series.events[-20:]:
             line = pg.InfiniteLine(pos=before, angle=90, pen=self._pen("event", 1, Qt.PenStyle.DashLine),
                                    label=f"{kind} {before - after:,}",
-                                   labelOpts={"position": 0.75, "color": COLORS["event"], "rotateAxis": (1, 0)})
+                                   labelOpts={"position": 0.25, "color": COLORS["event"], "rotateAxis": (1, 0)})
+            line.kv_event = (before, after, kind)   # not .event: that is QObject.event()
             item.addItem(line, ignoreBounds=True)
             self.event_items.append(line)
+
+    def place_labels(self) -> None:
+        """Lay the line labels out, none over another or past an edge (:func:`labels.lay_out`)."""
+        labels.lay_out(self.plot.getPlotItem().vb, self.memory_line, self.context_line, self.event_items)
 
     def _readout(self) -> str:
         if self.remote:
