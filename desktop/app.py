@@ -130,6 +130,8 @@ def start_model(window: MainWindow, source: str | None, *, fetch_fn=None) -> Dow
 
     Returns the download dialog when one was opened (already shown, not modal-blocking).
     """
+    if source and models.hub.is_hub_ref(source) and not Path(source).exists():
+        return _start_hub_model(window, source)
     if source:
         window.load_model(source)
         return None
@@ -142,6 +144,25 @@ def start_model(window: MainWindow, source: str | None, *, fetch_fn=None) -> Dow
         return None
     window.show_first_run()
     return offer_download(window, fetch_fn=fetch_fn)
+
+
+def _start_hub_model(window: MainWindow, source: str) -> None:
+    """``--model hf.co/OWNER/REPO:QUANT``: load it when downloaded; otherwise open File > Models…
+    on the Hub tab at that repo, so its quants' sizes, fits and license show before a download."""
+    try:
+        ref = models.hub.parse_ref(source)
+    except models.HubError as exc:
+        window.show_error(str(exc))
+        return None
+    path = models.hub.find_installed(ref, models.fetch.preferred_file(ref.repo_id))
+    if path is not None:
+        window.load_model(str(path))
+        return None
+    dialog = window.model_switcher.open()
+    dialog.tabs.setCurrentIndex(dialog.HUB)
+    dialog.browser.query.setText(ref.repo_id)
+    dialog.browser.open_repo(ref.repo_id)
+    return None
 
 
 def offer_download(window: MainWindow, *, fetch_fn=None) -> DownloadDialog:

@@ -333,6 +333,10 @@ def hub(tmp_path, monkeypatch):
     monkeypatch.delenv("ATTNCHAT_HUB_OFFLINE_BY_APP", raising=False)   # an in-process CLI test may have set it
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-saved-token"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    # models.hub switches huggingface_hub's telemetry off (it would reach huggingface.co itself):
+    # put the flag back after each test.
+    monkeypatch.delenv("HF_HUB_DISABLE_TELEMETRY", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", constants.HF_HUB_DISABLE_TELEMETRY)
     # 64 KiB body chunks (1 MiB in use): the tiny files then arrive in several chunks, as big ones do.
     monkeypatch.setattr("models.hub.download.HTTP_CHUNK", 64 << 10)
     monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", constants.DOWNLOAD_CHUNK_SIZE)

@@ -65,7 +65,8 @@ DEFAULT_DTYPE = {"cpu": "float32", "cuda": "float16"}
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench", help="benchmark against transformers (and llama.cpp)",
                               description="Side-by-side benchmark; each engine in its own process, interleaved.")
-    p.add_argument("--model", metavar="SRC", help="a .gguf file or model folder (default: the default model)")
+    p.add_argument("--model", metavar="SRC", help="a .gguf file, a model folder, a catalog id or hf.co/OWNER/REPO:QUANT "
+                                                  "(fetched first when missing; default: the default model)")
     p.add_argument("--quick", action="store_true", help="depths 128 and 1,024 only (else also 4,096)")
     p.add_argument("--repeats", type=int, default=3, metavar="N", help="repetitions per engine (default 3)")
     p.add_argument("--engines", default=None,
@@ -196,9 +197,11 @@ def run(args: argparse.Namespace) -> int:
 
         model = str(fetch.ensure_default())
     else:
-        model = str(args.model)
+        from attnchat.fetching import model_source
+
+        model = str(model_source(args.model))
         if not os.path.exists(model):
-            raise ValueError(f"{model} does not exist; give a .gguf file or a model folder")
+            raise ValueError(f"{model} does not exist; give a .gguf file, a model folder or hf.co/OWNER/REPO:QUANT")
     engines = args.engines.split(",") if args.engines else list(DEFAULT_ENGINES[args.device])
     unknown = set(engines) - set(ENGINES)
     if unknown:

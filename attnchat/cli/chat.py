@@ -23,7 +23,8 @@ def add_parser(sub) -> None:
 
 
 def add_generation_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", metavar="SRC", help="a .gguf file or a model folder (default: the default model)")
+    p.add_argument("--model", metavar="SRC", help="a .gguf file, a model folder, a catalog id or hf.co/OWNER/REPO:QUANT "
+                                                  "(fetched first when missing; default: the default model)")
     p.add_argument("--system", metavar="TEXT", help="system prompt")
     p.add_argument("--max-new-tokens", type=positive_int, default=512, metavar="N", help="most tokens per reply (default 512)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
@@ -70,9 +71,10 @@ def _settings(args: argparse.Namespace):
 
 
 def _load(args: argparse.Namespace):
+    from attnchat.fetching import model_source
     from runtime import load_model
 
-    return load_model(args.model, device=args.device, dtype=getattr(args, "dtype", None))
+    return load_model(model_source(args.model), device=args.device, dtype=getattr(args, "dtype", None))
 
 
 def _turn_json(model, finish) -> dict[str, Any]:

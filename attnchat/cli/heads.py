@@ -27,10 +27,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     if args.repeat_len < 2 or args.batch < 1:
         raise ValueError("--repeat-len must be at least 2 and --batch at least 1")
+    from attnchat.fetching import model_source
     from runtime import load_model
     from runtime.insight.probe import head_scores
 
-    model = load_model(args.model, device=args.device)
+    model = load_model(model_source(args.model), device=args.device)
     if 1 + 2 * args.repeat_len > model.config.max_position_embeddings:
         raise ValueError(f"--repeat-len {args.repeat_len} needs more than the model's {model.config.max_position_embeddings} positions")
     scores = head_scores(model, repeat_len=args.repeat_len, batch=args.batch, seed=args.seed)

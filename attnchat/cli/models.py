@@ -22,6 +22,7 @@ import sys
 from typing import Any, TextIO
 
 import models
+from attnchat.fetching import PercentLine
 from models import FetchError, ImportModelError, ModelInfo, UnknownModelError
 
 __all__ = ["add_parser", "run"]
@@ -102,29 +103,9 @@ def _print_table(rows: list[ModelInfo], out: TextIO) -> None:
         print("  ".join(cells), file=out)
 
 
-class _PercentLine:
-    """Progress callback drawing ``fetching NAME: 42% (12.3 of 29.4 MB)`` on one terminal line."""
-
-    def __init__(self, name: str, err: TextIO) -> None:
-        self._name, self._err, self._last = name, err, -1
-
-    def __call__(self, done_bytes: int, total_bytes: int) -> None:
-        percent = 100 * done_bytes // total_bytes if total_bytes > 0 else 0
-        if percent != self._last:
-            self._last = percent
-            self._err.write(f"\rfetching {self._name}: {percent:3d}% ({done_bytes / 1e6:,.1f} of "
-                            f"{total_bytes / 1e6:,.1f} MB)")
-            self._err.flush()
-
-    def finish(self) -> None:
-        if self._last >= 0:
-            self._err.write("\n")
-            self._err.flush()
-
-
 def _fetch(ref: str | None, out: TextIO, err: TextIO) -> None:
     """Print the path of ``ref`` (default: the default model), fetched first when missing."""
-    line = _PercentLine(ref or models.DEFAULT_MODEL.name, err) if err.isatty() else None
+    line = PercentLine(ref or models.DEFAULT_MODEL.name, err) if err.isatty() else None
     try:
         if ref and models.hub.is_hub_ref(ref):
             parsed = models.hub.parse_ref(ref)

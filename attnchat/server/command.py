@@ -53,7 +53,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
         description="GET /v1/models and POST /v1/chat/completions (streamed or not), one request at a time. "
                     "Binds to loopback unless given --host with --api-key.")
-    p.add_argument("--model", metavar="SRC", help="a .gguf file or a model folder (default: the default model)")
+    p.add_argument("--model", metavar="SRC", help="a .gguf file, a model folder, a catalog id or hf.co/OWNER/REPO:QUANT "
+                                                  "(fetched first when missing; default: the default model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --api-key)")
     p.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT}; 0 picks a free one)")
     key = p.add_mutually_exclusive_group()
@@ -187,9 +188,10 @@ def _serve(args: argparse.Namespace, settings, sock: socket.socket) -> int:
 
     from attnchat.server.app import create_app
     from attnchat.server.guard import HeaderDeadline, drop_query_strings
+    from attnchat.fetching import model_source
     from runtime import load_model
 
-    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    model = load_model(model_source(args.model), device=args.device, dtype=args.dtype)
     app = create_app(model, api_key=args.api_key, model_id=args.model_id, settings=settings,
                      sessions=args.sessions, default_temperature=args.temperature,
                      default_max_tokens=args.max_tokens, max_tokens_limit=args.max_tokens_limit,

@@ -59,10 +59,12 @@ _reach_saved: bool | None = None
 def libraries_offline() -> None:
     """Switch huggingface_hub and transformers offline for the app's own model loading (a local
     file never needs a hub, and a library reaching for one would hang without network), unless
-    the user set ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE`` already. Call it before transformers
+    the user set ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE`` already; and huggingface_hub's
+    telemetry off (``HF_HUB_DISABLE_TELEMETRY``, unless set). Call it before transformers
     or huggingface_hub is imported (the command line's and the frozen app's entry points do).
     The explicit requests of this module still go out (:func:`_reachable`); a user's own
     ``HF_HUB_OFFLINE=1`` stops them too."""
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     if os.environ.get("HF_HUB_OFFLINE", "").strip() or os.environ.get("TRANSFORMERS_OFFLINE", "").strip():
         return
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -85,6 +87,16 @@ def offline() -> bool:
     from huggingface_hub import constants
 
     return bool(constants.is_offline_mode())
+
+
+def _no_telemetry() -> None:
+    """Nothing but the request asked for: huggingface_hub's telemetry (its user agent names the
+    torch version and, to do so, fetches an "agent harnesses" list from the Hub once a day) is
+    off, unless the user set ``HF_HUB_DISABLE_TELEMETRY`` themselves."""
+    if not os.environ.get("HF_HUB_DISABLE_TELEMETRY", "").strip():
+        from huggingface_hub import constants
+
+        constants.HF_HUB_DISABLE_TELEMETRY = True
 
 
 @contextlib.contextmanager
@@ -138,6 +150,7 @@ def hub_errors(what: str, repo_id: str = "", filename: str = "") -> Iterator[Non
     from huggingface_hub.utils import OfflineModeIsEnabled
 
     where = f"hf.co/{repo_id}" if repo_id else "the Hub"
+    _no_telemetry()
     try:
         with _reachable():
             yield

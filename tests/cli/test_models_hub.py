@@ -140,3 +140,66 @@ def test_fetch_in_a_real_process_resumes_after_ctrl_c(hub, tmp_path):
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()).read_bytes() == repo.files[name]
     assert hub.hits("cdn", "GET")[-1].range == f"bytes={kept}-"
+    # Nothing but what was asked: no telemetry request (huggingface_hub's agent-harness list).
+    assert {r.path for r in hub.hits("hub")} == {f"/api/models/{REPO}", f"/{REPO}/resolve/main/{name}"}
+
+
+class TTY:
+    """A stderr that says it is a terminal."""
+
+    def __init__(self):
+        self.text = ""
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return True
+
+
+def test_model_source_fetches_a_reference_first_and_passes_paths_through(hub, tmp_path):
+    from attnchat.fetching import model_source
+
+    repo = tiny(hub)
+    err = TTY()
+    path = model_source(f"hf.co/{REPO}:Q8_0", err)
+    assert Path(path).read_bytes() == repo.files["Tiny-Instruct-Q8_0.gguf"]
+    size = len(repo.files["Tiny-Instruct-Q8_0.gguf"]) / 1e6
+    assert err.text.rstrip("\n").endswith(f"fetching hf.co/{REPO}:Q8_0: 100% ({size:,.1f} of {size:,.1f} MB)")
+    n = len(hub.requests)
+    assert model_source(f"hf.co/{REPO}:Q8_0", TTY()) == path and len(hub.requests) == n   # already here
+    assert model_source(None) is None
+    own = tmp_path / "own.gguf"
+    own.write_bytes(b"GGUF")
+    assert model_source(str(own)) == str(own)
+    assert model_source(str(tmp_path / "missing.gguf")) == str(tmp_path / "missing.gguf")  # the loader says so
+    with pytest.raises(models.HubError, match="has no Q2_K file"):
+        model_source(f"hf.co/{REPO}:Q2_K")
+
+
+@pytest.mark.parametrize("command", ["chat", "heads"])
+def test_model_option_fetches_a_reference_before_loading(hub, monkeypatch, command):
+    """chat (and heads) hand the loader the downloaded file's path; serve and bench call the same
+    model_source (attnchat/server/command.py, attnchat/bench/command.py)."""
+    import runtime
+    from attnchat.cli import chat as chat_cmd
+    from attnchat.cli import heads as heads_cmd
+
+    repo = tiny(hub)
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def load_model(source, **kw):
+        seen.append(source)
+        raise Stop
+
+    monkeypatch.setattr(runtime, "load_model", load_model)
+    args = cli.build_parser().parse_args([command, "--model", f"hf.co/{REPO}", "--device", "cpu"])
+    with pytest.raises(Stop):
+        chat_cmd._load(args) if command == "chat" else heads_cmd.run(args)
+    assert Path(seen[0]).read_bytes() == repo.files["Tiny-Instruct-Q4_K_M.gguf"]

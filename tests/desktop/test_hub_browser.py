@@ -204,3 +204,21 @@ def test_a_catalog_model_from_the_hub_downloads_with_progress_cancel_and_resume(
         dl.retry_button.click()
     assert hub.hits("cdn", "GET")[-1].range == f"bytes={kept}-"
     assert Path(got.args[0]).read_bytes() == repo.files[name] and models.installed_path(entry) == Path(got.args[0])
+
+
+def test_model_option_with_a_reference_opens_the_hub_tab_or_loads_the_download(qtbot, make_window, hub):
+    from desktop.app import start_model
+
+    repo = hub.add_repo(REPO, files())
+    w = make_window(load=False)
+    w.model_switcher.service = service()
+    assert start_model(w, f"hf.co/{REPO}:Q8_0") is None
+    d = w.model_switcher.dialog
+    assert d.isVisible() and d.tabs.currentIndex() == d.HUB and d.browser.query.text() == REPO
+    qtbot.waitUntil(lambda: d.browser.repo is not None, timeout=10000)
+    d.close()
+    models.hub.fetch_hub(f"hf.co/{REPO}:Q8_0")
+    with qtbot.waitSignal(w.engine.model_loaded, timeout=5000) as loaded:
+        start_model(w, f"hf.co/{REPO}:Q8_0")
+    assert loaded.args[0]["path"] == str(models.hub.hub_path(REPO, "Tiny-Instruct-Q8_0.gguf"))
+    assert repo.sha("Tiny-Instruct-Q8_0.gguf")

@@ -21,7 +21,7 @@ def test_importing_models_imports_neither_torch_nor_qt():
 
 
 def test_models_cli_imports_neither_torch_nor_qt():
-    code = CODE.replace("import models,", "import attnchat.cli.models, models,")
+    code = CODE.replace("import models,", "import attnchat.cli.models, attnchat.fetching, models,")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr
@@ -33,3 +33,20 @@ def test_the_hub_layer_imports_neither_torch_nor_qt():
                         "huggingface_hub.hf_api, huggingface_hub.utils, models,")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_hub_layer_sends_no_telemetry(monkeypatch):
+    """huggingface_hub's user agent would otherwise fetch an "agent harnesses" list from the
+    Hub (telemetry): models.hub turns it off unless the user chose."""
+    from huggingface_hub import constants
+
+    from models.hub import api
+
+    monkeypatch.delenv("HF_HUB_DISABLE_TELEMETRY", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", False)
+    api._no_telemetry()
+    assert constants.HF_HUB_DISABLE_TELEMETRY is True
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "0")
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", False)
+    api._no_telemetry()
+    assert constants.HF_HUB_DISABLE_TELEMETRY is False
