@@ -24,6 +24,16 @@ A bounded buffer (not a ring) keeps keys in position order, so attention and the
 attention view read a plain slice, and a crop back a few tokens stays possible as long
 as the buffer still holds the window before the crop point (:meth:`KVCache.crop_point`).
 
+Eviction by attention (:mod:`runtime.cache.eviction`, applied by
+:mod:`runtime.cache.evictor`): a policy may drop tokens from the full-attention layers
+(:meth:`KVCache.keep`), per KV head. ``length`` stays the conversation's true length (the
+next token's position: keys keep the rotation they were cached with and later queries use
+their true positions), while each full layer then holds ``length - evicted`` slots
+(:meth:`KVCache.held`) whose positions are in ``pos`` (ascending per head). Sliding
+layers are never evicted by a policy (their window already bounds them, and their
+attention masks by slot distance). The evictions are remembered, so :meth:`crop_point`
+returns only points whose cache state can be restored exactly.
+
 Byte counts are per layer (``layer_bytes_per_token``, one figure for every layer today;
 a per-layer storage dtype would change only that method).
 
@@ -46,6 +56,7 @@ import torch
 
 from runtime import device as devices
 from runtime.cache.accounting import ByteAccounting
+from runtime.cache.kv_evict import EvictedSlots
 from runtime.cache.kv_quant import QuantizedStorage
 from runtime.dtypes import (
     QUANTIZED_CACHE_DTYPES,
@@ -55,7 +66,7 @@ from runtime.dtypes import (
 from runtime.errors import CacheLimitError
 
 
-class KVCache(ByteAccounting, QuantizedStorage):
+class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
     """Per-layer K/V buffers ``(B, Hkv, capacity_i, D)`` with an explicit ``length``.
 
     Args:
@@ -116,6 +127,16 @@ class KVCache(ByteAccounting, QuantizedStorage):
         self.v_scale: list[torch.Tensor] = []
         #: Per layer: the absolute position of buffer slot 0 (0 for full-attention layers).
         self.start: list[int] = [0] * n_layers
+        #: Tokens a policy has evicted from each full-attention layer (:meth:`keep`).
+        self.evicted = 0
+        #: Per full layer after an eviction: each slot's true position, ``(B, Hkv, capacity_i)``
+        #: int64 (None: slot ``j`` holds position ``j``).
+        self.pos: list[torch.Tensor | None] = [None] * n_layers
+        #: Each eviction as ``(length then, lowest position evicted, tokens evicted)``.
+        self.evictions: list[tuple[int, int, int]] = []
+        #: Observes queries for the eviction policy (:class:`runtime.cache.evictor.Evictor`
+        #: sets itself here); None: no policy.
+        self.evictor = None
         # Dequantized keys and values of the layer being read (quantized dtypes only): one
         # layer's worth, reused by every layer, in the dtype the model computes in.
         self._read_k: torch.Tensor | None = None
@@ -135,6 +156,22 @@ class KVCache(ByteAccounting, QuantizedStorage):
         caps = [self.k[i].shape[2] for i in range(self.n_layers) if self.windows[i] is None]
         return min(caps or [kb.shape[2] for kb in self.k])
 
+    def held(self, layer: int) -> int:
+        """Slots layer ``layer`` holds: ``length - start[layer]``, less what a policy evicted
+        from a full-attention layer."""
+        return self.length - self.start[layer] - (self.evicted if self.windows[layer] is None else 0)
+
+    @property
+    def held_tokens(self) -> int:
+        """Tokens every full-attention layer holds (``length - evicted``)."""
+        return self.length - self.evicted
+
+    @property
+    def evicts(self) -> bool:
+        """Whether slots and positions may differ (a policy is set or has evicted): the
+        static decode step (slot = position) cannot run then."""
+        return self.evictor is not None or self.evicted > 0
+
     # ---- growth ----------------------------------------------------------------------
     def _target(self, layer: int, need: int) -> int:
         """Buffer tokens for layer ``layer`` to take ``need`` slots, grown in chunks."""
@@ -151,7 +188,7 @@ class KVCache(ByteAccounting, QuantizedStorage):
                 or the grown buffers would not fit the device's free memory (checked
                 before allocating; an allocation that fails anyway raises it too).
         """
-        need = self.length + n_new
+        need = self.held_tokens + n_new
         if need > self.token_limit:
             why = (
                 f"the KV-cache memory limit ({self.limit_bytes} bytes = {self.token_limit} tokens)"
@@ -162,11 +199,11 @@ class KVCache(ByteAccounting, QuantizedStorage):
                 f"{need} tokens would pass {why}; shorten the conversation or raise the limit"
             )
         for i, w in enumerate(self.windows):
-            if w is not None and i < len(self.k) and need - self.start[i] > self.k[i].shape[2]:
+            if w is not None and i < len(self.k) and self.held(i) + n_new > self.k[i].shape[2]:
                 self._drop_before(i, max(self.start[i], self.length - w))
         grow = {}
         for i in range(self.n_layers):
-            slots = need - self.start[i]
+            slots = self.held(i) + n_new
             have = self.k[i].shape[2] if i < len(self.k) else 0
             if slots > have or i >= len(self.k):
                 grow[i] = self._target(i, slots)
@@ -201,13 +238,18 @@ class KVCache(ByteAccounting, QuantizedStorage):
                     f"out of memory allocating a {grow[i]}-token KV cache "
                     f"({new_bytes} bytes); lower the context length or use a smaller cache dtype"
                 ) from e
-            n = self.length - self.start[i]
+            n = self.held(i)
             for plane, buf in zip(self._planes(), new):
                 if i < len(plane):
                     buf[:, :, :n].copy_(plane[i][:, :, :n])
                     plane[i] = buf
                 else:
                     plane.append(buf)
+            if self.pos[i] is not None:
+                with torch.inference_mode(False):
+                    pos = torch.zeros((*self.pos[i].shape[:2], grow[i]), dtype=torch.long, device=self.device)
+                pos[:, :, :n].copy_(self.pos[i][:, :, :n])
+                self.pos[i] = pos
         self._read_k = self._read_v = None  # re-made at the new size on the next read
 
     def _planes(self) -> tuple[list[torch.Tensor], ...]:
@@ -243,8 +285,10 @@ class KVCache(ByteAccounting, QuantizedStorage):
             position for a full layer, at least the window for a sliding one. The new
             tokens are the last ``Tnew``.
         """
-        t0 = self.length - self.start[layer]
+        t0 = self.held(layer)
         t1 = t0 + k.shape[2]
+        if self.pos[layer] is not None:
+            self.pos[layer][:, :, t0:t1] = torch.arange(self.length, self.length + k.shape[2], device=self.device)
         if self.quantized:
             self._store(layer, t0, k, v)
             return self._read(layer, t1, k.dtype)
@@ -290,7 +334,7 @@ class KVCache(ByteAccounting, QuantizedStorage):
 
     def advance(self, n: int) -> None:
         """Mark ``n`` more tokens as valid (after every layer has written them)."""
-        if any(self.length + n - self.start[i] > self.k[i].shape[2] for i in range(len(self.k))) or len(self.k) < self.n_layers:
+        if any(self.held(i) + n > self.k[i].shape[2] for i in range(len(self.k))) or len(self.k) < self.n_layers:
             raise CacheLimitError("advance past the reserved capacity (call reserve first)")
         self.length += n
 
@@ -298,9 +342,13 @@ class KVCache(ByteAccounting, QuantizedStorage):
     def crop_point(self, n: int) -> int:
         """The largest ``m <= n`` that :meth:`crop` can keep exactly: ``n`` when every
         sliding layer still holds the ``window - 1`` tokens before ``n`` (the next
-        token's view), else 0 (the conversation must be prefilled again)."""
+        token's view), else 0 (the conversation must be prefilled again). After
+        evictions by a policy: the latest point at or before ``n`` whose cache no later
+        eviction has touched (:meth:`restorable`), so what was evicted is never taken
+        for reused."""
         if not 0 <= n <= self.length:
             raise ValueError(f"crop point {n} outside 0..{self.length}")
+        n = self.restorable(n)
         for i, w in enumerate(self.windows):
             if w is not None and self.start[i] > max(0, n - w + 1):
                 return 0
@@ -319,9 +367,12 @@ class KVCache(ByteAccounting, QuantizedStorage):
             raise ValueError(
                 f"crop({n}): the sliding-window layers no longer hold the tokens before {n}; crop to 0 and prefill again"
             )
+        self._crop_evictions(n)
         self.length = n
         for i in range(self.n_layers):
             self.start[i] = min(self.start[i], n)
+        if self.evictor is not None:
+            self.evictor.cropped(self)
 
     @torch.inference_mode()
     def evict(self, start: int, end: int) -> None:
@@ -333,6 +384,8 @@ class KVCache(ByteAccounting, QuantizedStorage):
         """
         if not 0 <= start <= end <= self.length:
             raise ValueError(f"evict({start}, {end}) outside 0..{self.length}")
+        if self.evicted:
+            raise ValueError("evict(): this cache's slots are not its positions (a policy evicted tokens); use keep()")
         n_evict = end - start
         for i in range(len(self.k)):
             s = self.start[i]
@@ -359,11 +412,12 @@ class KVCache(ByteAccounting, QuantizedStorage):
         """Forget every token (``length = 0``); memory stays allocated."""
         self.length = 0
         self.start = [0] * self.n_layers
+        self._forget_evictions()
 
     @torch.inference_mode()
     def shrink_to_fit(self) -> int:
         """Reallocate each layer's buffers at the smallest chunk multiple that holds the
-        tokens it holds now (``length - start[i]``; :meth:`release` when ``length`` is 0);
+        tokens it holds now (:meth:`held`; :meth:`release` when ``length`` is 0);
         nothing is dropped, so reads, :meth:`crop_point` and the next :meth:`reserve` act
         as before. For an idle cache (a pooled server session): a long reply's buffers
         otherwise stay at their peak.
@@ -376,14 +430,16 @@ class KVCache(ByteAccounting, QuantizedStorage):
             self.release()
             return before
         for i in range(len(self.k)):
-            held = self.length - self.start[i]
+            held = self.held(i)
             cap = self._target(i, max(held, 1))
             if cap >= self.k[i].shape[2]:
                 continue
-            for plane in self._planes():
+            for plane in (*self._planes(), self.pos):
+                if plane[i] is None:
+                    continue
                 buf = plane[i]
                 with torch.inference_mode(False):  # normal tensors, as reserve() makes them
-                    small = torch.zeros((*buf.shape[:2], cap, buf.shape[3]), dtype=buf.dtype, device=buf.device)
+                    small = torch.zeros((*buf.shape[:2], cap, *buf.shape[3:]), dtype=buf.dtype, device=buf.device)
                 small[:, :, :held].copy_(buf[:, :, :held])
                 plane[i] = small
         self._read_k = self._read_v = None  # sized for the largest layer: re-made on the next read
@@ -395,6 +451,7 @@ class KVCache(ByteAccounting, QuantizedStorage):
         self._read_k = self._read_v = None
         self.length = 0
         self.start = [0] * self.n_layers
+        self._forget_evictions()
 
     def __repr__(self) -> str:
         return (

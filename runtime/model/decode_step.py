@@ -239,6 +239,8 @@ class DecodeStep:
         return (self.mode != "eager" and decoder.observer is None
                 and not any(b.attn.head_edit is not None for b in decoder.blocks)
                 and cache.dtype.is_floating_point and not getattr(cache, "sliding", False)
+                # a cache policy: slots are not positions, and the evictor observes queries
+                and not getattr(cache, "evicts", False)
                 # longrope's frequencies depend on the sequence length past its trained context
                 and not any(getattr(spec, "type", None) == "longrope" for spec in getattr(decoder, "layer_ropes", ())))
 

@@ -26,7 +26,6 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from runtime.cache.kv_cache import KVCache
 from runtime.config.model import ModelConfig
@@ -114,7 +113,6 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
         q, k, v = self.project(x, rope)
-        first = 0  # position of the first key
         kw = dict(scale=self.scale, window=self.window, softcap=self.softcap)
         if pos is not None:
             # The static decode step: write at a tensor position, attend over the whole
@@ -123,17 +121,22 @@ class Attention(nn.Module):
             y = attention(q, k, v, causal=False, mask=mask, kernels=self.kernels, scale=self.scale, softcap=self.softcap)
         else:
             if cache is not None:
-                first = cache.start[layer]
-                k, v = cache.update(layer, k, v)  # (B, Hkv, Tcached + T, D); a sliding layer holds its window
+                k, v = cache.update(layer, k, v)  # (B, Hkv, held + T, D); a sliding layer holds its window
+                if cache.evictor is not None and cache.windows[layer] is None:  # a cache policy's observations
+                    cache.evictor.observe(cache, layer, q, k, scale=self.scale, softcap=self.softcap)
+
+            def spread(weights: torch.Tensor) -> torch.Tensor:  # over slots -> over positions 0 .. length + T - 1
+                return weights if cache is None else cache.spread(layer, weights, T)
+
             if observer is not None and getattr(observer, "last_row_only", False):
                 # Only the newest query's weights are wanted (the live view): the fast path
                 # for the output, the formula for one row (it sees every key: no mask).
                 y = attention(q, k, v, causal=True, kernels=self.kernels, **kw)
                 _, weights = attention(q[:, :, -1:], k, v, causal=True, return_weights=True, **kw)  # (B, H, 1, Tk)
-                observer(layer, F.pad(weights, (first, 0)))
+                observer(layer, spread(weights))
             elif observer is not None:
                 y, weights = attention(q, k, v, causal=True, return_weights=True, **kw)
-                observer(layer, F.pad(weights, (first, 0)))  # keys a sliding layer dropped: weight 0
+                observer(layer, spread(weights))  # keys a sliding layer dropped or a policy evicted: weight 0
             else:
                 y = attention(q, k, v, causal=True, kernels=self.kernels, **kw)  # (B, H, T, D)
         if self.head_edit is not None:
