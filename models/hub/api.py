@@ -292,7 +292,8 @@ class RepoListing:
     """A repo's GGUF models at one commit.
 
     Attributes:
-        repo_id: ``OWNER/REPO``; commit: the commit listed; revision: the revision asked
+        repo_id: ``OWNER/REPO``; commit: the commit listed ("" when the answer had none);
+            revision: the revision asked
             for (downloads resolve files at it; their sha256 must be the listing's, so a
             push in between is caught).
         ggufs: its GGUF models (split ones grouped), smallest first.
@@ -327,15 +328,13 @@ def repo_listing(repo_id: str, revision: str = "main") -> RepoListing:
         files = [HubFile(s.rfilename, int(s.size or (s.lfs.size if s.lfs else 0) or 0),
                          (s.lfs.sha256 if s.lfs else "") or "") for s in (info.siblings or [])]
         arch, supported, ctx, params = _gguf_facts(info.gguf)
-        if not info.sha:
-            raise ValueError("no commit sha in the model info")
         if any(f.path.lower().endswith(".gguf") and not (f.size_bytes and f.sha256) for f in files):
             # An answer without files metadata: the tree at that commit has sizes and LFS oids.
-            tree = api.list_repo_tree(repo_id, revision=info.sha, recursive=True)
+            tree = api.list_repo_tree(repo_id, revision=info.sha or revision, recursive=True)
             files = [HubFile(t.path, int(t.size or 0), (t.lfs.sha256 if t.lfs else "") or "")
                      for t in tree if hasattr(t, "size")]
         return RepoListing(
-            repo_id=info.id or repo_id, commit=info.sha, ggufs=group_files(files), revision=revision,
+            repo_id=info.id or repo_id, commit=info.sha or "", ggufs=group_files(files), revision=revision,
             gated=info.gated or False,
             license=_license(info.card_data, info.tags), architecture=arch, supported=supported,
             context_length=ctx, parameters=params, files=files)
