@@ -3,6 +3,8 @@
 torch + transformers; never Qt. This module is the public API the desktop and the
 command line use. Nothing runs at import time.
 """
+from runtime.cache.eviction import CACHE_POLICIES, PolicyParams
+from runtime.cache.evictor import Evictor, budget_for_bytes
 from runtime.cache.kv_cache import KVCache
 from runtime.cache.planner import Fit, MemoryPlan, count_parameters, fit, plan, plan_for_config
 from runtime.cache.sizes import cache_bytes_per_token, element_bytes, kv_bytes_per_token
@@ -69,7 +71,7 @@ from runtime.model.attention import (
 )
 
 __all__ = [
-    "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "compute_dtype", "default_dtype", "WEIGHT_DTYPE_QUALITY", "Message", "builtin_system_prompt", "ModelConfig", "KVCache", "CACHE_DTYPES", "Model", "load_model",
+    "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "compute_dtype", "default_dtype", "WEIGHT_DTYPE_QUALITY", "Message", "builtin_system_prompt", "ModelConfig", "KVCache", "CACHE_POLICIES", "PolicyParams", "Evictor", "budget_for_bytes", "CACHE_DTYPES", "Model", "load_model",
     "SamplingParams", "Fit", "fit", "MemoryPlan", "plan", "plan_for_config", "kv_bytes_per_token", "cache_bytes_per_token", "count_parameters", "element_bytes",
     "free_memory_bytes", "AttentionCapture", "HeadScores", "head_scores",
     "ABLATION_MODES", "InductionAblation", "ablated", "induction_ablation", "parse_heads", "top_and_probs",

@@ -14,6 +14,7 @@ import sys
 from typing import Sequence
 
 from attnchat.bench import command as bench
+from attnchat.cli import cache_eval as cache_eval_cmd
 from attnchat.cli import chat as chat_cmd
 from attnchat.cli import formula as formula_cmd
 from attnchat.cli import heads as heads_cmd
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     heads_cmd.add_parser(sub)
     formula_cmd.add_parser(sub)
     bench.add_parser(sub)
+    cache_eval_cmd.add_parser(sub)
     serve_cmd.add_parser(sub)
     return parser
 
@@ -101,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve_cmd.run(args)
         if args.command == "bench":
             return bench.run(args)
+        if args.command == "cache-eval":
+            return cache_eval_cmd.run(args)
         return _app(args)
     except KeyboardInterrupt:
         print("attnchat: interrupted", file=sys.stderr)

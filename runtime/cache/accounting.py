@@ -26,6 +26,7 @@ class ByteAccounting:
     max_tokens: int
     limit_bytes: int | None
     k: list[torch.Tensor]
+    evicted: int
 
     @property
     def element_bytes(self) -> int:
@@ -49,11 +50,14 @@ class ByteAccounting:
         return any(w is not None for w in self.windows)
 
     def layer_tokens(self, layer: int, length: int | None = None) -> int:
-        """Tokens layer ``layer`` needs at ``length`` (default: now): ``min(length, window)``
-        for a sliding layer, ``length`` for a full one."""
+        """Tokens layer ``layer`` needs at ``length`` (default: now, and then a full layer's
+        tokens a cache policy has evicted are not counted): ``min(length, window)`` for a
+        sliding layer, ``length`` for a full one."""
         n = self.length if length is None else length
         w = self.windows[layer]
-        return n if w is None else min(n, w)
+        if w is None:
+            return n - self.evicted if length is None else n
+        return min(n, w)
 
     def bytes_at(self, length: int) -> int:
         """Bytes the layers need at ``length`` tokens: sum over layers of
@@ -62,8 +66,9 @@ class ByteAccounting:
 
     @property
     def used_bytes(self) -> int:
-        """Bytes of the tokens in use: :meth:`bytes_at` ``(length)``."""
-        return self.bytes_at(self.length)
+        """Bytes of the tokens in use: :meth:`bytes_at` ``(length)`` less what a cache policy
+        evicted (:meth:`layer_tokens` now, summed)."""
+        return sum(self.layer_tokens(i) * self.layer_bytes_per_token(i) for i in range(self.n_layers))
 
     @property
     def allocated_bytes(self) -> int:
@@ -105,14 +110,20 @@ class ByteAccounting:
 
     def stats(self) -> dict:
         """The JSON-ready figures: dtype, bytes_per_token, tokens, used/allocated/limit bytes,
-        and with sliding layers ``layer_types`` (:meth:`layer_types`)."""
+        ``positions``, ``evicted_tokens``, ``full_bytes`` (a cache policy's: ``tokens`` is what
+        every full layer holds), and with sliding layers ``layer_types`` (:meth:`layer_types`)."""
         out = {
             "dtype": dtype_name(self.dtype),
             "bytes_per_token": self.bytes_per_token,
-            "tokens": self.length,
+            "tokens": self.length - self.evicted,
             "used_bytes": self.used_bytes,
             "allocated_bytes": self.allocated_bytes,
             "limit_bytes": self.limit_bytes,
+            # A cache policy's figures: the conversation's tokens (positions) against the tokens
+            # held, and the bytes a full cache would take for them (equal without evictions).
+            "positions": self.length,
+            "evicted_tokens": self.evicted,
+            "full_bytes": self.bytes_at(self.length),
         }
         if self.sliding:
             out["layer_types"] = self.layer_types()
