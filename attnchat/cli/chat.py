@@ -12,6 +12,8 @@ import signal
 import sys
 from typing import Any
 
+from attnchat import cache_options
+
 
 def add_parser(sub) -> None:
     """Add ``chat`` to the command line's subparsers."""
@@ -39,6 +41,7 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overflow", choices=["stop", "truncate-middle", "rolling"], default="truncate-middle",
                    help="what happens when the conversation passes the context (default truncate-middle)")
     p.add_argument("--sink-tokens", type=int, default=4, metavar="N", help="tokens the rolling policy always keeps")
+    cache_options.add_args(p)
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="a stop string (repeatable)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--dtype", default=None, help="weight dtype: float32, bfloat16, float16 (default per device: float16 on the CPU, computing in float32)")
@@ -66,7 +69,7 @@ def _settings(args: argparse.Namespace):
     return GenerationSettings(
         sampling=sampling, max_new_tokens=args.max_new_tokens, stop_strings=tuple(args.stop),
         context_limit=args.context, overflow=args.overflow, sink_tokens=args.sink_tokens,
-        cache_dtype=args.cache_dtype, cache_limit_bytes=limit,
+        cache_dtype=args.cache_dtype, cache_limit_bytes=limit, **cache_options.settings(args),
     )
 
 

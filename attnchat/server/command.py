@@ -15,6 +15,8 @@ import socket
 import sys
 from typing import Any
 
+from attnchat import cache_options
+
 DEFAULT_PORT = 8000
 API_KEY_ENV = "ATTNCHAT_API_KEY"
 
@@ -80,6 +82,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cache-dtype", default=None, metavar="D", help="KV-cache dtype: float32, bfloat16, float16, int8 (8-bit, a scale per token and head)")
     p.add_argument("--overflow", choices=["stop", "truncate-middle", "rolling"], default="stop",
                    help="when a conversation passes the context (default stop: a 400 context_length_exceeded, as OpenAI; API clients manage their own context)")
+    cache_options.add_args(p)
     p.add_argument("--sessions", type=_count, default=4, metavar="N",
                    help="conversations that keep their KV cache between requests (default 4)")
     p.add_argument("--max-queued", type=_count, default=16, metavar="N",
@@ -178,7 +181,8 @@ def _settings(args: argparse.Namespace):
         from runtime.dtypes import parse_cache_dtype
 
         parse_cache_dtype(args.cache_dtype)
-    return GenerationSettings(context_limit=args.context, cache_dtype=args.cache_dtype, overflow=args.overflow)
+    return GenerationSettings(context_limit=args.context, cache_dtype=args.cache_dtype, overflow=args.overflow,
+                              **cache_options.settings(args))
 
 
 def _serve(args: argparse.Namespace, settings, sock: socket.socket) -> int:

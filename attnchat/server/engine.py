@@ -400,7 +400,7 @@ class Engine:
             "id": job.id, "finish_reason": reason, "time": time.time(),
             "prompt_tokens": stats.prompt_tokens, "reused_tokens": stats.reused_tokens,
             "prefilled_tokens": stats.prefilled_tokens, "completion_tokens": stats.completion_tokens,
-            "dropped_tokens": stats.dropped_tokens, "ttft_s": stats.ttft_s,
+            "dropped_tokens": stats.dropped_tokens, "evicted_tokens": stats.evicted_tokens, "ttft_s": stats.ttft_s,
             "decode_tokens_per_s": stats.decode_tokens_per_s,
         }
         with self._lock:

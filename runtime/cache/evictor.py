@@ -174,6 +174,7 @@ class Evictor:
             acc = self._grown(cache, layer, held)[:, :, :held]
         return LayerObservation(positions=pos, keys=keys, recent_attention=recent, accumulated=acc)
 
+    @torch.inference_mode()
     def cropped(self, cache) -> None:
         """The cache was cropped or reset: forget queries past its length."""
         for layer in list(self._qpos):
@@ -204,3 +205,22 @@ def budget_for_bytes(cache, limit_bytes: int) -> int:
         raise ValueError(f"{limit_bytes / 2**20:.1f} MiB does not hold one token besides the sliding windows "
                          f"({sliding / 2**20:.1f} MiB); raise the cache budget")
     return int(tokens)
+
+
+def parse_budget(text: str) -> tuple[int | None, int | None]:
+    """A cache budget as the command line takes it: ``"512"`` (tokens) -> ``(512, None)``,
+    ``"24MiB"`` / ``"24M"`` (mebibytes) -> ``(None, 25165824)``.
+
+    Raises:
+        ValueError: anything else, or a budget below 1 token or byte.
+    """
+    t = text.strip()
+    unit = next((u for u in ("MiB", "M") if t.endswith(u)), None)
+    try:
+        value = float(t[: -len(unit)]) if unit else int(t)
+    except ValueError:
+        raise ValueError(f"a cache budget is a number of tokens (512) or of MiB (24MiB); got {text!r}") from None
+    n = int(value * 2**20) if unit else int(value)
+    if n < 1:
+        raise ValueError(f"a cache budget must be positive; got {text!r}")
+    return (None, n) if unit else (n, None)

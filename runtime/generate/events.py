@@ -10,6 +10,7 @@ from typing import Callable, Sequence, Union
 
 import torch
 
+from runtime.cache.eviction import CACHE_POLICIES
 from runtime.generate.context import OVERFLOW_POLICIES
 from runtime.generate.sampling import SamplingParams
 
@@ -43,6 +44,14 @@ class GenerationSettings:
             then the decode loop does nothing extra.
         tools: function descriptions (OpenAI's ``tools`` entries, JSON-like dicts) the
             chat template renders in the prompt (its ``tools`` variable); none by default.
+        cache_policy: which tokens the KV cache evicts once it holds its budget
+            (:data:`runtime.cache.eviction.CACHE_POLICIES`; ``"none"``: it keeps them all).
+            The conversation may then run to ``context_limit`` tokens with only the budget
+            cached; the overflow policy acts at the context limit (not ``rolling``, itself
+            an eviction).
+        cache_budget: tokens each full-attention layer keeps under a cache policy.
+        cache_budget_bytes: the same as bytes of the whole cache (sliding layers counted
+            at their full window); with both, the smaller. A policy needs one of them.
 
     Raises:
         ValueError: values out of range (one sentence, with the allowed range).
@@ -59,6 +68,9 @@ class GenerationSettings:
     cache_limit_bytes: int | None = None
     logits_processors: tuple[LogitsProcessor, ...] = ()
     tools: tuple[dict, ...] = ()
+    cache_policy: str = "none"
+    cache_budget: int | None = None
+    cache_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -71,6 +83,17 @@ class GenerationSettings:
             raise ValueError(f"sink tokens must be 0 or more; got {self.sink_tokens}")
         if self.prefill_chunk < 1:
             raise ValueError(f"the prefill chunk must be at least 1 token; got {self.prefill_chunk}")
+        if self.cache_policy not in CACHE_POLICIES:
+            raise ValueError(f"unknown cache policy {self.cache_policy!r}; use one of {', '.join(CACHE_POLICIES)}")
+        if self.cache_policy != "none":
+            if self.overflow == "rolling":
+                raise ValueError(f"the {self.cache_policy} cache policy evicts by itself; use overflow stop or "
+                                 "truncate-middle with it (rolling is StreamingLLM's own eviction)")
+            if self.cache_budget is None and self.cache_budget_bytes is None:
+                raise ValueError(f"the {self.cache_policy} cache policy needs a budget (tokens or bytes)")
+        if (self.cache_budget is not None and self.cache_budget < 1) or \
+                (self.cache_budget_bytes is not None and self.cache_budget_bytes < 1):
+            raise ValueError("the cache budget must be positive")
 
 
 @dataclass
@@ -86,6 +109,11 @@ class TurnStats:
     #: ones a stop string cut) instead of the ids the model wrote; those may differ from
     #: what the cache holds, so the prefix reuse can end early there.
     retokenized_tokens: int = 0
+    #: Tokens of the conversation the KV cache no longer holds at the end of the reply
+    #: (a cache policy's evictions, or the rolling policy's), counted per full-attention
+    #: layer; the model does not see them. Not the same as ``dropped_tokens``, which the
+    #: conversation lost before it was read (truncate-middle).
+    evicted_tokens: int = 0
     ttft_s: float = 0.0
     prefill_tokens_per_s: float = 0.0
     decode_tokens_per_s: float = 0.0

@@ -5,7 +5,11 @@ token ids -> longest common prefix with what the cache holds -> crop the cache
 there -> prefill the rest in chunks (cancellable, with progress) -> decode.
 
 The context-overflow policies (stop, truncate-middle, rolling) are described and
-computed in :mod:`runtime.generate.context`; this module applies them to the cache.
+computed in :mod:`runtime.generate.context`; this module applies them to the cache. A
+cache policy (H2O, SnapKV, TOVA, key-norm, sinks + window: :mod:`runtime.cache.eviction`)
+keeps the cache within its budget by evicting after each forward pass
+(:mod:`runtime.cache.evictor`); the prefix reuse then crops only to a point no later
+eviction touched (:meth:`runtime.cache.kv_cache.KVCache.crop_point`).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from typing import Iterator
 
 import torch
 
+from runtime.cache.evictor import DEFAULT_STEP, Evictor, budget_for_bytes
 from runtime.errors import ContextOverflowError
 from runtime.generate.chat_format import Message, encode_conversation, token_counter
 from runtime.generate.context import (
@@ -72,6 +77,8 @@ class ChatSession:
         self.context_limit = limit
         self.cache = model.new_cache(limit, dtype=self.settings.cache_dtype, limit_bytes=self.settings.cache_limit_bytes)
         self.context_limit = min(limit, self.cache.token_limit)
+        self._chunk = self.settings.prefill_chunk
+        self.evictor = self._attach_policy(limit)
         self.system_prompt = system_prompt
         self.messages: list[Message] = []
         # The logical token stream the cache was built from, and the logical position
@@ -82,11 +89,45 @@ class ChatSession:
         self.last_logits: torch.Tensor | None = None  # logits that chose the first reply token
         self.last_stats: TurnStats | None = None
 
+    def _attach_policy(self, limit: int) -> Evictor | None:
+        """The cache policy's evictor on :attr:`cache` (None: no policy, or a budget the
+        conversation can never pass). Under a policy the conversation may run to ``limit``
+        tokens: only the budget is cached, so the memory limit bounds the budget, not the
+        context.
+
+        Raises:
+            ValueError: a budget that leaves no room to read a prompt under the memory limit.
+        """
+        st = self.settings
+        if st.cache_policy == "none":
+            return None
+        budgets = [st.cache_budget] if st.cache_budget is not None else []
+        if st.cache_budget_bytes is not None:
+            budgets.append(budget_for_bytes(self.cache, st.cache_budget_bytes))
+        budget = min(budgets)
+        if budget >= min(limit, self.cache.token_limit):
+            return None  # never full: nothing to evict, no observing either
+        # The cache holds up to budget + step - 1 tokens, plus a prompt chunk while it is read.
+        room = self.cache.token_limit - (budget + DEFAULT_STEP - 1)
+        if room < 1:
+            raise ValueError(f"a cache budget of {budget} tokens leaves no room under the KV-cache memory limit "
+                             f"({self.cache.token_limit} tokens); lower the budget or raise the limit")
+        self._chunk = min(self._chunk, room)
+        self.context_limit = limit
+        return Evictor(st.cache_policy, budget, step=DEFAULT_STEP).attach(self.cache)
+
     @property
     def cached_token_ids(self) -> list[int]:
         """The token ids whose keys and values the cache holds, slot by slot
-        (after a rolling eviction: the sinks, then the newest window)."""
+        (after a rolling eviction: the sinks, then the newest window). Under a cache
+        policy each layer and head holds its own subset of the conversation: this is the
+        whole conversation, in position order (:meth:`KVCache.positions` says which)."""
         return [self._stream[p] for p in self._slots]
+
+    @property
+    def evicted_tokens(self) -> int:
+        """Tokens of the conversation the cache no longer holds (each full-attention layer)."""
+        return len(self._stream) - self.cache.held_tokens
 
     # ---- conversation edits --------------------------------------------------------------
     def cancel(self) -> None:
@@ -198,10 +239,14 @@ class ChatSession:
         """Crop the cache to its longest common prefix with ``ids``; returns reused tokens."""
         n = min(common_prefix_length(self._stream, ids), len(ids) - 1)  # always prefill at least one token to get logits
         keep = sum(1 for p in self._slots if p < n)
-        if self.cache.crop_point(keep) < keep:
-            # A sliding-window layer no longer holds the window before the crop point
-            # (it keeps only the newest tokens): prefill again from the start.
-            n = keep = 0
+        point = self.cache.crop_point(keep)
+        if point < keep:
+            # A cache policy evicted tokens before ``keep`` after the cache passed it: the
+            # cache as it was at ``point`` is the latest one it still holds whole (what was
+            # evicted is never taken for reused). Else a sliding-window layer no longer
+            # holds the window before the crop point, or a rolling eviction renumbered the
+            # slots: prefill again from the start.
+            n = keep = point if point and self._slots[point - 1] == point - 1 else 0
         # Slots after an eviction gap are valid only if everything before them is.
         self.cache.crop(keep)
         del self._slots[keep:]
@@ -227,6 +272,8 @@ class ChatSession:
             logits = self.model.logits(ids, self.cache, last_only=last_only)
         self._slots.extend(range(base, base + len(ids)))
         self._stream.extend(ids)
+        if self.evictor is not None:  # after the forward: the newest queries choose (runtime.cache.evictor)
+            self.evictor.evict(self.cache)
         return logits
 
     # ---- generation ----------------------------------------------------------------------
@@ -275,7 +322,12 @@ class ChatSession:
             while done < len(rest):
                 if self._cancel.is_set():
                     raise _Stop("cancelled")
-                chunk = rest[done : done + st.prefill_chunk]
+                size = self._chunk
+                if self.evictor is not None:
+                    # Chunks end at multiples of the chunk size whatever was reused, so a prompt
+                    # read again after a crop is evicted at the same points as the first time.
+                    size -= (reused + done) % self._chunk
+                chunk = rest[done : done + size]
                 if st.overflow == "rolling":
                     chunk = chunk[: rolling_window(self.context_limit, st.sink_tokens)]
                     self._evict_for(len(chunk))
@@ -396,14 +448,14 @@ class ChatSession:
         reused = self._sync_cache(ids)
         rest = ids[reused:]
         logits = None
-        for i in range(0, len(rest), self.settings.prefill_chunk):
-            logits = self._feed(rest[i : i + self.settings.prefill_chunk], last_only=True)
+        for i in range(0, len(rest), self._chunk):
+            logits = self._feed(rest[i : i + self._chunk], last_only=True)
         return logits
 
     def _snapshot(self, stats: TurnStats) -> TurnStats:
         governor = self.model.decode_threads
         threads = {} if governor is None else dict(decode_threads=governor.choice, max_threads=governor.options[0])
-        return replace(stats, kv_cache=self.cache.stats(), **threads)
+        return replace(stats, kv_cache=self.cache.stats(), evicted_tokens=self.evicted_tokens, **threads)
 
     def run(self, events: Iterator[Event]) -> Finish:
         """Drain an event stream and return its :class:`Finish` (for callers that do not stream)."""
