@@ -24,7 +24,8 @@ class HubError(FetchError):
             ``"gated"`` (terms to accept, or no access granted yet), ``"auth"`` (the saved
             token was refused), ``"checksum"``, ``"disk_full"``, ``"split"`` (a split GGUF),
             ``"unsupported"`` (an architecture attnchat does not run), ``"ref"`` (a reference
-            attnchat does not understand), ``"server"`` (any other answer), ``"write"``.
+            attnchat does not understand), ``"server"`` (any other answer), ``"write"``,
+            ``"refused"`` (the file fails :mod:`models.safety`'s rules; not kept).
     """
 
     def __init__(self, message: str, kind: str = "server"):

@@ -118,7 +118,9 @@ def bundled_models_dir() -> Path | None:
 
 
 def cache_dir() -> Path:
-    """The cache folder: ``$ATTNCHAT_CACHE_DIR`` or the user cache folder.
+    """The cache folder: ``$ATTNCHAT_CACHE_DIR`` or the user cache folder; private (0700,
+    repaired when wider): it keeps a model's converted tokenizer and chat template, which
+    say which models the user runs.
 
     Raises:
         OSError: the folder does not exist and cannot be created.
@@ -126,7 +128,7 @@ def cache_dir() -> Path:
     path = _from_env(CACHE_DIR_ENV)
     if path is None:
         path = Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False))
-    return _ensure(path)
+    return private_dir(path)
 
 
 def log_dir() -> Path:

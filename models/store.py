@@ -4,7 +4,8 @@ A model counts as installed when its file exists with the catalog's exact size
 in bytes (one ``stat``, cheap enough for every start); the sha256 is checked
 when fetching and on demand by :func:`verify`.  :func:`import_model` copies a
 ``.gguf`` file or a transformers-layout folder in atomically (a hidden temp
-name, then a rename), and refuses pickled checkpoints without opening them.
+name, then a rename), after the checks every load runs (:mod:`models.safety`: pickled
+checkpoints refused unopened, a GGUF's metadata within the scan's limits, no custom code).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from . import safety
 from .catalog import CATALOG, DEFAULT_MODEL, CatalogEntry
 from .hub.local import find_installed, hub_path, installed_files, read_manifest
 from .hub.ref import HubRef
@@ -34,7 +36,7 @@ CHUNK_BYTES = 1 << 20
 """Bytes read or copied at a time."""
 GGUF_MAGIC = b"GGUF"
 """The first 4 bytes of every GGUF file."""
-PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle"})
+PICKLE_SUFFIXES = safety.PICKLE_SUFFIXES
 """File name endings of pickled checkpoints: refused, never opened (unpickling runs code)."""
 
 _WHAT_TO_GIVE = "give a .gguf file or a model folder in transformers layout (config.json + *.safetensors)"
@@ -194,6 +196,16 @@ def _check_catalog_name(src: Path, name: str) -> None:
                                    "checksum; rename the file or use `attnchat models fetch`")
 
 
+def _check(src: Path) -> None:
+    """The rules every load runs (:func:`models.safety.check_model`), before anything is copied."""
+    try:
+        safety.check_model(src)
+    except safety.Refused as exc:
+        raise ImportModelError(f"{exc}; nothing was imported") from None
+    except OSError as exc:
+        raise ImportModelError(f"cannot read {src} ({exc.strerror}); check its permissions") from exc
+
+
 def _import_file(src: Path, folder: Path) -> Path:
     suffix = src.suffix.lower()
     if suffix in PICKLE_SUFFIXES:
@@ -206,6 +218,7 @@ def _import_file(src: Path, folder: Path) -> Path:
         raise ImportModelError(f"cannot read {src} ({exc.strerror}); check its permissions") from exc
     if magic != GGUF_MAGIC:
         raise ImportModelError(f"{src} is not a GGUF file (it does not start with b'GGUF'); {_WHAT_TO_GIVE}")
+    _check(src)
     name = src.name if suffix == ".gguf" else src.name + ".gguf"
     _check_catalog_name(src, name)
     dest = folder / name
@@ -282,6 +295,7 @@ def _import_folder(src: Path, folder: Path) -> Path:
             return dest
         raise ImportModelError(f"{dest} already exists; remove it first or rename the folder to import")
     files = _files_to_copy(src)
+    _check(src)
     tmp = folder / f".{src.name}.{os.getpid()}.import"
     try:
         tmp.mkdir()
@@ -304,8 +318,10 @@ def import_model(path: str | os.PathLike[str]) -> Path:
     Raises:
         ImportModelError: the path is missing, a file is not GGUF (checked by
             its 4-byte magic) or is a pickled checkpoint (``.bin``/``.pt``/
-            ``.pth``/``.ckpt``, never opened), a folder lacks ``config.json``
-            or safetensors weights, the name is taken, or copying failed.
+            ``.pth``/``.ckpt``, never opened), a GGUF's metadata or a folder's
+            JSON fails :mod:`models.safety`'s rules (nothing is copied), a folder
+            lacks ``config.json`` or safetensors weights, the name is taken, or
+            copying failed.
         OSError: the model folder cannot be created.
     """
     src = Path(path).expanduser()

@@ -63,8 +63,9 @@ EXCLUDES = (
     "torchvision", "torchaudio", "tensorflow", "jax", "flax", "numba", "importlinter", "grimp",
     "pyqtgraph.examples", "hf_xet",
 )
-#: attnchat's own modules reached only by name: ``sys.executable -m attnchat.bench.worker``.
-APP_HIDDEN_IMPORTS = ("attnchat.bench.worker",)
+#: attnchat's own modules reached only by name: ``sys.executable -m attnchat.bench.worker``, and
+#: the chat-template sandbox's child (``-m models.safety.template_worker``, with jinja2's sandbox).
+APP_HIDDEN_IMPORTS = ("attnchat.bench.worker", "models.safety.template_worker", "jinja2.sandbox", "jinja2.ext")
 #: transformers modules reached only by name (the GGUF reader and the lazy auto classes).
 TRANSFORMERS_HIDDEN_IMPORTS = (
     "transformers.modeling_gguf_pytorch_utils",

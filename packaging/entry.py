@@ -11,7 +11,8 @@ one starts here, which first does what only a frozen app needs:
 - gives ``multiprocessing`` its freeze support (a child process of a frozen app is
   the app itself, started with multiprocessing's arguments);
 - runs ``attnchat -m attnchat.bench.worker ...``, how ``attnchat bench`` starts its
-  workers (``sys.executable -m ...``), since a frozen app has no interpreter to take ``-m``.
+  workers (``sys.executable -m ...``), and ``attnchat -m models.safety.template_worker``,
+  the chat-template sandbox's child, since a frozen app has no interpreter to take ``-m``.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import os
 import sys
 
 #: Modules a frozen app runs for ``<app> -m MODULE`` (only these: it is no interpreter).
-RUNNABLE_MODULES = ("attnchat.bench.worker",)
+RUNNABLE_MODULES = ("attnchat.bench.worker", "models.safety.template_worker")
 
 
 def main() -> int:

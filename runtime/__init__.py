@@ -14,6 +14,7 @@ from runtime.dtypes import CACHE_DTYPES
 from runtime.errors import (
     AttnchatError,
     CacheLimitError,
+    ChatTemplateError,
     ContextOverflowError,
     DeviceError,
     ModelLoadError,
@@ -79,6 +80,6 @@ __all__ = [
     "reply_positions", "FormulaByHand", "formula_by_hand",
     "LayerAttention", "FormulaSteps", "context_ids", "conversation_ids", "token_strings", "read_config", "ChatSession", "GenerationSettings", "OVERFLOW_POLICIES", "Event",
     "PrefillProgress", "TextPiece", "StatsUpdate", "Finish", "TurnStats",
-    "AttnchatError", "CacheLimitError", "ContextOverflowError", "DeviceError",
+    "AttnchatError", "CacheLimitError", "ChatTemplateError", "ContextOverflowError", "DeviceError",
     "ModelLoadError", "UnsupportedModelError",
 ]

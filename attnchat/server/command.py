@@ -88,7 +88,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-queued", type=_count, default=16, metavar="N",
                    help="requests that may wait behind the running one; more get 429 with Retry-After (default 16)")
     p.add_argument("--max-connections", type=_count, default=64, metavar="N",
-                   help="open connections at most; requests past them get 503 (default 64)")
+                   help="open connections at most; a new one closes an idle one, one without a valid API key first, "
+                        "and gets 503 only when every one has a request in progress (default 64)")
     p.add_argument("--pool-mib", type=_count, default=256, metavar="M",
                    help="KV-cache MiB the idle sessions may keep; the least recently used caches are freed "
                         "past it (default 256)")
@@ -137,6 +138,25 @@ def _url(sock: socket.socket) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
 
 
+def _check_key_file(path: str) -> None:
+    """Refuse a key file every user may read; warn (one line on stderr) for one its group may
+    read (:func:`models.safety.check_key_file`).
+
+    Raises:
+        ValueError: world-readable or not a regular file (one line, for exit status 2).
+    """
+    from models import safety
+
+    try:
+        warning = safety.check_key_file(path)
+    except safety.Refused as e:
+        raise ValueError(str(e)) from None
+    except OSError:
+        return  # _read_key_file says why it cannot be read
+    if warning:
+        print(f"attnchat: warning: {warning}", file=sys.stderr)
+
+
 def _read_key_file(path: str) -> str:
     """The first line of ``path``, stripped.
 
@@ -156,6 +176,7 @@ def _read_key_file(path: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.api_key_file is not None:
+        _check_key_file(args.api_key_file)
         args.api_key = _read_key_file(args.api_key_file)
     if args.max_tokens > args.max_tokens_limit:
         raise ValueError(f"--max-tokens {args.max_tokens} passes --max-tokens-limit {args.max_tokens_limit}; "
@@ -185,14 +206,28 @@ def _settings(args: argparse.Namespace):
                               **cache_options.settings(args))
 
 
+def server_config(app: Any, *, max_connections: int, api_key: str | None):
+    """uvicorn's configuration for ``app``: log records to attnchat's log file (not the
+    terminal), and the connection cap (``--max-connections``): a newcomer at the cap closes
+    an idle connection, one without a valid key first (:class:`attnchat.server.guard.ConnectionCap`;
+    uvicorn's ``limit_concurrency`` would answer 503 to everyone once anyone holds the
+    slots); half-sent requests hold a connection only until ``HEADER_TIMEOUT_S``."""
+    import uvicorn
+
+    from attnchat.server.guard import capped
+
+    return uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=3, lifespan="on",
+                          http=capped(max_connections, api_key))
+
+
 def _serve(args: argparse.Namespace, settings, sock: socket.socket) -> int:
     import asyncio
 
     import uvicorn
 
     from attnchat.server.app import create_app
-    from attnchat.server.guard import HeaderDeadline, drop_query_strings
     from attnchat.fetching import model_source
+    from attnchat.server.guard import drop_query_strings
     from runtime import load_model
 
     model = load_model(model_source(args.model), device=args.device, dtype=args.dtype)
@@ -202,11 +237,7 @@ def _serve(args: argparse.Namespace, settings, sock: socket.socket) -> int:
                      max_queued=args.max_queued,
                      allowed_hosts=[args.host, *args.allowed_host],
                      cors_origins=args.cors_origin, pool_bytes=args.pool_mib << 20)
-    # log_config=None: uvicorn's records go to attnchat's log file, not the terminal.
-    # limit_concurrency: past it uvicorn answers 503 at once; half-sent requests hold a
-    # connection only until HEADER_TIMEOUT_S (server_guard.HeaderDeadline).
-    config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=3, lifespan="on",
-                            limit_concurrency=args.max_connections, http=HeaderDeadline)
+    config = server_config(app, max_connections=args.max_connections, api_key=args.api_key)
     logging.getLogger("uvicorn.access").addFilter(drop_query_strings)
     server = uvicorn.Server(config)
 

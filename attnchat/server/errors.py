@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnchat.server.engine import Failed, Item
-from runtime import ContextOverflowError
+from runtime import ChatTemplateError, ContextOverflowError
 
 log = logging.getLogger("attnchat.serve")
 
@@ -87,6 +87,11 @@ def failure(item: Item) -> JSONResponse:
     """The response for a job that ended without a reply: a failure, or the engine closing."""
     if isinstance(item, Failed) and isinstance(item.error, ContextOverflowError):
         return overflow_error(item.error).response()
+    if isinstance(item, Failed) and isinstance(item.error, ChatTemplateError):
+        # The model's template refused this conversation or passed the sandbox's limits
+        # (models.safety.template): retrying the same request cannot help, hence no 5xx.
+        return APIError(400, f"The model's chat template could not render this conversation: {item.error}",
+                        code="chat_template_error").response()
     if isinstance(item, Failed):
         return APIError(500, f"The server failed to answer: {type(item.error).__name__}: {item.error}",
                         type="server_error").response()

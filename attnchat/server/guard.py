@@ -24,6 +24,7 @@ only withholds the CORS headers) do neither.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import ipaddress
 import json
 import logging
@@ -248,6 +249,81 @@ class HeaderDeadline(H11Protocol):
         super().on_response_complete()
         if self.transport.is_closing():
             self._disarm()
+
+
+class ConnectionCap(HeaderDeadline):
+    """:class:`HeaderDeadline` that caps open connections at :attr:`max_connections`, holding
+    the slots for the clients that use the server rather than for whoever opened the most
+    connections (issue 28: 64 idle connections without a key once shut everyone out).
+
+    The rule: a connection that arrives at the cap closes an idle one (no request in
+    progress) to take its place, choosing first among those whose last request carried no
+    valid API key (or that never sent one), oldest activity first, then among the keyed
+    ones, least recently active first. A request in progress is never cut. When every
+    connection has a request in progress, the newcomer's request is answered 503
+    (``too_many_connections``, in OpenAI's error shape) and its connection closed. Without
+    an API key, any complete request counts as keyed. Configure with :func:`capped`;
+    uvicorn's own ``limit_concurrency`` (it answers 503 once the cap is reached, whoever
+    holds the slots) stays off.
+    """
+
+    max_connections = 64
+    api_key: bytes | None = None
+    _authorized = False
+    _active_at = 0.0
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._active_at = self.loop.time()
+        live = [c for c in self.connections if not c.transport.is_closing()]
+        if len(live) <= self.max_connections:
+            return
+        idle = [c for c in live if c is not self and isinstance(c, ConnectionCap) and c._idle()]
+        if idle:
+            victim = min(idle, key=lambda c: (c._authorized, c._active_at))
+            victim.transport.close()
+        else:
+            self.app = _too_many_connections  # answered at its request (a reply before it may be lost)
+
+    def _idle(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def handle_events(self) -> None:
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not cycle:  # a request's headers arrived
+            self._active_at = self.loop.time()
+            self._authorized = self.api_key is None or _has_key(self.headers, self.api_key)
+
+    def on_response_complete(self) -> None:
+        self._active_at = self.loop.time()
+        super().on_response_complete()
+
+
+def _has_key(headers: list[tuple[bytes, bytes]], key: bytes) -> bool:
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key)
+    return False
+
+
+def capped(max_connections: int, api_key: str | None) -> type[ConnectionCap]:
+    """The protocol class for ``uvicorn.Config(http=...)``: :class:`ConnectionCap` with this
+    cap and key."""
+    return type("ConnectionCap", (ConnectionCap,), {
+        "max_connections": max_connections, "api_key": api_key.encode() if api_key is not None else None})
+
+
+async def _too_many_connections(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] != "http":
+        return
+    await _drain(receive)
+    body = json.dumps({"error": {"message": "The server has as many connections open as it takes "
+                                            "(--max-connections), each with a request in progress; try again shortly.",
+                                 "type": "server_error", "param": None, "code": "too_many_connections"}}).encode()
+    await _respond(send, 503, body, [(b"content-type", b"application/json"), (b"connection", b"close"),
+                                     (b"retry-after", b"1")])
 
 
 def drop_query_strings(record: logging.LogRecord) -> bool:

@@ -2,14 +2,22 @@
 
 Unchanged writes are skipped; real changes emit :attr:`Settings.changed`. Tests
 (and ``--self-test`` / ``--screenshot``) pass an INI file path so nothing touches
-the user's own settings. Must not import torch or runtime.
+the user's own settings. The file holds the system prompt and the model's path: it is
+0600 in a 0700 folder, created so and repaired at each start (QSettings rewrites it
+through a new file that keeps the old one's mode). Must not import torch or runtime.
 """
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QByteArray, QObject, QSettings, Signal
+
+from models.paths import private_dir, private_file
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULTS", "GENERATION_KEYS", "Settings"]
 
@@ -48,6 +56,18 @@ GENERATION_KEYS = (
 )
 
 
+def _make_private(file: Path) -> None:
+    """``file``'s folder 0700 and ``file`` 0600 (created empty if missing: QSettings keeps
+    an existing file's mode when it writes). POSIX only; a failure is logged, not raised."""
+    if os.name != "posix" or not file.is_absolute():
+        return
+    try:
+        private_dir(file.parent)
+        private_file(file)
+    except OSError:
+        log.warning("could not make the settings file %r private", str(file), exc_info=True)
+
+
 class Settings(QObject):
     """Typed access to QSettings with defaults.
 
@@ -63,6 +83,7 @@ class Settings(QObject):
             self._qs = QSettings("attnchat", "attnchat")
         else:
             self._qs = QSettings(str(path), QSettings.Format.IniFormat)
+        _make_private(Path(self._qs.fileName()))
 
     def get(self, key: str) -> Any:
         """The value of ``key`` (its default when unset), converted to the default's type.

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from models import safety
 from models.errors import FetchCancelled, HubError
 from models.paths import models_dir
 
@@ -253,6 +254,7 @@ def download_file(repo_id: str, revision: str, file: HubFile, *, progress: Progr
             part.unlink(missing_ok=True)
             raise HubError(f"checksum mismatch for {where}: the bytes downloaded have sha256 {got[:12]}..., the "
                            f"Hub's LFS metadata say {expected[:12]}...; nothing was kept; try again", "checksum")
+        _admit(part, where)
         try:
             final.parent.mkdir(parents=True, exist_ok=True)
             write_manifest(final, {"repo_id": repo_id, "filename": file.path, "commit": remote.commit,
@@ -265,6 +267,21 @@ def download_file(repo_id: str, revision: str, file: HubFile, *, progress: Progr
         _fsync_dir(final.parent)
     log.info("fetched %s to %s", where, final)
     return final
+
+
+def _admit(part: Path, where: str) -> None:
+    """The rules every load runs (:mod:`models.safety`), on the downloaded bytes before they
+    enter the model folder; a refused file is deleted (its sha256 was right: the file on
+    the Hub is what is refused, so resuming it would be no use).
+
+    Raises:
+        HubError: kind ``"refused"``.
+    """
+    try:
+        safety.check_model(part, name=where)
+    except (safety.Refused, OSError) as exc:
+        part.unlink(missing_ok=True)
+        raise HubError(f"{exc}; it was not kept", "refused") from None
 
 
 def _check_fetchable(listing: api.RepoListing, gguf: GGUFFile) -> None:

@@ -1,6 +1,8 @@
 """Conversation -> prompt token ids, through the model's chat template.
 
-Must not import Qt. transformers renders the template (Jinja, sandboxed). A model
+Must not import Qt. The template renders in :mod:`models.safety`'s sandbox (Jinja's
+sandbox in a child process with bounded memory, time and output, as transformers'
+``apply_chat_template`` renders it), never in this process. A model
 without one (a base model such as Gemma 3 270M) runs as plain text completion: the
 conversation is one text, the messages joined as they are (a system prompt and a blank
 line first), which the model continues; the tokenizer adds its own start token (BOS),
@@ -8,13 +10,12 @@ as transformers does for ``tokenizer(text)``.
 """
 from __future__ import annotations
 
-import functools
 import logging
-import threading
-import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
+from models import safety
+from models.safety import template as sandbox
 from runtime.errors import ChatTemplateError
 
 log = logging.getLogger(__name__)
@@ -60,27 +61,32 @@ def render(tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt
     An empty conversation renders as the empty string.
 
     Raises:
-        ChatTemplateError: the template ran past :data:`RENDER_TIMEOUT_S` or multiplies
-            by a huge constant (see :func:`_limit`).
+        ChatTemplateError: the template raised, or passed the sandbox's limits on time
+            (:data:`RENDER_TIMEOUT_S`), memory or output (:mod:`models.safety.template`).
     """
     if not messages:
         return ""
     template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates: transformers' choice (get_chat_template)
+        template = template.get("tool_use") if tools and "tool_use" in template else template.get("default")
     if template:
-        if isinstance(template, str):
-            _limit(template)
-        _deadline.value = time.monotonic() + RENDER_TIMEOUT_S
         try:
-            return tokenizer.apply_chat_template(
-                [{"role": m.role, "content": m.content} for m in messages],
+            return safety.render_template(
+                template, [{"role": m.role, "content": m.content} for m in messages],
+                tools=list(tools) if tools else None,
                 add_generation_prompt=add_generation_prompt and not continue_final,
-                continue_final_message=continue_final,
-                tokenize=False,
-                **({"tools": list(tools)} if tools else {}),
-            )
-        finally:
-            _deadline.value = None
+                continue_final=continue_final, variables=_special_tokens(tokenizer),
+                timeout_s=RENDER_TIMEOUT_S)
+        except safety.Refused as e:
+            raise ChatTemplateError(str(e)) from None
     return _plain(messages)
+
+
+def _special_tokens(tokenizer: Any) -> dict[str, Any]:
+    """What transformers hands a template besides the conversation: the special tokens
+    (``bos_token``, ``eos_token``...) as text."""
+    tokens = getattr(tokenizer, "special_tokens_map", None) or {}
+    return {k: (str(v) if not isinstance(v, (list, tuple)) else [str(t) for t in v]) for k, v in tokens.items()}
 
 
 def builtin_system_prompt(tokenizer: Any) -> str | None:
@@ -116,60 +122,10 @@ def builtin_system_prompt(tokenizer: Any) -> str | None:
     return builtin or None
 
 
-# ---- limits on the template (issue 20) -------------------------------------------------------
-#: A chat template gets this long to render one conversation (seconds); templates of real
-#: models take milliseconds, nested ``range(100000)`` loops hung a load for good.
-RENDER_TIMEOUT_S = 10.0
-#: The largest number a template may multiply or raise by (``'a' * 1000000000`` took 4.1 GiB).
-MAX_TEMPLATE_FACTOR = 100_000
-
-_deadline = threading.local()
-
-
-def _checked(method, what: str):
-    """``method`` of the template's sandbox, raising once the render's deadline passed."""
-    def check(*args, **kwargs):
-        deadline = getattr(_deadline, "value", None)
-        if deadline is not None and time.monotonic() > deadline:
-            raise ChatTemplateError(f"the model's chat template ran for over {RENDER_TIMEOUT_S:g} s ({what}); "
-                                    "attnchat stops it: pick another model or fix its template")
-        return method(*args, **kwargs)
-    return check
-
-
-@functools.lru_cache(maxsize=16)
-def _limit(template: str) -> None:
-    """Refuse a template that multiplies by a huge constant, and make its sandbox check the
-    render's deadline on every call, attribute and item access (enough to stop loops
-    within one ``range()`` of the deadline: the sandbox caps each range at 100,000).
-
-    The sandbox is transformers' own (its compiled template is cached per template
-    text), so the checks cover every render of this template. Arithmetic that builds a
-    huge number out of small ones is not caught here.
-
-    Raises:
-        ChatTemplateError: a ``*`` or ``**`` by a constant over :data:`MAX_TEMPLATE_FACTOR`.
-    """
-    try:
-        from jinja2 import nodes
-        from transformers.utils.chat_template_utils import _compile_jinja_template
-
-        env = _compile_jinja_template(template).environment
-    except Exception:  # another transformers: the template renders without our limits
-        log.warning("chat template limits unavailable", exc_info=True)
-        return
-    for node in env.parse(template).find_all((nodes.Mul, nodes.Pow)):
-        for side in (node.left, node.right):
-            big = isinstance(side, nodes.Const) and isinstance(side.value, (int, float)) \
-                and abs(side.value) > (MAX_TEMPLATE_FACTOR if isinstance(node, nodes.Mul) else 64)
-            if big:
-                raise ChatTemplateError(f"the model's chat template multiplies by {side.value} (line {node.lineno}), "
-                                        "which could fill the memory; pick another model or fix its template")
-    if not getattr(env, "_attnchat_limited", False):
-        env.call = _checked(env.call, "a call")
-        env.getattr = _checked(env.getattr, "an attribute")
-        env.getitem = _checked(env.getitem, "an item")
-        env._attnchat_limited = True
+# ---- limits on the template (issues 20, 28) --------------------------------------------------
+#: A chat template gets this long to render one conversation (seconds): the sandbox's limit
+#: (:data:`models.safety.template.TEMPLATE_TIMEOUT_S`); its memory and output are bounded there too.
+RENDER_TIMEOUT_S = sandbox.TEMPLATE_TIMEOUT_S
 
 
 #: Inserted after the first character of a control-token string found in a message, so

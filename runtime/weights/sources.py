@@ -1,6 +1,7 @@
 """Where a model comes from, and what is refused before anything opens it: missing, empty
-or non-GGUF files, GGUF metadata past our limits, pickled checkpoints, and folders whose
-JSON names custom code (``auto_map``).
+or non-GGUF files here; GGUF metadata past the limits, pickled checkpoints and folders
+whose JSON names custom code by :mod:`models.safety` (every "may this run here" rule, in
+one place), its refusals raised as runtime's errors.
 
 Must not import Qt. Never ``trust_remote_code``; never unpickle.
 """
@@ -9,10 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from models import safety
 from runtime.config.model import ModelConfig
 from runtime.errors import ModelLoadError, UnsupportedModelError
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+PICKLE_SUFFIXES = tuple(sorted(safety.PICKLE_SUFFIXES))
 
 
 GGUF_MAGIC = b"GGUF"
@@ -32,64 +34,36 @@ def check_gguf_file(path: Path) -> None:
 
 
 def check_gguf_metadata(path: Path) -> None:
-    """Refuse a GGUF whose metadata passes :mod:`runtime.weights.gguf_header`'s limits, before a
+    """Refuse a GGUF whose metadata passes :mod:`models.safety.gguf_scan`'s limits, before a
     reader that builds it in memory opens it (bounded memory; ~0.05 s of CPU for the default model)."""
-    from runtime.weights.gguf_header import GGUFHeaderError, scan_header
-
     try:
-        scan_header(path)
-    except GGUFHeaderError as e:
-        raise ModelLoadError(f"{path.name} was refused: its header could not be read within attnchat's limits "
-                             f"({e}); download it again if it was cut short, or use a model whose metadata "
-                             "stays within the sizes real models use") from None
+        safety.check_gguf(path)
+    except safety.Refused as e:
+        raise ModelLoadError(str(e)) from None
     except OSError as e:
         raise ModelLoadError(f"{path} could not be read ({e.strerror})") from None
 
 
-def _names_custom_code(file: Path, chunk: int = 1 << 20) -> bool:
-    """True when ``file`` holds the key ``"auto_map"`` (read in chunks: bounded memory)."""
-    needle, tail = b'"auto_map"', b""
-    with file.open("rb") as f:
-        while block := f.read(chunk):
-            if needle in tail + block:
-                return True
-            tail = block[-(len(needle) - 1):]
-    return False
-
-
 def refuse_custom_code(path: Path) -> None:
-    """Refuse a model folder any of whose JSON files names custom code (``auto_map``).
-
-    ``auto_map`` in config.json, tokenizer_config.json, processor or generation
-    configs points transformers at Python files shipped in the folder. attnchat passes
-    ``trust_remote_code=False`` everywhere, and refuses such a folder outright besides,
-    so no version of transformers ever asks whether to run that code.
+    """Refuse a model folder any of whose JSON files names custom code
+    (:func:`models.safety.check_folder`: ``auto_map`` in any spelling at any depth, or a
+    string naming one of the folder's ``*.py`` files).
 
     Raises:
-        UnsupportedModelError: an ``auto_map`` in any ``*.json`` of the folder or its
-            subfolders (links to folders are not followed).
+        UnsupportedModelError: the folder names custom code.
+        ModelLoadError: a JSON file that cannot be checked (too big, not JSON).
     """
-    for root, dirs, files in os.walk(path):
-        dirs.sort()
-        for name in sorted(files):
-            file = Path(root) / name
-            if not name.lower().endswith(".json"):
-                continue
-            try:
-                found = _names_custom_code(file)
-            except OSError:
-                continue
-            if found:
-                raise UnsupportedModelError(
-                    f"{path.name} needs custom code from its authors ('auto_map' in {file.relative_to(path)}: "
-                    "trust_remote_code), which attnchat never runs; pick a model with a standard architecture")
+    try:
+        safety.check_folder(path)
+    except safety.Refused as e:
+        raise (UnsupportedModelError if e.kind == "custom_code" else ModelLoadError)(str(e)) from None
 
 
 def refuse_pickle(path: Path) -> None:
-    raise ModelLoadError(
-        f"{path.name} is a pickled PyTorch checkpoint, which can run arbitrary code when opened; "
-        f"attnchat never unpickles: convert it to safetensors or GGUF"
-    )
+    try:
+        safety.refuse_pickle(path)
+    except safety.Refused as e:
+        raise ModelLoadError(str(e)) from None
 
 
 def one_line(e: Exception) -> str:

@@ -99,3 +99,35 @@ def test_the_log_file_is_private(tmp_path, monkeypatch, open_umask):
             if h not in before:
                 root.removeHandler(h)
                 h.close()
+
+
+def test_the_settings_file_is_private(tmp_path, open_umask):
+    """Issue 28: ~/.config/attnchat/attnchat.conf (the system prompt, the model's path) was 0644."""
+    from desktop.settings.values import Settings
+
+    file = tmp_path / "config" / "attnchat" / "attnchat.conf"
+    settings = Settings(file)
+    settings.set("generation/system_prompt", "my medical history: ...")
+    settings.sync()
+    assert (_mode(file.parent), _mode(file)) == (0o700, 0o600)
+    assert "medical history" in file.read_text()
+    file.chmod(0o644)  # as an older version left them
+    file.parent.chmod(0o755)
+    again = Settings(file)
+    assert (_mode(file.parent), _mode(file)) == (0o700, 0o600)
+    assert again.get("generation/system_prompt") == "my medical history: ..."
+    again.set("generation/max_new_tokens", 7)
+    again.sync()  # QSettings writes a new file: it keeps the mode
+    assert _mode(file) == 0o600
+
+
+def test_the_cache_folder_is_private(tmp_path, monkeypatch, open_umask):
+    """Issue 28: the cache folders (converted tokenizers and chat templates: which models one runs) were 0755."""
+    monkeypatch.delenv(paths.CACHE_DIR_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cache = paths.cache_dir()
+    assert cache == tmp_path / "cache" / "attnchat" and _mode(cache) == 0o700
+    cache.chmod(0o755)
+    assert _mode(paths.cache_dir()) == 0o700
+    monkeypatch.setenv(paths.CACHE_DIR_ENV, str(tmp_path / "elsewhere"))
+    assert _mode(paths.cache_dir()) == 0o700

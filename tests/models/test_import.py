@@ -8,6 +8,7 @@ import hashlib
 import json
 import pickle
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,9 @@ from models import store
 from models.catalog import CATALOG, DEFAULT_MODEL
 from models.store import ImportModelError, import_model, list_models
 
-GGUF_BYTES = b"GGUF" + bytes(range(256)) * 40
+#: A GGUF header (version 3, no tensors, no metadata: it passes models.safety's scan), then bytes.
+GGUF_HEADER = b"GGUF" + struct.pack("<IQQ", 3, 0, 0)
+GGUF_BYTES = GGUF_HEADER + bytes(range(256)) * 40
 
 
 @pytest.fixture
@@ -81,7 +84,7 @@ def test_import_same_file_twice_is_idempotent_but_a_different_one_is_refused(fol
     assert import_model(first) == first  # importing the installed file itself
     other = src / "other" / "tiny.gguf"
     other.parent.mkdir()
-    other.write_bytes(b"GGUF different")
+    other.write_bytes(GGUF_HEADER + b"different")
     assert "already exists" in one_line_error(import_model, other)
     assert first.read_bytes() == GGUF_BYTES
 

@@ -109,14 +109,15 @@ def test_entry_gives_multiprocessing_freeze_support(entry, monkeypatch):
     assert entry.main() == 0 and calls == [1]
 
 
-def test_entry_runs_the_bench_worker_module(entry, monkeypatch):
+@pytest.mark.parametrize("module", ["attnchat.bench.worker", "models.safety.template_worker"])
+def test_entry_runs_the_bench_worker_module(entry, monkeypatch, module):
     import runpy
 
     ran = []
     monkeypatch.setattr(runpy, "run_module", lambda name, **kw: ran.append((name, list(sys.argv))))
-    monkeypatch.setattr(sys, "argv", ["/opt/attnchat/attnchat", "-m", "attnchat.bench.worker", "--engine", "ours"])
+    monkeypatch.setattr(sys, "argv", ["/opt/attnchat/attnchat", "-m", module, "--engine", "ours"])
     assert entry.main() == 0
-    assert ran == [("attnchat.bench.worker", ["/opt/attnchat/attnchat", "--engine", "ours"])]
+    assert ran == [(module, ["/opt/attnchat/attnchat", "--engine", "ours"])]
 
 
 def test_entry_refuses_other_modules(entry, monkeypatch):

@@ -95,6 +95,7 @@ def test_a_cors_origin_that_is_not_an_origin_is_one_line(serve, origin):
 def test_api_key_file_problems_are_one_line(serve, tmp_path):
     empty = tmp_path / "key"
     empty.write_text("\n")
+    empty.chmod(0o600)
     for args, words in [(["--api-key-file", str(tmp_path / "nope")], "cannot read --api-key-file"),
                         (["--api-key-file", str(empty)], "holds no key"),
                         (["--api-key-file", str(empty), "--api-key", "k"], "not allowed with")]:
@@ -105,9 +106,27 @@ def test_api_key_file_problems_are_one_line(serve, tmp_path):
 def test_an_api_key_file_is_read_before_the_load(serve, tmp_path):
     key = tmp_path / "key"
     key.write_text("sk-from-a-file\nignored\n")
+    key.chmod(0o600)
     status, _, err = serve("--host", "0.0.0.0", "--port", "0", "--api-key-file", str(key))
     # Accepted as the key a public address needs: the error is about the model, later.
     assert status == 2 and "--api-key" not in err and "model.gguf" in err, err
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX file modes")
+def test_a_key_file_others_may_read_is_refused_and_one_its_group_may_read_is_warned_about(serve, tmp_path):
+    """Issue 28: a 0644 key file was accepted silently."""
+    key = tmp_path / "key"
+    key.write_text("sk-from-a-file\n")
+    key.chmod(0o644)
+    status, _, err = serve("--api-key-file", str(key))
+    assert status == 2 and err == (f"attnchat: error: --api-key-file {str(key)!r} is readable by every user of this "
+                                   f"machine (mode 0644); run `chmod 600 {key}` and start again\n")
+    key.chmod(0o640)
+    status, _, err = serve("--api-key-file", str(key))
+    warning, error = err.splitlines()
+    assert warning == (f"attnchat: warning: --api-key-file {str(key)!r} is readable by its group (mode 0640); "
+                       f"`chmod 600 {key}` keeps the key yours alone")
+    assert status == 2 and "model.gguf" in error  # accepted: the error is about the model, later
 
 
 def test_a_default_max_tokens_past_the_limit_is_one_line(serve):

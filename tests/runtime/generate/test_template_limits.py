@@ -1,24 +1,56 @@
-"""A chat template is untrusted code: it renders under a time limit and may not multiply
-by a huge constant (issue 20: nested ``range(100000)`` loops hung a load, ``'a' * 1000000000``
-took 4.1 GiB). Runs on the tiny test tokenizer with planted templates.
+"""A chat template is untrusted code (issues 20, 28): every render of chat, serve, the
+tool-support probe and the desktop goes through :func:`runtime.generate.chat_format.render`,
+which renders in models.safety's sandbox. Issue 28's templates reached 16 GB
+(``'x' * 4000000000``) and 6.7 GB (a string doubled 40 times) in this process before; here
+they stop inside the sandbox's limit, this process allocates almost nothing meanwhile
+(tracemalloc), and the refusal is one ChatTemplateError line.
 """
 from __future__ import annotations
 
 import time
+import tracemalloc
 
 import pytest
 
+from models.safety import template as sandbox
 from runtime.errors import AttnchatError, ChatTemplateError
 from runtime.generate import chat_format
-from runtime.generate.chat_format import Message, encode_messages, render
+from runtime.generate.chat_format import Message, builtin_system_prompt, encode_messages, render
 from tests.runtime.tiny_models import CHAT_TEMPLATE, make_tokenizer
 
 HI = [Message("user", "hi")]
+REPEAT = "{{ 'x' * 4000000000 }}"
+DOUBLE = "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}"
 
 
 @pytest.fixture
 def tok():
     return make_tokenizer()
+
+
+def _measured(fn):
+    """(exception raised by fn, bytes this process allocated at the peak, seconds)."""
+    tracemalloc.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ChatTemplateError) as e:
+            fn()
+        return e.value, tracemalloc.get_traced_memory()[1], time.monotonic() - t0
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("bomb", [REPEAT, DOUBLE], ids=["repeat-4e9", "double-40"])
+def test_issue_28_templates_stop_inside_the_sandbox(tok, bomb):
+    if not sandbox.memory_limited():
+        pytest.skip("the address-space limit needs Linux")
+    tok.chat_template = bomb + CHAT_TEMPLATE
+    error, parent_peak, seconds = _measured(lambda: encode_messages(tok, HI))
+    assert isinstance(error, AttnchatError) and "\n" not in str(error)
+    assert str(error).startswith("the model's chat template needed over 256 MiB to render this conversation")
+    assert sandbox.last_render().peak_rss_bytes < 384 << 20, f"{sandbox.last_render().peak_rss_bytes:,}"
+    assert parent_peak < 4 << 20, f"{parent_peak:,}"
+    assert seconds < chat_format.RENDER_TIMEOUT_S  # stopped by memory, not by the clock
 
 
 def test_nested_loops_stop_at_the_deadline(tok, monkeypatch):
@@ -31,14 +63,32 @@ def test_nested_loops_stop_at_the_deadline(tok, monkeypatch):
     assert isinstance(e.value, AttnchatError) and time.monotonic() - t0 < 30
 
 
-@pytest.mark.parametrize("expr", ["'a' * 1000000000", "1000000000 * 'a'", "'ab' * (2 ** 100)"])
-def test_a_huge_repeat_is_refused_before_it_runs(tok, expr):
-    tok.chat_template = "{{ " + expr + " }}" + CHAT_TEMPLATE
-    with pytest.raises(ChatTemplateError, match="multiplies by"):
-        encode_messages(tok, HI)
+def test_a_template_that_raises_is_one_line(tok):
+    tok.chat_template = "{{ raise_exception('System role not supported') }}" + CHAT_TEMPLATE
+    with pytest.raises(ChatTemplateError) as e:
+        render(tok, HI)
+    assert str(e.value) == ("the model's chat template refused this conversation "
+                            "(TemplateError: System role not supported)")
+
+
+def test_the_builtin_system_prompt_and_the_tool_probe_survive_a_bomb(tok):
+    """Both render at load and at serve start-up: a bomb gives 'none' / the fallback prompt."""
+    from attnchat.server.tools import template_renders_tools
+
+    tok.chat_template = REPEAT + CHAT_TEMPLATE
+    tracemalloc.start()
+    try:
+        assert builtin_system_prompt(tok) is None
+        assert template_renders_tools(tok) is False
+        parent_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert parent_peak < 4 << 20, f"{parent_peak:,}"
 
 
 def test_ordinary_templates_render_as_before(tok):
     assert render(tok, HI) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     tok.chat_template = "{{ '-' * 3 }}" + CHAT_TEMPLATE  # small repeats are fine
     assert render(tok, HI).startswith("---<|im_start|>user")
+    tok.chat_template = "{{ bos_token }}" + CHAT_TEMPLATE  # the special tokens are there, as in transformers
+    assert render(tok, HI).startswith("<|im_start|><|im_start|>user")

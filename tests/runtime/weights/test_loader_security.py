@@ -1,10 +1,14 @@
-"""A model can carry no code and no memory bomb into attnchat (issue 20).
+"""A model can carry no code and no memory bomb into attnchat (issues 20, 28).
 
-- ``auto_map`` in any JSON of a model folder is refused in one line, before transformers
-  could ask "Do you wish to run the custom code? [y/N]" (stdin is attached and says y).
+- ``auto_map`` in any JSON of a model folder, in any JSON spelling and at any depth, or a
+  string naming one of the folder's ``*.py`` files, is refused in one line, before
+  transformers could ask "Do you wish to run the custom code? [y/N]" (stdin says y).
 - A GGUF's tokenizer is read from the file alone, not from the folder it sits in.
 - ``trust_remote_code=False`` is passed to every transformers loader call.
-- Oversized GGUF metadata is refused from a scan of the header's sizes, in bounded memory.
+- Oversized GGUF metadata is refused from a scan of the header's sizes, in bounded memory,
+  issue 28's files included (they passed the old limits and took 3-7 GB in the reader).
+- Each refusal reaches the command line as one line and exit status 2, in bounded memory
+  (the peak resident memory of the ``attnchat chat``/``serve`` process is measured).
 """
 from __future__ import annotations
 
@@ -21,7 +25,8 @@ import pytest
 
 from runtime import load_model
 from runtime.errors import ModelLoadError, UnsupportedModelError
-from runtime.weights.gguf_header import MAX_ARRAY_ITEMS, scan_header
+from runtime.weights.gguf_header import scan_header
+from tests.models import gguf_files
 from tests.runtime.tiny_models import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -97,6 +102,32 @@ def test_every_transformers_loader_call_refuses_remote_code():
     assert [where for where, ok in calls if not ok] == []
 
 
+@pytest.mark.parametrize("file, text", [
+    ("config.json", '"auto\\u005fmap": {"AutoModelForCausalLM": "modeling_evil.Evil"}'),  # issue 28
+    ("tokenizer_config.json", '"extra": {"deeper": [{"\\u0061uto_map": {"AutoTokenizer": "x.Y"}}]}'),
+])
+def test_auto_map_in_any_spelling_at_any_depth_is_refused(tmp_path, tiny_llama, file, text):
+    folder = shutil.copytree(tiny_llama, tmp_path / "escaped")
+    body = (folder / file).read_text().rstrip()
+    (folder / file).write_text(body[:-1].rstrip() + ", " + text + "}")
+    json.loads((folder / file).read_text())  # still JSON, with the key only a parser sees
+    with pytest.raises(UnsupportedModelError) as e:
+        load_model(folder, device="cpu")
+    assert str(e.value) == (f"escaped needs custom code from its authors ('auto_map' in {file}: trust_remote_code), "
+                            "which attnchat never runs; pick a model with a standard architecture")
+
+
+def test_a_python_file_the_config_names_is_refused(tmp_path, tiny_llama):
+    folder = shutil.copytree(tiny_llama, tmp_path / "named")
+    (folder / "modeling_evil.py").write_text("raise SystemExit('ran')\n")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["custom_class"] = "modeling_evil.EvilForCausalLM"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match=r"\('modeling_evil.EvilForCausalLM', a Python file of the folder, "
+                                                    r"named in config.json\)"):
+        load_model(folder, device="cpu")
+
+
 @pytest.mark.slow
 def test_a_gguf_ignores_the_files_beside_it(tmp_path, default_model_file):
     """The GGUF carries its own tokenizer: a planted tokenizer_config.json beside it is never read."""
@@ -143,7 +174,7 @@ def test_a_large_metadata_array_is_refused_quickly_in_bounded_memory(tmp_path):
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert "'evil.blob'" in str(e.value) and f"{MAX_ARRAY_ITEMS:,}" in str(e.value)
+    assert "'evil.blob' is an array of 3,000,000 items; only a vocabulary may hold more than 4,096" in str(e.value)
     assert peak < 16 << 20, f"{peak:,} bytes"
 
 
@@ -160,6 +191,22 @@ def test_malformed_or_oversized_headers_are_refused(tmp_path, entry, words):
         load_model(p, device="cpu")
     for w in words:
         assert w in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["4x2^20-bytes", "4x2^20-empty-strings", "10000x400-items", "4000x400-items"])
+def test_issue_28_metadata_is_refused_in_bounded_memory(tmp_path, name):
+    path = gguf_files.issue_28_files(tmp_path)[name]
+    with pytest.raises(ModelLoadError):  # once first: the imports it makes are not the file's cost
+        load_model(path, device="cpu")
+    tracemalloc.start()
+    try:
+        with pytest.raises(ModelLoadError, match=f"^{path.name} was refused: its header") as e:
+            load_model(path, device="cpu")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "\n" not in str(e.value)
+    assert peak < 4 << 20, f"{peak:,} bytes"  # one 1 MiB buffer of the header; the old path took 3-7 GB
 
 
 def test_too_many_tensors_are_refused(tmp_path):
