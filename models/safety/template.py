@@ -102,7 +102,10 @@ class _Worker:
         self.templates: set[str] = set()
         self.limit_bytes = 1 << 20
         threading.Thread(target=self._read, name="template-sandbox-reader", daemon=True).start()
-        ready = self.receive(START_TIMEOUT_S)
+        try:
+            ready = self.receive(START_TIMEOUT_S)
+        except queue.Empty:
+            ready = None
         if ready is None or not ready.get("ready"):
             self.kill()
             raise TemplateRefused("the chat-template sandbox did not start; attnchat renders no template "
@@ -139,7 +142,7 @@ class _Worker:
         if data is None:
             return None
         try:
-            return json.loads(data)
+            return json.loads(data.decode("utf-8", "surrogatepass"))
         except ValueError:
             return None
 

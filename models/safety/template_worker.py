@@ -195,8 +195,8 @@ def main() -> int:
         line = inp.readline()
         if not line:
             return 0
-        try:
-            request = json.loads(line)
+        try:  # the parent writes lone surrogates (valid in JSON text, in Python strings) as surrogatepass
+            request = json.loads(line.decode("utf-8", "surrogatepass"))
         except ValueError:
             _reply(out, error="protocol", message="a request that is not JSON")
             return 1

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from models.safety import template as template_sandbox
 from runtime.config.model import ModelConfig
 from runtime.device import compute_dtype, decode_mode, default_dtype, linear_path, resolve_device, trim_heap
 from runtime.dtypes import parse_cache_dtype, parse_weight_dtype
@@ -113,6 +114,8 @@ def load_model(
         cfg, tokenizer, state = load_gguf(path, wdtype)
     else:
         raise ModelLoadError(f"{path} does not exist; give a .gguf file or a model folder")
+    if getattr(tokenizer, "chat_template", None):
+        template_sandbox.prestart()  # its child starts while the weights load, not at the first reply
     with torch.device("meta"):
         decoder = Decoder(cfg)
     try:
