@@ -24,7 +24,7 @@ from PySide6.QtWidgets import QListView, QStyle, QStyledItemDelegate, QStyleOpti
 from desktop.chat.markdown import Rendered, build_document, code_tint, mix
 from desktop.chat.messages import MessageListModel, describe_finish
 
-__all__ = ["Button", "Header", "MessageDelegate", "MARKDOWN_LIMIT"]
+__all__ = ["Button", "Header", "MessageDelegate", "MARKDOWN_LIMIT", "UNSEEN_NOTE"]
 
 #: Past this many characters a message is shown as plain text: Markdown layout of a
 #: huge paste costs more than it is worth (and a paste is rarely Markdown).
@@ -33,6 +33,8 @@ MARKDOWN_LIMIT = 16_000
 #: Button name -> label. "code" buttons carry the code block's number.
 LABELS = {"copy": "Copy", "edit": "Edit", "regenerate": "Regenerate", "stop": "■ Stop", "code": "Copy code"}
 COPIED = "Copied ✓"
+#: The header's note on a message the model no longer sees (rolling overflow evicted it).
+UNSEEN_NOTE = "evicted: the model no longer sees this"
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ class Header:
 
 class MessageDelegate(QStyledItemDelegate):
     """Paints a message (see the module docstring). Reads from its view (a
-    :class:`desktop.chat.view.ChatView`): ``busy``, ``edit_row`` and ``flash``."""
+    :class:`desktop.chat.view.ChatView`): ``busy``, ``edit_row``, ``unseen`` and ``flash``."""
 
     PAD = 10       # inside a bubble (px)
     MARGIN = 6     # around a bubble (px)
@@ -205,6 +207,8 @@ class MessageDelegate(QStyledItemDelegate):
                 done, total = progress
                 return f"Reading the prompt… {100 * done // max(1, total)}%"
             return "Writing…"
+        if index.row() < getattr(self._view(), "unseen", 0):
+            return UNSEEN_NOTE
         return describe_finish(index.data(MessageListModel.FinishRole), index.data(MessageListModel.StatsRole))
 
     # ---- painting --------------------------------------------------------------------------
@@ -218,8 +222,8 @@ class MessageDelegate(QStyledItemDelegate):
         pal = option.palette
         view = self._view()
         edit_row = getattr(view, "edit_row", -1)
-        if 0 <= edit_row < index.row():
-            painter.setOpacity(0.4)   # dropped when the edited message is sent
+        if 0 <= edit_row < index.row() or index.row() < getattr(view, "unseen", 0):
+            painter.setOpacity(0.4)   # dropped when the edited message is sent; or out of the model's window
         role = index.data(MessageListModel.RoleRole)
         streaming = bool(index.data(MessageListModel.StreamingRole))
         bubble = self._bubble(option)

@@ -43,6 +43,11 @@ class ChatPage(QWidget):
         # panels open the window grew by that much when Edit was clicked.
         self.edit_banner.setWordWrap(True)
         self.edit_banner.hide()
+        #: Rolling overflow: what the model no longer sees (see show_unseen).
+        self.unseen_banner = QLabel()
+        self.unseen_banner.setObjectName("unseenBanner")
+        self.unseen_banner.setWordWrap(True)
+        self.unseen_banner.hide()
 
         buttons = QHBoxLayout()
         buttons.addWidget(self.regen_button)
@@ -54,6 +59,7 @@ class ChatPage(QWidget):
         lay.setContentsMargins(6, 6, 6, 6)
         lay.addWidget(self.notice)
         lay.addWidget(self.chat, 1)
+        lay.addWidget(self.unseen_banner)
         lay.addWidget(self.edit_banner)
         lay.addWidget(self.input)
         lay.addLayout(buttons)
@@ -69,6 +75,24 @@ class ChatPage(QWidget):
                     "(shown faded). Enter sends, Esc cancels.")
         self.edit_banner.setText(text)
         self.edit_banner.show()
+
+
+    def show_unseen(self, messages: int, system_kept: bool = True, sinks: int = 0) -> None:
+        """Say what the model no longer sees: the first ``messages`` (faded in the chat) and,
+        unless ``system_kept``, the system prompt past the first ``sinks`` tokens."""
+        self.chat.unseen = messages
+        if not messages and system_kept:
+            self.unseen_banner.hide()
+            return
+        parts = []
+        if messages:
+            parts.append(f"The model no longer sees the first {messages} message{'s' if messages != 1 else ''} "
+                         "(faded): the rolling overflow policy evicted them from its KV cache.")
+        parts.append("It keeps the system prompt." if system_kept else
+                     f"It has lost the system prompt after its first {sinks} tokens: the prompt is longer than half "
+                     "the context. Shorten it or raise the context length in Edit > Settings.")
+        self.unseen_banner.setText(" ".join(parts))
+        self.unseen_banner.show()
 
 
 class EmptyState(QWidget):

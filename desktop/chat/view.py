@@ -28,7 +28,8 @@ class ChatView(QListView):
     emits :attr:`edit_requested` (the row), :attr:`regenerate_requested` or
     :attr:`stop_requested`. ``busy`` (set by the window while a reply is written) hides
     Edit and Regenerate; ``edit_row`` (>= 0 while a message is being edited) marks that
-    message and fades the ones after it, which sending the edit drops.
+    message and fades the ones after it, which sending the edit drops; ``unseen`` fades the
+    first messages, which the model no longer sees.
     """
 
     copied = Signal(str)             # what was copied: "message" or "code"
@@ -52,6 +53,7 @@ class ChatView(QListView):
         self._placeholder = ""
         self._busy = False
         self._edit_row = -1
+        self._unseen = 0
         self.flash: tuple[int, str, int] | None = None   # (row, button name, arg) that says "Copied ✓"
         self._flash_timer = QTimer(self, singleShot=True, interval=FLASH_MS)
         self._flash_timer.timeout.connect(self._end_flash)
@@ -81,6 +83,18 @@ class ChatView(QListView):
         if bool(on) != self._busy:
             self._busy = bool(on)
             self._relayout()
+
+    @property
+    def unseen(self) -> int:
+        """How many messages, from the first, the model no longer sees (rolling overflow evicted
+        them from its KV cache): shown faded, with a note."""
+        return self._unseen
+
+    @unseen.setter
+    def unseen(self, n: int) -> None:
+        if int(n) != self._unseen:
+            self._unseen = int(n)
+            self._relayout()   # their header notes change
 
     @property
     def edit_row(self) -> int:

@@ -120,6 +120,12 @@ class ConversationActions:
             stats = dict(stats, stale=True)
         self.status.set_stats({} if stats.get("other_model") else stats)
         self.conversation_stats.emit(dict(stats))
+        self._show_unseen({} if stats.get("other_model") else stats)
+
+    def _show_unseen(self, stats: dict) -> None:
+        """Fade the messages the last reply's model no longer saw (rolling overflow) and say so."""
+        self.page.show_unseen(int(stats.get("unseen_messages") or 0), bool(stats.get("system_kept", True)),
+                              int(stats.get("sink_tokens") or 0))
 
     def cache_key(self) -> tuple:
         """What a conversation's cache depends on: the loaded model and the cache settings (a

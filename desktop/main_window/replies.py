@@ -236,6 +236,7 @@ class ReplyActions:
             self.status.end_busy()
             if stats:
                 self.status.set_stats(stats)
+                self._show_unseen(stats)
         self._sync()
         self.reply_finished.emit(result)
 

@@ -46,7 +46,7 @@ def _dtype_label(name: str) -> str:
 POLICY_TEXT = {
     "stop": "stop: end the reply when the context is full",
     "truncate-middle": "truncate-middle: drop the oldest turns, keep the system prompt",
-    "rolling": "rolling: keep the first sink tokens and a window of the newest",
+    "rolling": "rolling: keep the system prompt and a window of the newest",
 }
 
 
@@ -201,7 +201,8 @@ class SettingsDialog(QDialog):
         self._add(form, "generation/overflow", "When the context is full",
                   self._combo([(p, POLICY_TEXT.get(p, p)) for p in runtime.OVERFLOW_POLICIES]))
         self._add(form, "generation/sink_tokens", "Sink tokens (rolling)", self._spin(0, 1_000_000),
-                  "The first tokens the rolling policy always keeps (StreamingLLM's attention sinks).")
+                  "The first tokens the rolling policy always keeps (StreamingLLM's attention sinks); "
+                  "the system prompt is kept with them when it takes at most half the context.")
         v.addLayout(form)
         v.addWidget(_note("Context and cache settings apply from the next message: the conversation is read "
                           "again into a new cache."))

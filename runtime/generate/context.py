@@ -9,7 +9,9 @@ Must not import Qt (nor torch: these are pure functions over token ids and messa
   changed; the session reports the tokens dropped from the conversation.
 - ``rolling``: StreamingLLM (Xiao et al. 2023, "Efficient Streaming Language Models
   with Attention Sinks", arXiv:2309.17453): keep the first ``sink_tokens`` tokens and a
-  window of the newest; evict the middle from the cache. Positions: keys are cached
+  window of the newest; evict the middle from the cache. The sinks reach the end of the
+  system prompt by default (:func:`rolling_sinks`), so the model keeps its instructions;
+  the session reports how many messages it no longer sees (:func:`unseen_messages`). Positions: keys are cached
   after RoPE, and after an eviction the kept keys are re-rotated by minus the evicted
   count (RoPE rotations compose), so cache slot ``i`` always holds position ``i`` and
   the model never sees a position past the window. We chose re-rotation over caching
@@ -241,3 +243,41 @@ def rolling_eviction(length: int, n_new: int, *, limit: int, sink_tokens: int) -
         raise ValueError(f"{n_new} new tokens do not fit a rolling window of {window}")
     n_evict = min(max(length + n_new - limit, window // 4), length - sink)
     return sink, sink + n_evict
+
+
+def system_prompt_tokens(encode: Encode) -> int:
+    """Tokens a conversation's rendering holds before its first message's text: the system
+    prompt (set, or the chat template's own), its end and the first message's header. Found as
+    the common start of two one-message conversations that differ only in that text."""
+    return common_prefix_length(encode([Message("user", "a")]), encode([Message("user", "b")]))
+
+
+def rolling_sinks(system_tokens: int, sink_tokens: int, limit: int, *, keep_system: bool = True) -> tuple[int, bool]:
+    """(sink tokens, whether the system prompt is among them) for the rolling policy.
+
+    StreamingLLM keeps the first tokens as attention sinks (Xiao et al. 2023); making them the
+    system prompt's (``system_tokens``, :func:`system_prompt_tokens`) keeps the model's
+    instructions however long the conversation runs. Not when the system prompt takes more
+    than half of the ``limit``-token context: the rolling window would be too short; then
+    only ``sink_tokens`` stay, and the system prompt is evicted after them.
+    """
+    if system_tokens <= sink_tokens:
+        return sink_tokens, True
+    if not keep_system or system_tokens > limit // 2:
+        return sink_tokens, False
+    return system_tokens, True
+
+
+def unseen_messages(slots: Sequence[int], sinks: int, n_messages: int, rendered_length: Callable[[int], int]) -> int:
+    """How many messages, from the first, the model no longer sees at all after rolling
+    evictions: ``slots`` are the stream positions the cache holds (the sinks, a gap, the
+    newest window); ``rendered_length(k)`` is the length of the conversation's first ``k``
+    messages rendered (with the system prompt). A binary search: ``log2(n_messages)`` renders."""
+    if len(slots) <= sinks or slots[sinks] == sinks:
+        return 0   # nothing evicted
+    first_kept = slots[sinks]
+    lo, hi = 0, n_messages
+    while lo < hi:   # the most messages whose rendering ends before the first kept token
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if rendered_length(mid) <= first_kept else (lo, mid - 1)
+    return lo

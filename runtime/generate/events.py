@@ -36,6 +36,11 @@ class GenerationSettings:
         context_limit: context window in tokens (``None``: the model's maximum).
         overflow: ``"stop"``, ``"truncate-middle"`` or ``"rolling"``.
         sink_tokens: first tokens the rolling policy always keeps.
+        keep_system_prompt: rolling keeps the system prompt with the sinks: the sinks are
+            then at least the tokens up to the first message (the system prompt the
+            template renders, the settings' or its own), so the model never loses its
+            instructions; not when that is more than half the context (then only
+            ``sink_tokens``, and ``TurnStats.system_kept`` says so).
         prefill_chunk: tokens per prefill step (progress and cancel granularity).
         cache_dtype: KV-cache dtype name (``None``: the model's compute dtype).
         cache_limit_bytes: cap on the KV cache's allocated bytes (``None``: none).
@@ -63,6 +68,7 @@ class GenerationSettings:
     context_limit: int | None = None
     overflow: str = "truncate-middle"
     sink_tokens: int = 4
+    keep_system_prompt: bool = True
     prefill_chunk: int = 256
     cache_dtype: str | None = None
     cache_limit_bytes: int | None = None
@@ -123,6 +129,12 @@ class TurnStats:
     #: (:mod:`runtime.kernels.threads`: fewer while another program keeps a core busy); 0 off the CPU.
     decode_threads: int = 0
     max_threads: int = 0
+    #: Rolling overflow: the tokens kept at the start (the sinks: the system prompt's with
+    #: ``keep_system_prompt``), whether the system prompt is among them, and how many of the
+    #: conversation's messages (from the first) the model no longer sees at all (evicted).
+    sink_tokens: int = 0
+    system_kept: bool = True
+    unseen_messages: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)

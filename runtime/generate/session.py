@@ -28,8 +28,11 @@ from runtime.generate.context import (
     common_prefix_length,
     fit_prompt,
     rolling_eviction,
+    rolling_sinks,
     rolling_window,
+    system_prompt_tokens,
     trim_conversation,
+    unseen_messages,
 )
 from runtime.generate.events import (
     TEXT_ROLE,
@@ -86,6 +89,8 @@ class ChatSession:
         self._stream: list[int] = []
         self._slots: list[int] = []
         self._cancel = threading.Event()
+        self._sinks = self.settings.sink_tokens   # the rolling policy's sinks for the reply in progress
+        self._system_tokens: dict[tuple, int] = {}
         self.last_logits: torch.Tensor | None = None  # logits that chose the first reply token
         self.last_stats: TurnStats | None = None
 
@@ -255,7 +260,7 @@ class ChatSession:
 
     def _evict_for(self, n_new: int) -> None:
         """Rolling policy: make room for ``n_new`` tokens by evicting after the sinks."""
-        span = rolling_eviction(self.cache.length, n_new, limit=self.context_limit, sink_tokens=self.settings.sink_tokens)
+        span = rolling_eviction(self.cache.length, n_new, limit=self.context_limit, sink_tokens=self._sinks)
         if span is None:
             return
         start, end = span
@@ -301,6 +306,9 @@ class ChatSession:
         stats.prompt_tokens, stats.dropped_tokens = len(prompt or ()), dropped
         if prompt is not None and any(m.role == "assistant" for m in self.messages):
             stats.retokenized_tokens = self._retokenized(self.messages)
+        if st.overflow == "rolling" and prompt is not None:
+            self._sinks, stats.system_kept = self._rolling_sinks()
+            stats.sink_tokens = self._sinks
         detok = IncrementalDetokenizer(self.model.tokenizer)
         stops = StopStringMatcher(self._stop_strings())
         sampler = Sampler(st.sampling)
@@ -329,7 +337,7 @@ class ChatSession:
                     size -= (reused + done) % self._chunk
                 chunk = rest[done : done + size]
                 if st.overflow == "rolling":
-                    chunk = chunk[: rolling_window(self.context_limit, st.sink_tokens)]
+                    chunk = chunk[: rolling_window(self.context_limit, self._sinks)]
                     self._evict_for(len(chunk))
                 logits = self._feed(chunk, last_only=True)
                 done += len(chunk)
@@ -394,6 +402,8 @@ class ChatSession:
             # next turn prefills only the template's end-of-turn and the new message. A Stop
             # (cancel) does not: it ends at once, and the next turn prefills that one token.
             self._feed([generated[-1]], last_only=True)
+        if st.overflow == "rolling":
+            stats.unseen_messages = self._unseen_messages()
         self.last_stats = self._snapshot(stats)
         yield Finish(reason, text, self.last_stats, tuple(generated))
 
@@ -451,6 +461,26 @@ class ChatSession:
         for i in range(0, len(rest), self._chunk):
             logits = self._feed(rest[i : i + self._chunk], last_only=True)
         return logits
+
+    # ---- rolling: the system prompt with the sinks; what the model no longer sees ----------
+    def _rolling_sinks(self) -> tuple[int, bool]:
+        """(sink tokens for this reply, whether the system prompt is among them): see
+        :func:`runtime.generate.context.rolling_sinks`."""
+        st = self.settings
+        key = (self.system_prompt, st.tools)
+        if self.messages and self.messages[0].role == TEXT_ROLE:
+            n = 0   # plain text: no system prompt
+        else:
+            if key not in self._system_tokens:
+                self._system_tokens[key] = system_prompt_tokens(self._encode)
+            n = self._system_tokens[key]
+        return rolling_sinks(n, st.sink_tokens, self.context_limit, keep_system=st.keep_system_prompt)
+
+    def _unseen_messages(self) -> int:
+        msgs = [m for m in self.messages if m.role != TEXT_ROLE]
+        return unseen_messages(self._slots, self._sinks, len(msgs), lambda k: len(encode_conversation(
+            self.model.tokenizer, self._conversation(msgs[:k]), add_generation_prompt=False,
+            tools=self.settings.tools or None).ids))
 
     def _snapshot(self, stats: TurnStats) -> TurnStats:
         governor = self.model.decode_threads

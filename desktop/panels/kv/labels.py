@@ -23,7 +23,10 @@ __all__ = ["Box", "Label", "box", "clusters", "lay_out", "place"]
 CONTEXT_SPOTS = (0.62, 0.85, 0.4, 0.2)
 EVENT_SPOTS = (0.25, 0.8, 0.5, 0.1, 0.95)
 #: Spots along a horizontal line (0: the chart's left, 1: its right), text starting or ending there.
-MEMORY_SPOTS = ((0.02, (0.0, 1.0)), (0.98, (1.0, 1.0)), (0.02, (0.0, 0.0)), (0.98, (1.0, 0.0)))
+MEMORY_SPOTS = ((0.04, (0.0, 1.0)), (0.96, (1.0, 1.0)), (0.04, (0.0, 0.0)), (0.96, (1.0, 0.0)))
+#: Pixels kept between labels and from the chart's edges: pyqtgraph measures a label's spot
+#: along its line's bounding box, a few pixels longer than the visible line.
+PAD = 4.0
 
 
 @dataclass(frozen=True)
@@ -35,11 +38,12 @@ class Box:
     right: float
     bottom: float
 
-    def overlaps(self, other: "Box") -> bool:
-        return self.left < other.right and other.left < self.right and self.top < other.bottom and other.top < self.bottom
+    def overlaps(self, other: "Box", pad: float = 0.0) -> bool:
+        return (self.left - pad < other.right and other.left < self.right + pad
+                and self.top - pad < other.bottom and other.top < self.bottom + pad)
 
-    def inside(self, width: float, height: float, slack: float = 1.0) -> bool:
-        return self.left >= -slack and self.top >= -slack and self.right <= width + slack and self.bottom <= height + slack
+    def inside(self, width: float, height: float, pad: float = 0.0) -> bool:
+        return self.left >= pad and self.top >= pad and self.right <= width - pad and self.bottom <= height - pad
 
 
 @dataclass(frozen=True)
@@ -66,16 +70,20 @@ def box(label: Label, position: float, anchor: tuple[float, float], width: float
     return Box(x - ax * label.w, y - ay * label.h, x + (1 - ax) * label.w, y + (1 - ay) * label.h)
 
 
-def place(labels: list[Label], width: float, height: float, *, required: tuple = ()) -> dict:
-    """``{key: (position, anchor) or None}``: the first spot of each label (in order) inside the
-    chart and clear of those placed before it; None: none is free. A label in ``required``
-    gets its first spot inside the chart when none is clear (it is never left out)."""
+def place(labels: list[Label], width: float, height: float, *, required: tuple = (), pad: float = PAD) -> dict:
+    """``{key: (position, anchor) or None}``: the first spot of each label (in order) ``pad``
+    pixels inside the chart and ``pad`` clear of those placed before it; None: none is free. A
+    label in ``required`` gets its first spot inside the chart when none is clear (it is never left out)."""
     placed: list[Box] = []
     out: dict = {}
     for label in labels:
-        inside = [(p, a) for p, a in label.spots if box(label, p, a, width, height).inside(width, height)]
-        free = [(p, a) for p, a in inside if not any(box(label, p, a, width, height).overlaps(b) for b in placed)]
-        choice = free[0] if free else (inside[0] if inside and label.key in required else None)
+        inside = [(p, a) for p, a in label.spots if box(label, p, a, width, height).inside(width, height, pad)]
+        free = [(p, a) for p, a in inside if not any(box(label, p, a, width, height).overlaps(b, pad) for b in placed)]
+        choice = free[0] if free else None
+        if choice is None and label.key in required:   # never left out: the least bad spot
+            loose = [(p, a) for p, a in label.spots if box(label, p, a, width, height).inside(width, height, -1.0)]
+            clear = [(p, a) for p, a in loose if not any(box(label, p, a, width, height).overlaps(b) for b in placed)]
+            choice = (clear or loose or inside or list(label.spots) or [None])[0]
         out[label.key] = choice
         if choice is not None:
             placed.append(box(label, *choice, width, height))

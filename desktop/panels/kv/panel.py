@@ -331,7 +331,9 @@ class KVPanel(QWidget):
                                           per_token=self.theoretical(), limit=limit, limit_bytes=mem,
                                           next_dtype=self._next_dtype())
         policy = self._setting("generation/overflow", "truncate-middle")
-        policy_line = policy_next(policy, now[0], limit, int(self._setting("generation/sink_tokens", 4))) if limit else ""
+        sinks = int(self._setting("generation/sink_tokens", 4))
+        system = s.sink_tokens > sinks   # the last reply's sinks reached past the setting: the system prompt's
+        policy_line = policy_next(policy, now[0], limit, max(sinks, s.sink_tokens), system) if limit else ""
         return readout.figures(s, limit, mem, window_note=readout.window_note(self.model, s.bytes_per_token),
                                policy_line=policy_line, event_color=COLORS["event"])
 

@@ -32,6 +32,7 @@ class KVSeries:
     #: what was reused, truncated or evicted, which the prompt's progress does not).
     pending: list[tuple[int, int, int]] = field(default_factory=list)
     prefill: dict | None = None   # {"done", "total"} prompt tokens while a prompt is read
+    sink_tokens: int = 0          # rolling: the sinks the last reply kept (the system prompt's), 0: unknown
 
     def add(self, stats: dict, policy: str) -> tuple[int, int, str] | None:
         """Record one stats dict; returns the truncation or eviction it shows, if any."""
@@ -47,6 +48,7 @@ class KVSeries:
         self.conv_id, self.dtype, self.bytes_per_token = conv, dtype, bpt
         self.context_limit = int(stats.get("context_limit") or self.context_limit)
         self.limit_bytes = kv.get("limit_bytes")
+        self.sink_tokens = int(stats.get("sink_tokens") or self.sink_tokens)
         if stats.get("prefill"):
             self.prefill = dict(stats["prefill"])
             self.pending.append((tokens, int(kv.get("used_bytes", tokens * bpt)),
@@ -99,8 +101,9 @@ class KVSeries:
         self.events = [e for e in self.events if e[1] <= tokens]
 
 
-def policy_next(policy: str, tokens: int, limit: int, sink_tokens: int) -> str:
-    """What the overflow policy does when the context fills (one sentence)."""
+def policy_next(policy: str, tokens: int, limit: int, sink_tokens: int, system: bool = False) -> str:
+    """What the overflow policy does when the context fills (one sentence); ``system``: the
+    rolling policy's sinks are the system prompt's tokens."""
     left = max(limit - tokens, 0)
     when = f"In {left:,} tokens" if left else "Now"
     if policy == "stop":
@@ -108,7 +111,8 @@ def policy_next(policy: str, tokens: int, limit: int, sink_tokens: int) -> str:
     if policy == "rolling":
         sink = min(sink_tokens, max(limit - 1, 0))
         chunk = max((limit - sink) // 4, 1)
+        sinks = "the system prompt, kept as attention sinks" if system else "attention sinks"
         return (f"{when} the context is full: rolling evicts the oldest {chunk:,} tokens after the "
-                f"first {sink:,} (attention sinks), then keeps going.")
+                f"first {sink:,} ({sinks}), then keeps going.")
     return f"{when} the context is full: truncate-middle drops the oldest turns (the system prompt stays)."
 

@@ -1,0 +1,71 @@
+"""Rolling overflow, seen: the messages the model no longer sees are faded with a note, the
+banner says so (and whether the system prompt is kept), and the KV readout names the sinks."""
+from __future__ import annotations
+
+from desktop.chat.delegate import UNSEEN_NOTE
+from desktop.worker import EngineWorker
+from runtime import Finish, Message, TextPiece, TurnStats
+from tests.desktop.fakes import FakeSession, fake_load
+
+
+class RollingSession(FakeSession):
+    """Replies "ok"; its figures say the first messages were evicted (as runtime.ChatSession's
+    rolling policy reports them): all but the last three messages, sinks 30 (the system prompt)."""
+
+    system_kept = True
+
+    def _generate(self):
+        self.messages.append(Message("assistant", "ok"))
+        yield TextPiece("ok")
+        n = len(self.messages)
+        stats = TurnStats(prompt_tokens=120, completion_tokens=1, context_limit=128, sink_tokens=30 if self.system_kept else 4,
+                          system_kept=self.system_kept, unseen_messages=max(0, n - 3),
+                          kv_cache={"tokens": 128, "bytes_per_token": 64, "dtype": "float32"})
+        yield Finish("stop", "ok", stats)
+
+
+def notes(w) -> list[str]:
+    d = w.chat.itemDelegate()
+    return [d.state_text(w.messages.index(r, 0)) for r in range(w.messages.rowCount())]
+
+
+def send(qtbot, w, text):
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        w.submit(text)
+
+
+def test_evicted_messages_are_faded_with_a_note_and_the_banner_says_so(qtbot, make_window, tmp_path):
+    w = make_window(worker=EngineWorker(load_fn=fake_load, session_fn=lambda m, s, g: RollingSession(g)))
+    w.settings.set("generation/overflow", "rolling")
+    send(qtbot, w, "first question")
+    assert w.chat.unseen == 0 and not w.page.unseen_banner.isVisible()
+    send(qtbot, w, "second question")
+    send(qtbot, w, "third question")
+    # They stayed shown in full with no sign the model no longer saw them.
+    assert w.chat.unseen == 3 and notes(w)[:3] == [UNSEEN_NOTE] * 3 and UNSEEN_NOTE not in notes(w)[3:]
+    banner = w.page.unseen_banner
+    assert banner.isVisible() and banner.text().startswith("The model no longer sees the first 3 messages (faded)")
+    assert "It keeps the system prompt." in banner.text()
+    kv = w.panels["kvCachePanel"].widget()
+    kv.redraw()
+    assert "after the first 30 (the system prompt, kept as attention sinks)" in kv.readout.text()
+    w.grab().save(str(tmp_path / "unseen.png"))
+    # Another conversation and back: the fade comes back from the stored figures.
+    conv = w.current_conversation
+    w.new_conversation()
+    assert w.chat.unseen == 0 and not banner.isVisible()
+    w.open_conversation(conv)
+    assert w.chat.unseen == 3 and banner.isVisible()
+
+
+def test_a_lost_system_prompt_is_said(qtbot, make_window):
+    RollingSession.system_kept = False
+    try:
+        w = make_window(worker=EngineWorker(load_fn=fake_load, session_fn=lambda m, s, g: RollingSession(g)))
+        w.settings.set("generation/overflow", "rolling")
+        send(qtbot, w, "a very long system prompt")
+        text = w.page.unseen_banner.text()
+        assert w.page.unseen_banner.isVisible() and w.chat.unseen == 0
+        assert text.startswith("It has lost the system prompt after its first 4 tokens")
+    finally:
+        RollingSession.system_kept = True
