@@ -7,6 +7,17 @@ from PySide6.QtCore import Qt
 from tests.desktop.test_chat_actions import click, send
 
 
+def settle(qtbot, w) -> None:
+    """Until the panels' width bound (desktop.main_window.panel_width) no longer moves the chat."""
+    last = None
+    for _ in range(40):
+        w.panel_width.apply()
+        qtbot.wait(50)
+        if w.stack.width() == last:
+            return
+        last = w.stack.width()
+
+
 @pytest.mark.parametrize("which", ["last", "earlier"])
 def test_editing_a_message_does_not_widen_the_window(qtbot, make_window, which):
     w = make_window(script=["Paris."])
@@ -17,7 +28,7 @@ def test_editing_a_message_does_not_widen_the_window(qtbot, make_window, which):
     w.resize(880, 720)
     qtbot.waitUntil(lambda: w.width() == 880, timeout=2000)
     w.resizeDocks([w.panels["attentionPanel"]], [560], Qt.Orientation.Horizontal)
-    qtbot.wait(100)   # the panel's bound applied
+    settle(qtbot, w)   # the panel's bound applied
     qtbot.waitUntil(lambda: w.stack.width() < 450, timeout=2000)
     chat_width, page_min = w.stack.width(), w.page.minimumSizeHint().width()
     click(qtbot, w, 0 if which == "earlier" else 2, "edit")
