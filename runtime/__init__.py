@@ -6,6 +6,7 @@ command line use. Nothing runs at import time.
 from runtime.cache.eviction import CACHE_POLICIES, PolicyParams
 from runtime.cache.evictor import Evictor, budget_for_bytes
 from runtime.cache.kv_cache import KVCache
+from runtime.cache.policy_figures import MEASURED as CACHE_POLICY_FIGURES
 from runtime.cache.planner import Fit, MemoryPlan, count_parameters, fit, plan, plan_for_config
 from runtime.cache.sizes import cache_bytes_per_token, element_bytes, kv_bytes_per_token
 from runtime.config.model import ModelConfig
@@ -47,6 +48,7 @@ from runtime.insight.attention_view import (
     LayerAttention,
     context_ids,
     conversation_ids,
+    kept_share,
     token_strings,
 )
 from runtime.insight.context_cost import (
@@ -72,13 +74,13 @@ from runtime.model.attention import (
 )
 
 __all__ = [
-    "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "compute_dtype", "default_dtype", "WEIGHT_DTYPE_QUALITY", "Message", "builtin_system_prompt", "ModelConfig", "KVCache", "CACHE_POLICIES", "PolicyParams", "Evictor", "budget_for_bytes", "CACHE_DTYPES", "Model", "load_model",
+    "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "compute_dtype", "default_dtype", "WEIGHT_DTYPE_QUALITY", "Message", "builtin_system_prompt", "ModelConfig", "KVCache", "CACHE_POLICIES", "CACHE_POLICY_FIGURES", "PolicyParams", "Evictor", "budget_for_bytes", "CACHE_DTYPES", "Model", "load_model",
     "SamplingParams", "Fit", "fit", "MemoryPlan", "plan", "plan_for_config", "kv_bytes_per_token", "cache_bytes_per_token", "count_parameters", "element_bytes",
     "free_memory_bytes", "AttentionCapture", "HeadScores", "head_scores",
     "ABLATION_MODES", "InductionAblation", "ablated", "induction_ablation", "parse_heads", "top_and_probs",
     "AttentionStepTime", "attention_step_seconds", "scores_per_head", "Explanation", "explain_token", "kendall_tau",
     "reply_positions", "FormulaByHand", "formula_by_hand",
-    "LayerAttention", "FormulaSteps", "context_ids", "conversation_ids", "token_strings", "read_config", "ChatSession", "GenerationSettings", "OVERFLOW_POLICIES", "Event",
+    "LayerAttention", "FormulaSteps", "context_ids", "conversation_ids", "kept_share", "token_strings", "read_config", "ChatSession", "GenerationSettings", "OVERFLOW_POLICIES", "Event",
     "PrefillProgress", "TextPiece", "StatsUpdate", "Finish", "TurnStats",
     "AttnchatError", "CacheLimitError", "ChatTemplateError", "ContextOverflowError", "DeviceError",
     "ModelLoadError", "UnsupportedModelError",

@@ -131,7 +131,8 @@ class ConversationActions:
         """What a conversation's cache depends on: the loaded model and the cache settings (a
         change of any makes the worker build a new cache at the next reply)."""
         gen = self.generation()
-        return (model_key(self.engine.model), gen.get("context"), gen.get("cache_dtype"), gen.get("cache_limit_mib"))
+        return (model_key(self.engine.model), gen.get("context"), gen.get("cache_dtype"), gen.get("cache_limit_mib"),
+                gen.get("cache_policy"), gen.get("cache_budget"), gen.get("cache_budget_unit"))
 
     def _by_loaded_model(self, stats: dict) -> bool:
         """Whether a stored reply's ``stats`` came from the loaded model (``stats["model"]``,

@@ -29,7 +29,8 @@ KEYS = (
     "generation/context", "generation/cache_limit_mib", "generation/cache_dtype", "generation/overflow",
     "generation/sink_tokens", "generation/system_prompt", "generation/temperature", "generation/top_k",
     "generation/top_p", "generation/min_p", "generation/repetition_penalty", "generation/max_new_tokens",
-    "generation/seed", "model/device", "model/weight_dtype", "model/attention_backend",
+    "generation/seed", "generation/cache_policy", "generation/cache_budget", "generation/cache_budget_unit",
+    "model/device", "model/weight_dtype", "model/attention_backend",
 )
 MODEL_OPTIONS = ("model/device", "model/weight_dtype")
 #: The numbers the dialog's editors take (a stored value outside would be silently clamped there).
@@ -38,6 +39,7 @@ RANGES = {
     "generation/sink_tokens": (0, 1_000_000), "generation/temperature": (0, 100), "generation/top_k": (0, 1_000_000),
     "generation/top_p": (0, 1), "generation/min_p": (0, 1), "generation/repetition_penalty": (0, 10),
     "generation/max_new_tokens": (1, 1_000_000), "generation/seed": (-1, 2**31 - 1),
+    "generation/cache_budget": (0, 100_000_000),
 }
 #: A device name a settings file may hold. Whether this machine has it is checked when the
 #: model loads: the worker then falls back to auto and says so (desktop.worker).
@@ -125,6 +127,24 @@ def validate(values: dict[str, Any], model: dict | None, devices: list[str]) -> 
     window = min(ctx, max_ctx) if ctx and max_ctx else ctx or max_ctx
     if values["generation/overflow"] == "rolling" and window and int(values["generation/sink_tokens"]) >= window:
         err["generation/sink_tokens"] = f"the sinks must leave room for a window: at most {window - 1:,} with a {window:,}-token context"
+    policy = values["generation/cache_policy"]
+    if policy not in runtime.CACHE_POLICIES:
+        err["generation/cache_policy"] = f"use one of {', '.join(runtime.CACHE_POLICIES)}"
+    elif policy != "none" and values["generation/overflow"] == "rolling":
+        err["generation/cache_policy"] = ("rolling already evicts (sinks and a window): choose another "
+                                          "'When the context is full', or no cache policy")
+    if values["generation/cache_budget_unit"] not in ("tokens", "MiB"):
+        err["generation/cache_budget_unit"] = "use tokens or MiB"
+    elif policy != "none" and policy in runtime.CACHE_POLICIES:
+        budget = float(values["generation/cache_budget"])
+        if values["generation/cache_budget_unit"] == "tokens" and budget < MIN_CONTEXT:
+            err["generation/cache_budget"] = f"keep at least {MIN_CONTEXT} tokens"
+        elif values["generation/cache_budget_unit"] == "MiB" and has_shape(model) and cache_dtype:
+            per_token = runtime.cache_bytes_per_token(int(model["n_layers"]), int(model["n_kv_heads"]),
+                                                      int(model["head_dim"]), cache_dtype)
+            if int(budget * MIB) // per_token < MIN_CONTEXT:
+                err["generation/cache_budget"] = (f"holds only {int(budget * MIB) // per_token} tokens; give at "
+                                                  f"least {per_token * MIN_CONTEXT / MIB:.2f} MiB")
     if not float(values["generation/top_p"]) > 0:
         err["generation/top_p"] = "must be above 0 (1 turns it off)"
     if not float(values["generation/min_p"]) < 1:

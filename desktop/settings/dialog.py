@@ -49,6 +49,31 @@ POLICY_TEXT = {
     "rolling": "rolling: keep the system prompt and a window of the newest",
 }
 
+CACHE_POLICY_TEXT = {
+    "none": "none: keep every token (the context limit ends the conversation)",
+    "sinks-window": "sinks + window (StreamingLLM)",
+    "h2o": "H2O: the most attended tokens + the newest",
+    "snapkv": "SnapKV: what the newest 64 queries look at",
+    "tova": "TOVA: what the newest token looks at",
+    "key-norm": "key norm: the keys with the smallest norm",
+}
+
+
+def cache_policy_label(policy: str, measured: dict | None = None) -> str:
+    """``"H2O: ... — 50 %: 2/10 needles, NLL +0.31 · 25 %: ..."``: the policy and what
+    ``attnchat cache-eval`` measured for it on the default model (``runtime.CACHE_POLICY_FIGURES``)."""
+    measured = runtime.CACHE_POLICY_FIGURES if measured is None else measured
+    text = CACHE_POLICY_TEXT.get(policy, policy)
+    if policy == "none" and measured.get("full"):
+        found, trials = measured["full"]
+        return f"{text} \u2014 {found}/{trials} needles"
+    figures = (measured.get("policies") or {}).get(policy)
+    if not figures:
+        return text
+    parts = [f"{share:.0%}: {found}/{trials} needles, NLL {delta:+.2f}"
+             for share, (found, trials, delta) in sorted(figures.items(), reverse=True)]
+    return f"{text} \u2014 " + " \u00b7 ".join(parts)
+
 
 class _Field(QWidget):
     """An editor with its refusal reason underneath (hidden while valid) and an optional hint."""
@@ -203,6 +228,16 @@ class SettingsDialog(QDialog):
         self._add(form, "generation/sink_tokens", "Sink tokens (rolling)", self._spin(0, 1_000_000),
                   "The first tokens the rolling policy always keeps (StreamingLLM's attention sinks); "
                   "the system prompt is kept with them when it takes at most half the context.")
+        measured = runtime.CACHE_POLICY_FIGURES
+        where = (f"Beside each: needles found in a long conversation and the change in the NLL of a held-out "
+                 f"text, at each budget (share of the tokens read), {measured['model']} on {measured['machine']} "
+                 f"(attnchat cache-eval; docs/cache-policies.md). " if measured else "")
+        self._add(form, "generation/cache_policy", "Cache policy",
+                  self._combo([(p, cache_policy_label(p)) for p in runtime.CACHE_POLICIES]),
+                  where + "With a policy the cache keeps its budget and evicts the rest; the conversation "
+                  "goes on to the context length, and the model no longer sees what was evicted.")
+        self._add(form, "generation/cache_budget", "Cache budget", self._spin(0, 100_000_000, step=64, decimals=1))
+        self._add(form, "generation/cache_budget_unit", "Budget in", self._combo([("tokens", "tokens"), ("MiB", "MiB")]))
         v.addLayout(form)
         v.addWidget(_note("Context and cache settings apply from the next message: the conversation is read "
                           "again into a new cache."))
@@ -332,6 +367,9 @@ class SettingsDialog(QDialog):
             bad = any(self.tabs.widget(i).isAncestorOf(self.fields[k]) for k in self.errors)
             self.tabs.setTabText(i, self.tabs.tabText(i).removesuffix(" ⚠") + (" ⚠" if bad else ""))
         self.fields["generation/sink_tokens"].setEnabled(values["generation/overflow"] == "rolling")
+        policy_on = values["generation/cache_policy"] != "none"
+        for key in ("generation/cache_budget", "generation/cache_budget_unit"):
+            self.fields[key].setEnabled(policy_on)
         self._update_plan()
         self._update_reload(values)
         return ok

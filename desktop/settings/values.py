@@ -47,12 +47,16 @@ DEFAULTS: dict[str, Any] = {
     "generation/cache_limit_mib": 0.0,         # 0 = no limit
     "generation/overflow": "truncate-middle",  # stop | truncate-middle | rolling
     "generation/sink_tokens": 4,               # tokens the rolling policy always keeps
+    "generation/cache_policy": "none",         # none | sinks-window | h2o | snapkv | tova | key-norm
+    "generation/cache_budget": 1024.0,         # what a cache policy keeps, in cache_budget_unit
+    "generation/cache_budget_unit": "tokens",  # tokens | MiB
 }
 
 #: The ``generation/*`` keys a request carries to the worker, by their short names.
 GENERATION_KEYS = (
     "system_prompt", "max_new_tokens", "temperature", "context", "top_k", "top_p", "min_p",
     "repetition_penalty", "seed", "cache_dtype", "cache_limit_mib", "overflow", "sink_tokens",
+    "cache_policy", "cache_budget", "cache_budget_unit",
 )
 
 

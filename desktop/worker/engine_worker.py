@@ -165,8 +165,10 @@ class EngineWorker(QObject):
         session = self._sessions.get(conv_id)
         if session is not None:
             old = session.settings
-            same_cache = (old.context_limit, old.cache_dtype, old.cache_limit_bytes) == (
-                gen.context_limit, gen.cache_dtype, gen.cache_limit_bytes)
+            same_cache = (old.context_limit, old.cache_dtype, old.cache_limit_bytes, old.cache_policy,
+                          old.cache_budget, old.cache_budget_bytes) == (
+                gen.context_limit, gen.cache_dtype, gen.cache_limit_bytes, gen.cache_policy,
+                gen.cache_budget, gen.cache_budget_bytes)
             if not same_cache:
                 session = None
             else:
@@ -262,12 +264,14 @@ class EngineWorker(QObject):
             return None
         kv = cache.stats()
         return {"kv_cache": kv, "context_limit": int(getattr(session, "context_limit", 0) or 0),
-                "context_used": int(kv.get("tokens", 0)), "prefill": {"done": ev.done, "total": ev.total},
+                "context_used": int(kv.get("positions", kv.get("tokens", 0))), "prefill": {"done": ev.done, "total": ev.total},
                 "model": self._model_key, "conv_id": conv_id, "request": request}
 
     def _stats(self, stats: "runtime.TurnStats", conv_id: int, request: int) -> dict:
         d = stats.to_dict()
         d["model"] = self._model_key   # whose figures these are (model_key)
-        d["context_used"] = d.get("kv_cache", {}).get("tokens", d["prompt_tokens"] + d["completion_tokens"])
+        kv = d.get("kv_cache", {})
+        # The conversation's tokens (under a cache policy the cache holds fewer: kv_cache["tokens"]).
+        d["context_used"] = kv.get("positions", kv.get("tokens", d["prompt_tokens"] + d["completion_tokens"]))
         d["conv_id"], d["request"] = conv_id, request
         return d

@@ -17,7 +17,8 @@ def generation_settings(s: dict[str, Any], max_context: int | None = None) -> "r
 
     ``seed`` < 0 or None: a fresh seed per reply; ``cache_dtype`` ``"auto"``: the compute
     dtype (:func:`runtime.compute_dtype`); ``cache_limit_mib`` 0: no limit; ``context`` 0: the model's maximum, and a
-    context past ``max_context`` (a model loaded after it was set) is capped there.
+    context past ``max_context`` (a model loaded after it was set) is capped there. ``cache_policy`` other than
+    ``"none"``: ``cache_budget`` in ``cache_budget_unit`` (``"tokens"`` or ``"MiB"``) is what it keeps.
 
     Raises:
         ValueError: a value out of range.
@@ -32,6 +33,13 @@ def generation_settings(s: dict[str, Any], max_context: int | None = None) -> "r
         context = min(context, max_context)
     cache_dtype = s.get("cache_dtype") or "auto"
     limit_mib = float(s.get("cache_limit_mib") or 0.0)
+    policy = str(s.get("cache_policy") or "none")
+    budget = float(s.get("cache_budget") or 0.0)
+    in_mib = str(s.get("cache_budget_unit") or "tokens") == "MiB"
+    if policy != "none" and not budget > 0:
+        raise ValueError(f"the {policy} cache policy needs a budget above 0")
+    budgets = {} if policy == "none" else (
+        {"cache_budget_bytes": int(budget * 2**20)} if in_mib else {"cache_budget": int(budget)})
     return runtime.GenerationSettings(
         sampling=sampling,
         max_new_tokens=int(s.get("max_new_tokens", 512)),
@@ -40,4 +48,5 @@ def generation_settings(s: dict[str, Any], max_context: int | None = None) -> "r
         sink_tokens=int(s.get("sink_tokens", 4)),
         cache_dtype=None if cache_dtype == "auto" else str(cache_dtype),
         cache_limit_bytes=int(limit_mib * 2**20) if limit_mib > 0 else None,
+        cache_policy=policy, **budgets,
     )

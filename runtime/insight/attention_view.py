@@ -22,8 +22,8 @@ from runtime.generate.chat_format import Message, encode_messages
 from runtime.loader.model import Model
 from runtime.model.attention import attention_reference
 
-__all__ = ["FormulaSteps", "HEAD_REDUCTIONS", "LayerAttention", "context_ids", "conversation_ids", "layer_qkv",
-           "token_strings"]
+__all__ = ["FormulaSteps", "HEAD_REDUCTIONS", "LayerAttention", "context_ids", "conversation_ids", "kept_share",
+           "layer_qkv", "token_strings"]
 
 #: What ``head`` may be besides a head index: the mean or the max over the heads of a layer.
 HEAD_REDUCTIONS = ("mean", "max")
@@ -217,6 +217,21 @@ def context_ids(session) -> list[int]:
     the newest token attends to; after a rolling eviction, the kept tokens only)."""
     # The session keeps the logical stream and the logical position of each cache slot.
     return session.cached_token_ids
+
+
+def kept_share(session) -> torch.Tensor | None:
+    """Under a cache policy, what each layer still holds of the conversation: ``(L, T)``
+    float32 on the CPU, for each of the ``T`` tokens the share of the layer's KV heads that
+    hold it (1: every head, 0: evicted by all; a sliding-window layer, never evicted by a
+    policy: 1). None when nothing was evicted, or when the cache is not at the
+    conversation's end (``T = len(context_ids(session))``)."""
+    cache = getattr(session, "cache", None)
+    if cache is None or not getattr(cache, "evicted", 0) or cache.length != len(context_ids(session)):
+        return None
+    out = torch.ones((cache.n_layers, cache.length))
+    for i in cache.full_layers():
+        out[i] = cache.held_mask(i)[0].float().mean(dim=0).cpu()
+    return out
 
 
 def token_strings(model: Model, ids: Sequence[int], cache: dict[int, str] | None = None) -> list[str]:

@@ -53,7 +53,9 @@ class AttentionProbe(QObject):
             ``live_attention`` hook set to :meth:`wrap`).
 
     Signals (every result dict carries its ``request`` id):
-        live: ``{"conv_id", "weights": float32 (L, H, Tk), "tokens": [str] (Tk), "final": bool}``.
+        live: ``{"conv_id", "weights": float32 (L, H, Tk), "tokens": [str] (Tk), "final": bool}``, and
+            under a cache policy that evicted tokens ``"kept"``: float32 (L, Tk), the share of each
+            layer's KV heads still holding each token (``runtime.kept_share``), and ``"cache_policy"``.
         snapshot_ready: ``{"request", "conv_id", "layer", "head", "matrix": float32 (T, T),
             "window": the layer's sliding window (tokens) or None, "tokens": [str] (T),
             "offset": first token's position in the conversation, "total"}``.
@@ -141,7 +143,12 @@ class AttentionProbe(QObject):
         if any(r.shape[-1] != len(ids) for r in rows):  # the cache changed since (truncation)
             return
         weights = np.stack([r.numpy() for r in rows]).astype(np.float32, copy=False)  # (L, H, Tk)
-        self.live.emit({"conv_id": conv_id, "weights": weights, "tokens": self._tokens(model, ids), "final": final})
+        frame = {"conv_id": conv_id, "weights": weights, "tokens": self._tokens(model, ids), "final": final}
+        kept = runtime.kept_share(session)  # under a cache policy: what each layer still holds
+        if kept is not None:
+            frame["kept"] = kept.numpy()  # (L, Tk)
+            frame["cache_policy"] = session.settings.cache_policy
+        self.live.emit(frame)
 
     def _remember(self, conv_id: int, session) -> None:
         try:

@@ -167,6 +167,8 @@ class LiveView(QWidget):
         bar = self.scroll.verticalScrollBar()
         at_end = bar.value() >= bar.maximum() - 4
         self.text.set_weights(row, marked=T - 1)
+        kept = self.kept()
+        self.text.set_kept(kept)
         if at_end:
             bar.setValue(bar.maximum())
         self.entropy.set_values(entropy_bits(w), np.log2(max(T, 2)), head_idx)
@@ -174,7 +176,25 @@ class LiveView(QWidget):
         looks = ", ".join(f"{quote(tokens[i])} #{i} {row[i]:.2f}" for i in top)
         state = "" if self.frame.get("final") else " (streaming)"
         self.caption.setText(f"Newest token {quote(tokens[-1])} (#{T - 1}) · layer {self.layer} · "
-                             f"{_head_name(self.head)}{state}<br>Looks most at: {looks}")
+                             f"{_head_name(self.head)}{state}<br>Looks most at: {looks}" + self.evicted_text())
+
+    def kept(self) -> np.ndarray | None:
+        """``(Tk,)``: the share of this layer's KV heads still holding each token (None: no eviction)."""
+        k = self.frame.get("kept") if self.frame else None
+        return None if k is None or self.layer >= k.shape[0] else k[self.layer]
+
+    def evicted_text(self) -> str:
+        """``"<br>Layer 3 evicted 812 of 1,100 tokens (h2o), greyed; 40 more by some of its heads."``"""
+        k = self.kept()
+        if k is None:
+            return ""
+        gone, some = int((k <= 0).sum()), int(((k > 0) & (k < 1)).sum())
+        policy = self.frame.get("cache_policy") or "a cache policy"
+        if not gone and not some:
+            return f"<br>Layer {self.layer} has evicted nothing ({policy})."
+        more = f"; {some:,} more by some of its heads (grey text)" if some else ""
+        return (f"<br>Layer {self.layer} evicted {gone:,} of {len(k):,} tokens ({policy}), greyed: the model no "
+                f"longer sees them{more}.")
 
     def _hover(self, k: int, h: int | None = None) -> None:
         row = self.row()
@@ -186,14 +206,20 @@ class LiveView(QWidget):
             wt, who = self.frame["weights"][self.layer][h][k], f"head {h}"
         else:
             wt, who = row[k], _head_name(self.head)
-        self.readout.setText(f"key #{k} {quote(tokens[k])}: weight {wt:.4f} ({who})")
+        kept = self.kept()
+        gone = "" if kept is None or kept[k] >= 1 else (
+            "; evicted by this layer" if kept[k] <= 0 else f"; kept by {kept[k]:.0%} of this layer's heads")
+        self.readout.setText(f"key #{k} {quote(tokens[k])}: weight {wt:.4f} ({who}){gone}")
 
     def data(self) -> dict:
         if self.frame is None:
             return {}
         w = self.frame["weights"][self.layer]
-        return {"view": "live", "layer": self.layer, "head": str(self.head), "weights": w, "row": self.row(),
-                "entropy_bits": entropy_bits(w), "tokens": np.array(self.frame["tokens"], dtype=object).astype(str)}
+        out = {"view": "live", "layer": self.layer, "head": str(self.head), "weights": w, "row": self.row(),
+               "entropy_bits": entropy_bits(w), "tokens": np.array(self.frame["tokens"], dtype=object).astype(str)}
+        if self.kept() is not None:
+            out["kept"] = self.kept()
+        return out
 
 
 class SnapshotView(QWidget):

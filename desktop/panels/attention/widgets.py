@@ -46,6 +46,7 @@ class TokenHeatText(QWidget):
         self.strength: np.ndarray | None = None   # (T,) in 0..1: how strongly to colour each token
         self.weights: np.ndarray | None = None    # (T,) the weights themselves (tooltips)
         self.marked = -1                           # outlined token (the query)
+        self.kept: np.ndarray | None = None        # (T,) share of the layer's heads holding each token (None: all)
         self._xs: list[float] = []
         self._ys: list[float] = []
         self._ws: list[float] = []
@@ -73,6 +74,12 @@ class TokenHeatText(QWidget):
             strength = self.weights / m
         self.strength = strength
         self.marked = marked
+        self.update()
+
+    def set_kept(self, kept: np.ndarray | None) -> None:
+        """``kept (T,)`` in 0..1: the share of the layer's heads that still hold each token
+        (a cache policy evicted the rest); tokens below 1 are drawn grey, those at 0 on grey."""
+        self.kept = None if kept is None else np.asarray(kept, dtype=np.float32)
         self.update()
 
     # ---- layout ------------------------------------------------------------------------
@@ -153,14 +160,21 @@ class TokenHeatText(QWidget):
         text = pal.color(QPalette.ColorRole.Text)
         bright = pal.color(QPalette.ColorRole.HighlightedText)
         s = self.strength
+        kept = self.kept
+        grey = pal.color(QPalette.ColorRole.PlaceholderText)
+        gone = QColor(pal.color(QPalette.ColorRole.Mid))
+        gone.setAlphaF(0.35)
         for i in range(lo, hi):
             r = self.token_rect(i)
             a = float(s[i]) if s is not None and i < len(s) else 0.0
-            if a > 0.02:   # below 2 % of the strongest: no colour, so the focus stands out
+            k = float(kept[i]) if kept is not None and i < len(kept) else 1.0
+            if k <= 0.0:   # evicted by every head of the layer: greyed out, on grey
+                p.fillRect(r, gone)
+            elif a > 0.02:   # below 2 % of the strongest: no colour, so the focus stands out
                 c = QColor(hl)
                 c.setAlphaF(min(1.0, a ** 0.8))
                 p.fillRect(r, c)
-            p.setPen(bright if a > 0.6 else text)
+            p.setPen(grey if k < 1.0 else bright if a > 0.6 else text)
             p.drawText(r.adjusted(self.PAD_X, 0, 0, 0), Qt.AlignmentFlag.AlignVCenter, self._labels[i])
             if i == self.marked:
                 p.setPen(QPen(hl, 1.5))
@@ -171,6 +185,8 @@ class TokenHeatText(QWidget):
         self.hovered.emit(i)
         if i >= 0:
             w = f"  weight {self.weights[i]:.4f}" if self.weights is not None and i < len(self.weights) else ""
+            if self.kept is not None and i < len(self.kept) and self.kept[i] < 1.0:
+                w += "  (evicted by this layer)" if self.kept[i] <= 0 else f"  (kept by {self.kept[i]:.0%} of its heads)"
             QToolTip.showText(event.globalPosition().toPoint(), f"#{i} “{self._labels[i]}”{w}", self)
         super().mouseMoveEvent(event)
 

@@ -38,7 +38,7 @@ ZOOM_MIN_TOKENS = 128
 #: The y axis' top with nothing to draw (no model, no reply): 1 MiB, in readable steps.
 EMPTY_TOP_BYTES = MIB
 COLORS = {"float32": "#e8a33d", "16-bit": "#5aa469", "int8": "#c45ab3", "allocated": "#8e7cc3", "used": "#3d7bd9",
-          "limit": "#d9534f", "event": "#c94fb0"}
+          "full": "#7fa8e8", "limit": "#d9534f", "event": "#c94fb0"}
 
 
 class KVPanel(QWidget):
@@ -89,6 +89,9 @@ class KVPanel(QWidget):
         # connect="finite": a NaN breaks the line where the cache shrank (no line drawn backwards).
         self.allocated_curve = item.plot(connect="finite")
         self.used_curve = item.plot(connect="finite")
+        # Under a cache policy: what a full cache would take, against the kept line ("used");
+        # in the legend only while a policy has evicted something.
+        self.full_curve = item.plot(connect="finite")
         # Short names: two columns fit a 280 px panel (narrower: one column); the readout
         # gives the bytes per token of each (int8: a float32 scale per vector beside the codes).
         for curve, name in ((self.theory["float32"], "float32"), (self.theory["16-bit"], "bf16 / fp16"),
@@ -114,7 +117,8 @@ class KVPanel(QWidget):
         self.pen_specs = {
             self.theory["float32"]: ("float32", 1, dash), self.theory["16-bit"]: ("16-bit", 1, dash),
             self.theory["int8"]: ("int8", 1, dash), self.allocated_curve: ("allocated", 2, solid),
-            self.used_curve: ("used", 3, solid), self.context_line: ("limit", 1.5, solid),
+            self.used_curve: ("used", 3, solid), self.full_curve: ("full", 2, dash),
+            self.context_line: ("limit", 1.5, solid),
             self.memory_line: ("limit", 1.5, dot),
         }
         self._apply_pens()
@@ -265,6 +269,7 @@ class KVPanel(QWidget):
         xs, used, allocated = self.plotted()
         self.used_curve.setData(xs, used, connect="finite")
         self.allocated_curve.setData(xs, allocated, connect="finite")
+        self._draw_full()
         now = s.now()
         self.now_dot.setData([now[0]] if now else [], [now[1] / MIB] if now else [])
         self.context_line.setVisible(bool(limit))
@@ -278,7 +283,7 @@ class KVPanel(QWidget):
             self.memory_line.label.setFormat(f"memory limit {mem / MIB:,.1f} MiB")
         self._draw_events()
         item = self.plot.getPlotItem()
-        top_bytes = max([max(self.theoretical().values(), default=0) * span, *s.allocated,
+        top_bytes = max([max(self.theoretical().values(), default=0) * span, *s.allocated, *s.full,
                          *(p[2] for p in s.pending),
                          (mem or 0) if not self.zoom.isChecked() else 0])
         top_bytes = top_bytes or EMPTY_TOP_BYTES   # nothing to draw yet: 0..1 MiB, not 0..1e-06
@@ -303,6 +308,26 @@ class KVPanel(QWidget):
             used.append(u / MIB)
             allocated.append(a / MIB)
         return xs, used, allocated
+
+    def _draw_full(self) -> None:
+        """The full cache's line (what the conversation would take without eviction) while a
+        cache policy has evicted tokens; the legend names it then, and the used line 'kept'."""
+        s = self.series
+        on = s.evicting
+        self.full_curve.setData([float(t) for t in s.tokens] if on else [], [f / MIB for f in s.full] if on else [])
+        names = [label.text for _, label in self.legend.items]
+        if on and "full cache" not in names:
+            self.legend.addItem(self.full_curve, "full cache")
+            self._rename(self.used_curve, "kept")
+            self._recolor()
+        elif not on and "full cache" in names:
+            self.legend.removeItem(self.full_curve)
+            self._rename(self.used_curve, "used")
+
+    def _rename(self, curve, name: str) -> None:
+        for sample, label in self.legend.items:
+            if sample.item is curve:
+                label.setText(name)
 
     def _draw_events(self) -> None:
         item = self.plot.getPlotItem()
@@ -334,6 +359,12 @@ class KVPanel(QWidget):
         sinks = int(self._setting("generation/sink_tokens", 4))
         system = s.sink_tokens > sinks   # the last reply's sinks reached past the setting: the system prompt's
         policy_line = policy_next(policy, now[0], limit, max(sinks, s.sink_tokens), system) if limit else ""
+        try:
+            cache_policy = self._setting("generation/cache_policy", "none")
+        except KeyError:   # a settings object without the key (older files are read with defaults)
+            cache_policy = "none"
+        if s.evicting or cache_policy != "none":
+            policy_line = readout.kept_line(s, cache_policy) + ("<br>" + policy_line if policy_line else "")
         return readout.figures(s, limit, mem, window_note=readout.window_note(self.model, s.bytes_per_token),
                                policy_line=policy_line, event_color=COLORS["event"])
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from desktop.panels.kv.series import KVSeries
 
-__all__ = ["OTHER_MODEL", "before_a_cache", "figures", "last_reply_text", "window_note"]
+__all__ = ["OTHER_MODEL", "before_a_cache", "figures", "kept_line", "last_reply_text", "window_note"]
 
 MIB = 2**20
 #: Said when the open conversation's replies came from another model than the loaded one.
@@ -82,3 +82,16 @@ def figures(s: KVSeries, limit: int, limit_bytes: int | None, *, window_note: st
         lines.append(f"<span style='color:{event_color}'>Last {kind}: {before - after:,} tokens "
                      f"at {before:,} (now {after:,}).</span>")
     return "<br>".join(lines)
+
+
+def kept_line(s: KVSeries, policy: str) -> str:
+    """Under a cache policy: ``"Cache policy h2o keeps 512 of 1,830 tokens (1,318 evicted):
+    6.0 of 21.4 MiB, 28 % of the full cache."``."""
+    if not s.tokens:
+        return f"Cache policy {policy}: nothing evicted yet."
+    tokens, used, full = s.tokens[-1], s.used[-1], s.full[-1]
+    if not s.evicted:
+        return f"Cache policy {policy}: nothing evicted yet ({tokens:,} tokens cached)."
+    share = f", {100 * used / full:.0f}\u00a0% of the full cache" if full else ""
+    return (f"Cache policy {policy} keeps <b>{s.held:,}</b> of {tokens:,} tokens ({s.evicted:,} evicted): "
+            f"{used / MIB:,.2f} of {full / MIB:,.2f} MiB{share}; the model no longer sees the evicted ones.")

@@ -33,13 +33,22 @@ class KVSeries:
     pending: list[tuple[int, int, int]] = field(default_factory=list)
     prefill: dict | None = None   # {"done", "total"} prompt tokens while a prompt is read
     sink_tokens: int = 0          # rolling: the sinks the last reply kept (the system prompt's), 0: unknown
+    #: Under a cache policy: the bytes a full cache would take at each point of ``tokens``
+    #: (``kv_cache["full_bytes"]``; equal to ``used`` while nothing is evicted), and the
+    #: newest figures: tokens the cache holds, tokens evicted.
+    full: list[int] = field(default_factory=list)
+    held: int = 0
+    evicted: int = 0
 
     def add(self, stats: dict, policy: str) -> tuple[int, int, str] | None:
         """Record one stats dict; returns the truncation or eviction it shows, if any."""
         kv = stats.get("kv_cache") or {}
         if "tokens" not in kv:
             return None
-        tokens = int(kv["tokens"])
+        # x is the conversation's length: under a cache policy the cache holds fewer tokens
+        # (kv["tokens"]) than the conversation has (kv["positions"]).
+        tokens = int(kv.get("positions", kv["tokens"]))
+        held, evicted = int(kv["tokens"]), int(kv.get("evicted_tokens") or 0)
         bpt = int(kv.get("bytes_per_token") or 0)
         dtype = str(kv.get("dtype") or "")
         conv, request = stats.get("conv_id"), stats.get("request")
@@ -55,6 +64,8 @@ class KVSeries:
                                  int(kv.get("allocated_bytes", tokens * bpt))))
             return None
         self.pending, self.prefill = [], None
+        self.held, self.evicted = held, evicted
+        full = int(kv.get("full_bytes", kv.get("used_bytes", tokens * bpt)))
         dropped = int(stats.get("dropped_tokens") or 0)
         event = None
         if request != self.request and not dropped and "reused_tokens" in stats:
@@ -78,13 +89,20 @@ class KVSeries:
             self.tokens.append(tokens)
             self.used.append(int(kv.get("used_bytes", tokens * bpt)))
             self.allocated.append(int(kv.get("allocated_bytes", tokens * bpt)))
+            self.full.append(full)
         else:  # same length (a final stats dict): keep the newest byte counts
             self.used[-1] = int(kv.get("used_bytes", tokens * bpt))
             self.allocated[-1] = int(kv.get("allocated_bytes", tokens * bpt))
+            self.full[-1] = full
         if len(self.tokens) > MAX_POINTS:
-            for name in ("tokens", "used", "allocated"):
+            for name in ("tokens", "used", "allocated", "full"):
                 setattr(self, name, getattr(self, name)[::2])
         return event
+
+    @property
+    def evicting(self) -> bool:
+        """Whether a cache policy has evicted tokens of this conversation (the full line differs)."""
+        return self.evicted > 0 or any(f > u for f, u in zip(self.full, self.used))
 
     def now(self) -> tuple[int, int, int] | None:
         """The newest (tokens, used bytes, allocated bytes), a prompt being read included; None: none."""
@@ -96,7 +114,7 @@ class KVSeries:
         """Forget the points past ``tokens`` (the cache was cropped to that length), and the
         truncations and evictions that happened past it."""
         while self.tokens and self.tokens[-1] > tokens:
-            for name in ("tokens", "used", "allocated"):
+            for name in ("tokens", "used", "allocated", "full"):
                 getattr(self, name).pop()
         self.events = [e for e in self.events if e[1] <= tokens]
 
