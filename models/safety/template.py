@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -57,6 +58,8 @@ START_TIMEOUT_S = 60.0
 #: The longest reply read from the child (bytes): the output limit in UTF-8, plus room.
 _REPLY_SLACK_BYTES = 1 << 16
 WORKER_MODULE = "models.safety.template_worker"
+#: Environment variables the child does not get (API keys, Hub tokens, passwords).
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASS|CREDENTIAL|AUTH", re.IGNORECASE)
 
 
 class TemplateRefused(Refused):
@@ -88,7 +91,9 @@ class _Worker:
     """One child process and the thread that reads its replies."""
 
     def __init__(self) -> None:
-        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        # The child needs no secret: an escape from jinja2's sandbox would find none there.
+        env = {k: v for k, v in os.environ.items() if not _SECRET_NAME.search(k)}
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:

@@ -154,6 +154,17 @@ def test_the_memory_limit_grows_with_the_conversation():
     assert text.startswith("30000000<|im_start|>user\nword word")
 
 
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/environ"), reason="reads /proc/PID/environ")
+def test_the_child_gets_no_secrets(monkeypatch):
+    monkeypatch.setenv("ATTNCHAT_API_KEY", "sk-secret")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    sandbox.shutdown()  # a fresh child, started with this environment
+    assert render_template(CHAT_TEMPLATE, HI) == "<|im_start|>user\nhi<|im_end|>\n"
+    with open(f"/proc/{sandbox._get_worker().pid}/environ", "rb") as f:
+        names = {entry.split(b"=", 1)[0] for entry in f.read().split(b"\0") if entry}
+    assert b"PATH" in names and not names & {b"ATTNCHAT_API_KEY", b"HF_TOKEN"}
+
+
 # ---- bounded time -------------------------------------------------------------------------------
 def test_a_loop_without_end_is_killed_at_the_deadline():
     before = sandbox._get_worker().pid

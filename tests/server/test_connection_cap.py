@@ -22,6 +22,8 @@ from attnchat.server.command import server_config
 
 KEY = "sk-cap"
 CAP = 4
+#: /slow requests the app is answering now.
+_in_progress = []
 
 
 async def app(scope, receive, send):
@@ -33,7 +35,9 @@ async def app(scope, receive, send):
     headers = dict(scope["headers"])
     status = 200 if headers.get(b"authorization") == f"Bearer {KEY}".encode() else 401
     if status == 200 and scope["path"] == "/slow":
+        _in_progress.append(1)
         await asyncio.sleep(1.5)
+        _in_progress.pop()
     await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", b"2")]})
     await send({"type": "http.response.body", "body": b"ok"})
 
@@ -123,7 +127,9 @@ def test_when_every_connection_is_busy_the_newcomer_gets_503(server):
     busy = [_connect(server) for _ in range(CAP)]
     for c in busy:
         _request(c, "/slow")
-    time.sleep(0.3)
+    deadline = time.monotonic() + 30
+    while len(_in_progress) < CAP and time.monotonic() < deadline:  # every one has a request in progress
+        time.sleep(0.01)
     late = _connect(server)
     _request(late)
     status, body = _response(late)
