@@ -93,4 +93,5 @@ def test_stats_fields():
     assert cache.stats() == {
         "dtype": "float16", "bytes_per_token": 32, "tokens": 3,
         "used_bytes": 96, "allocated_bytes": 16 * 32, "limit_bytes": 10_000,
+        "positions": 3, "evicted_tokens": 0, "full_bytes": 96,
     }
