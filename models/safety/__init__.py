@@ -10,9 +10,11 @@ The rules (each raises :class:`Refused`, one line; the limits are in the modules
   1 GiB; refused from the counts, before any reader builds the arrays.
 - **Custom code** (:mod:`.custom_code`): a folder any of whose ``*.json`` files, at any
   depth, has the key ``auto_map`` in any JSON spelling, or a string naming one of the
-  folder's ``*.py`` files.
+  folder's ``*.py`` files; a folder holding anything but regular files and folders (a link
+  to ``/dev/zero``, a FIFO) or a ``*.jinja`` template over 1 MiB.
 - **Chat templates** (:mod:`.template`): rendered in a child process with bounded memory
-  (256 MiB + 16 bytes per byte of the request), time (10 s) and output.
+  (256 MiB + 16 bytes per byte of the request), time (10 s) and output; templates of at
+  most 1 MiB.
 - **Key files** (:func:`check_key_file`): not readable by other users.
 
 Who calls them: every model load and config read (``runtime.weights.sources``: chat,

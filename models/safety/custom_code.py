@@ -14,11 +14,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from pathlib import Path
 
 #: JSON files bigger than this are refused unread: the largest a model carries, a
 #: tokenizer.json of a 262,144-token vocabulary (Gemma 3), is ~33 MB.
 MAX_JSON_BYTES = 64 << 20
+#: A chat template file (``chat_template.jinja``): real ones are tens of KB; the same
+#: limit as a GGUF's strings and the sandbox's templates.
+MAX_TEMPLATE_FILE_BYTES = 1 << 20
 #: The key through which transformers imports a model's own Python (``trust_remote_code``).
 CUSTOM_CODE_KEY = "auto_map"
 #: Longest string value checked against the folder's Python files (module paths are short).
@@ -92,11 +96,17 @@ def check_json(file: Path, modules: set[str] = frozenset()) -> str | None:
             unterminated string, a bad escape).
         OSError: it cannot be read.
     """
-    size = file.stat().st_size
-    if size > MAX_JSON_BYTES:
-        raise CustomCodeError(f"{file.name} is {size:,} bytes, bigger than any model's JSON "
-                              f"(the limit is {MAX_JSON_BYTES >> 20} MiB)")
-    data = file.read_bytes()[:MAX_JSON_BYTES]
+    # O_NONBLOCK: opening a FIFO would wait for a writer (no effect on a regular file)
+    with os.fdopen(os.open(file, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise CustomCodeError(f"{file.name} is not a regular file")
+        if st.st_size > MAX_JSON_BYTES:
+            raise CustomCodeError(f"{file.name} is {st.st_size:,} bytes, bigger than any model's JSON "
+                                  f"(the limit is {MAX_JSON_BYTES >> 20} MiB)")
+        data = f.read(MAX_JSON_BYTES + 1)  # never more, should the file grow meanwhile
+    if len(data) > MAX_JSON_BYTES:
+        raise CustomCodeError(f"{file.name} grew past {MAX_JSON_BYTES >> 20} MiB while it was read")
     if _KEY.search(data):
         return f"'{CUSTOM_CODE_KEY}'"
     stems = {m.rsplit(".", 1)[-1] for m in modules}
@@ -133,6 +143,7 @@ def find_custom_code(folder: Path) -> tuple[Path, str] | None:
     Raises:
         CustomCodeError: a JSON file that cannot be checked (its name is in the message).
     """
+    check_entries(folder)
     modules = python_modules(folder)
     for root, dirs, files in os.walk(folder):
         dirs.sort()
@@ -149,3 +160,31 @@ def find_custom_code(folder: Path) -> tuple[Path, str] | None:
             if found:
                 return file.relative_to(folder), found
     return None
+
+
+def check_entries(folder: Path) -> None:
+    """Every entry under ``folder`` is a regular file or a folder once links are followed,
+    and its chat templates (``*.jinja``) are at most :data:`MAX_TEMPLATE_FILE_BYTES`.
+
+    A link to ``/dev/zero`` as ``generation_config.json`` took a reader to 10.9 GB, and a
+    FIFO kept it waiting forever (found outside the suite, issue 28); transformers reads a
+    ``chat_template.jinja`` whole, whatever its size.
+
+    Raises:
+        CustomCodeError: the first entry that is a device, a FIFO or a socket, or a template
+            file past the limit (its path in the folder is in the message).
+    """
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            file = Path(root) / name
+            try:
+                st = file.stat()
+            except OSError:
+                continue  # a broken link: nothing can read it
+            where = file.relative_to(folder)
+            if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+                raise CustomCodeError(f"{where} is not a regular file (a device, a pipe or a socket)")
+            if name.lower().endswith(".jinja") and st.st_size > MAX_TEMPLATE_FILE_BYTES:
+                raise CustomCodeError(f"{where} is {st.st_size:,} bytes, bigger than any chat template "
+                                      f"(the limit is {MAX_TEMPLATE_FILE_BYTES >> 20} MiB)")

@@ -53,6 +53,9 @@ TEMPLATE_MEMORY_PER_INPUT_BYTE = 16
 #: do not multiply the conversation.
 TEMPLATE_OUTPUT_CHARS = 1 << 20
 TEMPLATE_OUTPUT_PER_INPUT_CHAR = 4
+#: The longest template rendered (characters): real ones are tens of KB; a GGUF's strings
+#: and a folder's ``*.jinja`` files have the same limit in bytes.
+MAX_TEMPLATE_CHARS = 1 << 20
 #: How long the child may take to start (seconds): a busy machine's disk and CPU.
 START_TIMEOUT_S = 60.0
 #: The longest reply read from the child (bytes): the output limit in UTF-8, plus room.
@@ -255,10 +258,13 @@ def render_template(template: str, messages: Sequence[dict[str, Any]], *, tools:
     ``continue_final_message``). ``timeout_s`` defaults to :data:`TEMPLATE_TIMEOUT_S`.
 
     Raises:
-        TemplateRefused: the render passed a limit, the template raised, or the sandbox
-            could not start (one line each; see its ``kind``).
+        TemplateRefused: the render passed a limit, the template raised or is longer than
+            :data:`MAX_TEMPLATE_CHARS`, or the sandbox could not start (one line each; see its ``kind``).
     """
     global _last
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise TemplateRefused(f"the model's chat template is {len(template):,} characters long (the limit is "
+                              f"{MAX_TEMPLATE_CHARS:,}); pick another model or fix its template", "template")
     timeout = TEMPLATE_TIMEOUT_S if timeout_s is None else timeout_s
     # What the template is given, as JSON once: its size is the input the limits scale with.
     given = json.dumps({"messages": list(messages), "tools": list(tools) if tools else None,

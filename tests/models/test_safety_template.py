@@ -175,3 +175,13 @@ def test_a_loop_without_end_is_killed_at_the_deadline():
     assert 1.0 <= last_render().seconds < 10
     assert render_template(CHAT_TEMPLATE, HI) == "<|im_start|>user\nhi<|im_end|>\n"
     assert sandbox._get_worker().pid != before  # killed, and started again
+
+
+def test_a_template_longer_than_any_real_one_is_refused_unrendered():
+    """A template over 1 MiB (tokenizer_config.json may hold 64 MiB) is refused before it goes to
+    the child, whose memory limit would otherwise grow with it (16 bytes a character)."""
+    with pytest.raises(TemplateRefused) as e:
+        render_template("{# " + "x" * sandbox.MAX_TEMPLATE_CHARS + " #}" + CHAT_TEMPLATE, HI)
+    assert e.value.kind == "template"
+    assert str(e.value) == ("the model's chat template is 1,048,755 characters long (the limit is 1,048,576); "
+                            "pick another model or fix its template")
