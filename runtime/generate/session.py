@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import torch
 
-from runtime.errors import ContextOverflowError
+from runtime.errors import ChatTemplateError, ContextOverflowError
 from runtime.generate.chat_format import Message, encode_conversation, token_counter
 from runtime.generate.context import (
     PromptCancelled,
@@ -210,6 +210,10 @@ class ChatSession(SessionCache):
             raise
         except PromptCancelled:  # stopped while a long conversation was being trimmed
             prompt, dropped = None, 0
+        if prompt is not None and not prompt:  # a template and tokenizer that give no token (issue 28)
+            self.messages[:] = before
+            raise ChatTemplateError("the model's chat template and tokenizer turned this conversation into no "
+                                    "tokens; pick another model or fix its template")
         stats.prompt_tokens, stats.dropped_tokens = len(prompt or ()), dropped
         if prompt is not None and any(m.role == "assistant" for m in self.messages):
             stats.retokenized_tokens = self._retokenized(self.messages)

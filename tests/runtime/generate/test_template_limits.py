@@ -92,3 +92,19 @@ def test_ordinary_templates_render_as_before(tok):
     assert render(tok, HI).startswith("---<|im_start|>user")
     tok.chat_template = "{{ bos_token }}" + CHAT_TEMPLATE  # the special tokens are there, as in transformers
     assert render(tok, HI).startswith("<|im_start|><|im_start|>user")
+
+
+def test_a_conversation_that_becomes_no_tokens_is_one_line(tmp_path):
+    """A stranger's template and tokenizer can give no token for a message (found outside the
+    suite: a GGUF whose vocabulary cannot spell 'hi'); the reply was 'internal error: TypeError'."""
+    from runtime import ChatSession, GenerationSettings, load_model
+    from tests.runtime.tiny_models import make_tiny_model
+
+    model = load_model(make_tiny_model(tmp_path, "llama"), device="cpu", dtype="float32")
+    model.tokenizer.chat_template = "{% for m in messages %}{% endfor %}"  # renders nothing
+    session = ChatSession(model, settings=GenerationSettings(max_new_tokens=2))
+    with pytest.raises(ChatTemplateError) as e:
+        session.run(session.send("hi"))
+    assert str(e.value) == ("the model's chat template and tokenizer turned this conversation into no tokens; "
+                            "pick another model or fix its template")
+    assert session.messages == []  # nothing half-stored
