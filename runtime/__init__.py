@@ -10,7 +10,14 @@ from runtime.cache.policy_figures import MEASURED as CACHE_POLICY_FIGURES
 from runtime.cache.planner import Fit, MemoryPlan, count_parameters, fit, plan, plan_for_config
 from runtime.cache.sizes import cache_bytes_per_token, element_bytes, kv_bytes_per_token
 from runtime.config.model import ModelConfig
-from runtime.device import WEIGHT_DTYPE_QUALITY, available_devices, compute_dtype, default_dtype, free_memory_bytes
+from runtime.device import (
+    WEIGHT_DTYPE_QUALITY,
+    available_devices,
+    compute_dtype,
+    default_dtype,
+    free_memory_bytes,
+    resolve_device,
+)
 from runtime.dtypes import CACHE_DTYPES
 from runtime.errors import (
     AttnchatError,
@@ -74,7 +81,7 @@ from runtime.model.attention import (
 )
 
 __all__ = [
-    "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "compute_dtype", "default_dtype", "WEIGHT_DTYPE_QUALITY", "Message", "builtin_system_prompt", "ModelConfig", "KVCache", "CACHE_POLICIES", "CACHE_POLICY_FIGURES", "PolicyParams", "Evictor", "budget_for_bytes", "CACHE_DTYPES", "Model", "load_model",
+    "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "resolve_device", "compute_dtype", "default_dtype", "WEIGHT_DTYPE_QUALITY", "Message", "builtin_system_prompt", "ModelConfig", "KVCache", "CACHE_POLICIES", "CACHE_POLICY_FIGURES", "PolicyParams", "Evictor", "budget_for_bytes", "CACHE_DTYPES", "Model", "load_model",
     "SamplingParams", "Fit", "fit", "MemoryPlan", "plan", "plan_for_config", "kv_bytes_per_token", "cache_bytes_per_token", "count_parameters", "element_bytes",
     "free_memory_bytes", "AttentionCapture", "HeadScores", "head_scores",
     "ABLATION_MODES", "InductionAblation", "ablated", "induction_ablation", "parse_heads", "top_and_probs",

@@ -46,12 +46,15 @@ FIGURES = ("load_s", "ttft_s", "prefill_tokens_per_s", "followup_ttft_s", "peak_
 #: engine's default). ``ours-default`` is our engine as the app runs it
 #: (runtime.device.default_dtype: on the CPU, float16 weights computing in float32);
 #: ``ours-int8`` our 8-bit weights; llama.cpp always runs the GGUF's own quantized weights.
+#: ``ours-reproducible`` / ``ours-default-reproducible``: the same with ``--reproducible``
+#: (row-invariant kernels and attention, docs/reproducible.md).
 #: ``ours-compile`` / ``ours-default-compile``: the same with the compiled decode step (its
 #: first build is timed apart, ``compile_s``: cold on a machine's first run, then from
 #: inductor's on-disk cache).
 ENGINES = {"ours": ("ours", True), "ours-default": ("ours", None), "ours-int8": ("ours", "int8"),
            "ours-compile": ("ours-compile", True), "ours-default-compile": ("ours-compile", None),
            "ours-eager": ("ours-eager", True), "transformers": ("transformers", True),
+           "ours-reproducible": ("ours-reproducible", True), "ours-default-reproducible": ("ours-reproducible", None),
            "transformers-compiled": ("transformers-compiled", True), "llamacpp": ("llamacpp", None)}
 #: The engines run without ``--engines``, per device. On a GPU: ours as the app decodes
 #: there (a CUDA graph) and eagerly, against transformers eager and with a static cache
@@ -70,7 +73,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="depths 128 and 1,024 only (else also 4,096)")
     p.add_argument("--repeats", type=int, default=3, metavar="N", help="repetitions per engine (default 3)")
     p.add_argument("--engines", default=None,
-                   help="comma-separated: ours,ours-default,ours-int8,ours-compile,ours-default-compile,transformers,llamacpp "
+                   help="comma-separated: ours,ours-default,ours-int8,ours-compile,ours-default-compile,ours-reproducible,ours-default-reproducible,transformers,llamacpp "
                         "(default on the CPU: ours,ours-default,ours-int8,transformers,llamacpp)")
     p.add_argument("--dtype", default=None,
                    help="weights' dtype for ours and transformers, compared like for like (default float32 on the CPU, float16 on CUDA)")

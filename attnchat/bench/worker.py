@@ -53,10 +53,11 @@ def random_ids(vocab_size: int, special: set[int], n: int, seed: int) -> list[in
 class Ours:
     name = "ours"
 
-    def __init__(self, path: str, dtype: str | None, device: str = "cpu", decode: str | None = None):
+    def __init__(self, path: str, dtype: str | None, device: str = "cpu", decode: str | None = None,
+                 reproducible: bool = False):
         from runtime import load_model
 
-        self.model = load_model(path, device=device, dtype=dtype, decode=decode)
+        self.model = load_model(path, device=device, dtype=dtype, decode=decode, reproducible=reproducible)
         self.decode_mode = self.model.decode_mode
         self.vocab = self.model.config.vocab_size
         self.special = set(self.model.tokenizer.all_special_ids)
@@ -204,6 +205,7 @@ ENGINES = {
     "ours": Ours,
     "ours-eager": lambda path, dtype, device: Ours(path, dtype, device, decode="eager"),
     "ours-compile": lambda path, dtype, device: Ours(path, dtype, device, decode="compile"),
+    "ours-reproducible": lambda path, dtype, device: Ours(path, dtype, device, reproducible=True),
     "transformers": Transformers,
     "transformers-compiled": lambda path, dtype, device: Transformers(path, dtype, device, compiled=True),
     "llamacpp": LlamaCpp,

@@ -44,7 +44,11 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
     cache_options.add_args(p)
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="a stop string (repeatable)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--dtype", default=None, help="weight dtype: float32, bfloat16, float16 (default per device: float16 on the CPU, computing in float32)")
+    p.add_argument("--dtype", default=None, help="weight dtype: float32, bfloat16, float16, int8 (8-bit, a scale per row; default per device: float16 on the CPU, computing in float32)")
+    p.add_argument("--reproducible", action="store_true",
+                   help="the same greedy reply however a conversation's tokens were computed (one prefill, chunks, "
+                        "one-token steps, a reused cache) and on any thread count: row-invariant kernels and attention "
+                        "(CPU, eager decode; slower, and float16 weights keep a packed copy; docs/reproducible.md)")
 
 
 def _settings(args: argparse.Namespace):
@@ -77,7 +81,8 @@ def _load(args: argparse.Namespace):
     from attnchat.fetching import model_source
     from runtime import load_model
 
-    return load_model(model_source(args.model), device=args.device, dtype=getattr(args, "dtype", None))
+    return load_model(model_source(args.model), device=args.device, dtype=getattr(args, "dtype", None),
+                      reproducible=getattr(args, "reproducible", False))
 
 
 def _turn_json(model, finish) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from runtime import GenerationSettings, Model
 log = logging.getLogger("attnchat.serve")
 
 
-def create_app(model: Model, *, api_key: str | None = None, model_id: str | None = None,
+def create_app(model: Model, *, api_key: str | Sequence[str] | None = None, model_id: str | None = None,
                settings: GenerationSettings | None = None, sessions: int = 4,
                default_temperature: float = 0.0, default_max_tokens: int = 1024, max_tokens_limit: int = 4096,
                max_body_bytes: int = MAX_BODY_BYTES, max_queued: int = MAX_QUEUED, allowed_hosts: Sequence[str] = (),
@@ -44,7 +44,9 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
 
     Args:
         model: the loaded model; one engine thread runs it.
-        api_key: when set, every ``/v1`` request needs ``Authorization: Bearer <api_key>``.
+        api_key: when set, every ``/v1`` request needs ``Authorization: Bearer <api_key>``; a
+            list of keys takes any of them, and clients with different keys never share
+            a pooled KV cache (:mod:`attnchat.server.engine`).
         model_id: the id clients name in ``model`` (default: the model's name).
         settings: the sessions' context, cache dtype and overflow policy (default: the
             model's context, overflow ``stop``).
@@ -92,14 +94,23 @@ def create_app(model: Model, *, api_key: str | None = None, model_id: str | None
     app.state.engine = engine
     app.state.model_id = model_id
 
+    keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
+
     def authorize(request: Request) -> None:
-        if api_key is None:
+        """Checks the key; notes which one (``request.state.partition``: the caches its
+        requests may share) for the routes."""
+        request.state.partition = ""
+        if not keys:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        given = token.strip().encode()
+        # every key compared, in constant time each: which one matched is not timed
+        matched = [i for i, k in enumerate(keys) if hmac.compare_digest(given, k.encode())]
+        if scheme.lower() != "bearer" or not matched:
             raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>' with the key "
                                 "the server was started with (--api-key).",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        request.state.partition = f"key{matched[0]}"
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(authorize)])
 

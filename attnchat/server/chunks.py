@@ -153,7 +153,13 @@ class CompletionChunks:
         return block
 
     def first(self) -> str | None:
-        return completions.chunk(self.job.id, self.model_id, self.created, self.echo) if self.echo else None
+        if not self.echo:
+            return None
+        lp = None
+        if self.recorder is not None:
+            # the prompt is scored before the reply starts (attnchat.server.engine.Job.prompt_entries)
+            lp = completions.echo_block(self.tokenizer, self.echo, self.job.prompt_entries)
+        return completions.chunk(self.job.id, self.model_id, self.created, self.echo, logprobs=lp)
 
     def text(self, text: str) -> str:
         lp = self._lp(list(self.recorder.tokens)) if self.recorder else None

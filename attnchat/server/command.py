@@ -64,7 +64,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                      help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, else none). Other users "
                           f"see a command line's arguments (ps): prefer ${API_KEY_ENV} or --api-key-file")
     key.add_argument("--api-key-file", metavar="PATH",
-                     help="read the API key from the first line of PATH (keep it 0600)")
+                     help="read API keys from PATH, one per line (keep it 0600); clients with different keys "
+                          "never share a KV cache")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="also answer requests whose Host header names NAME (repeatable; by default only "
                         "localhost, 127.0.0.1, ::1 and --host: a guard against DNS rebinding)")
@@ -94,7 +95,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="KV-cache MiB the idle sessions may keep; the least recently used caches are freed "
                         "past it (default 256)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--dtype", default=None, help="weight dtype: float32, bfloat16, float16 (default per device: float16 on the CPU, computing in float32)")
+    p.add_argument("--dtype", default=None, help="weight dtype: float32, bfloat16, float16, int8 (8-bit, a scale per row; default per device: float16 on the CPU, computing in float32)")
+    p.add_argument("--reproducible", action="store_true",
+                   help="the same greedy reply however a conversation's tokens were computed (one prefill, chunks, "
+                        "one-token steps, a reused cache) and on any thread count: row-invariant kernels and attention "
+                        "(CPU, eager decode; slower, and float16 weights keep a packed copy; docs/reproducible.md)")
     p.set_defaults(func=run)
     return p
 
@@ -157,21 +162,22 @@ def _check_key_file(path: str) -> None:
         print(f"attnchat: warning: {warning}", file=sys.stderr)
 
 
-def _read_key_file(path: str) -> str:
-    """The first line of ``path``, stripped.
+def _read_key_file(path: str) -> list[str]:
+    """The keys in ``path``: each non-empty line one key, stripped (clients with different
+    keys never share a pooled KV cache).
 
     Raises:
         ValueError: the file cannot be read or holds no key (one line, for exit status 2).
     """
     try:
         with open(path, encoding="utf-8") as f:
-            key = f.readline().strip()
+            keys = [line.strip() for line in f if line.strip()]
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"cannot read --api-key-file {path!r} ({getattr(e, 'strerror', None) or e}); "
-                         "give a file holding the key on its first line") from None
-    if not key:
-        raise ValueError(f"--api-key-file {path!r} holds no key on its first line")
-    return key
+                         "give a file holding one key per line") from None
+    if not keys:
+        raise ValueError(f"--api-key-file {path!r} holds no key; write one key per line")
+    return keys
 
 
 def run(args: argparse.Namespace) -> int:
@@ -184,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     if not is_loopback(args.host) and not args.api_key:
         raise ValueError(f"refusing to serve on {args.host} without an API key: anyone who can reach it could "
                          f"use it; add --api-key KEY (or set ${API_KEY_ENV}), or bind to 127.0.0.1")
-    if args.api_key is not None and not args.api_key.strip():
+    if isinstance(args.api_key, str) and not args.api_key.strip():
         raise ValueError("--api-key is empty; give a key, or leave it out on loopback")
     settings = _settings(args)  # check before the slow load
     sock = bind(args.host, args.port)
@@ -206,7 +212,7 @@ def _settings(args: argparse.Namespace):
                               **cache_options.settings(args))
 
 
-def server_config(app: Any, *, max_connections: int, api_key: str | None):
+def server_config(app: Any, *, max_connections: int, api_key: str | list[str] | None):
     """uvicorn's configuration for ``app``: log records to attnchat's log file (not the
     terminal), and the connection cap (``--max-connections``): a newcomer at the cap closes
     an idle connection, one without a valid key first (:class:`attnchat.server.guard.ConnectionCap`;
@@ -230,7 +236,7 @@ def _serve(args: argparse.Namespace, settings, sock: socket.socket) -> int:
     from attnchat.server.guard import drop_query_strings
     from runtime import load_model
 
-    model = load_model(model_source(args.model), device=args.device, dtype=args.dtype)
+    model = load_model(model_source(args.model), device=args.device, dtype=args.dtype, reproducible=args.reproducible)
     app = create_app(model, api_key=args.api_key, model_id=args.model_id, settings=settings,
                      sessions=args.sessions, default_temperature=args.temperature,
                      default_max_tokens=args.max_tokens, max_tokens_limit=args.max_tokens_limit,

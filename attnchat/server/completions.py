@@ -86,6 +86,37 @@ def logprobs_block(tokenizer: Any, entries: list, offset: int) -> dict[str, Any]
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
+def echo_block(tokenizer: Any, prompt: str, scored: tuple[list[int], list] | None) -> dict[str, Any]:
+    """The prompt's part of ``logprobs`` with ``echo`` (OpenAI's: each prompt token with its
+    log-probability given the ones before it; the first has none): ``scored`` is
+    :attr:`attnchat.server.engine.Job.prompt_entries`. Tokens the tokenizer adds itself (a
+    BOS) condition the first token but are not listed: the echoed text does not hold them."""
+    empty = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    if scored is None:
+        return empty
+    ids, entries = scored
+    plain = list(tokenizer.encode(prompt, add_special_tokens=False))
+    added = len(ids) - len(plain) if len(plain) <= len(ids) and ids[len(ids) - len(plain):] == plain else 0
+    out, offset = {k: [] for k in empty}, 0
+    for token, entry in zip(ids[added:], entries[added:]):
+        text = tokenizer.decode([token])
+        out["tokens"].append(text)
+        out["text_offset"].append(offset)
+        offset += len(text)
+        if entry is None:
+            out["token_logprobs"].append(None)
+            out["top_logprobs"].append(None)
+        else:
+            out["token_logprobs"].append(max(entry.logprob, -9999.0))
+            out["top_logprobs"].append({tokenizer.decode([i]): max(lp, -9999.0) for i, lp in entry.top})
+    return out
+
+
+def joined(first: dict[str, Any], then: dict[str, Any] | None) -> dict[str, Any]:
+    """Two ``logprobs`` blocks one after the other (the echoed prompt's, then the reply's)."""
+    return first if then is None else {k: first[k] + then[k] for k in first}
+
+
 def response(job_id: str, model_id: str, text: str, finish_reason: str, usage: dict[str, Any],
              logprobs: dict[str, Any] | None, extension: dict[str, Any]) -> dict[str, Any]:
     return {"id": job_id, "object": "text_completion", "created": int(time.time()), "model": model_id,

@@ -5,17 +5,23 @@ No HTTP, no asyncio and no Qt here: the HTTP layer (``attnchat.server``) builds 
 with plain data (:class:`Started`, :class:`Delta`, :class:`Done`, :class:`Failed`).
 
 Prefix reuse: the worker keeps a small pool of :class:`runtime.ChatSession` objects.
-A request is a whole conversation; it goes to the session whose conversation (system
-prompt, then messages, the last reply included) is the longest prefix of the
-request's, so a client that resends a growing conversation lands on the session that
-holds its KV cache, and the session's own longest-common-prefix logic reuses it.
+A request is a whole conversation. The rule (issue 30; docs/server.md):
 
-Only a WHOLE earlier conversation is reused: otherwise the session taken over is reset
-first. (The server has one API key, so pools per key would separate nobody.) Reusing a partial match let
-a client read another's prompt one token at a time from ``cached_tokens`` (issue 20: a
-victim's "My bank PIN is 4817", probed with "...PIN is 4" and "...48", came back with 30
-and 31 cached tokens). The price: a client that edits or regenerates a turn prefills the
-conversation again.
+    A request reuses a pooled session's cache up to the end of the longest earlier prompt
+    of that session it extends (every message of it, exactly), plus the part of the reply
+    the model wrote to that prompt that the request repeats token for token; never more.
+
+So a client that resends a growing conversation reuses all of it; one that strips the
+whitespace around the replies it sends back (many do) reuses up to where its copy of a
+reply first differs; the same request twice reuses its whole prompt (and, greedy, gets
+the same reply: the session keeps the logits its prefill left). Never a partial earlier
+*prompt*: reusing a partial match let a client read another's prompt one token at a time
+from ``cached_tokens`` (issue 20: a victim's "My bank PIN is 4817", probed with "...PIN is
+4" and "...48", came back with 30 and 31 cached tokens). A reply is readable that way by a
+client that knows the whole prompt before it, so pooled sessions are partitioned by API
+key (:attr:`Job.partition`): clients with different keys never share a cache. Without a
+key the server serves one local user, and any local process that can reach the port is
+that user (docs/server.md says what it could learn).
 """
 from __future__ import annotations
 
@@ -129,9 +135,37 @@ class Job:
     tools: tuple[dict, ...] = ()
     id: str = ""
     cancelled: threading.Event = field(default_factory=threading.Event)
+    #: Whose caches this job may reuse: the API key it came with (an opaque label, never
+    #: the key itself); "" for every request of a server without keys.
+    partition: str = ""
+    #: Alternatives per prompt token when the prompt's own log-probabilities are asked for
+    #: (``/v1/completions`` with ``echo`` and ``logprobs``); None: not asked.
+    prompt_logprobs: int | None = None
+    #: Filled by the worker before :class:`Started` when ``prompt_logprobs`` is set: the
+    #: prompt's ids and an entry per id (:func:`runtime.generate.scoring.token_logprobs`).
+    prompt_entries: tuple[list[int], list] | None = None
 
     def conversation(self) -> list[Message]:
         return [Message("system", self.system or "")] + self.messages
+
+
+@dataclass
+class _Turn:
+    """One reply a pooled session wrote: its prompt's length in messages (system included)
+    and in tokens, and where the reusable tokens after it end (the reply's last token,
+    or sooner where a later request's copy of the reply differed)."""
+
+    messages: int
+    prompt_tokens: int
+    reuse_end: int
+
+
+@dataclass
+class _Owner:
+    """What the engine keeps beside a pooled session: whose it is and its turns."""
+
+    partition: str = ""
+    turns: list[_Turn] = field(default_factory=list)
 
 
 class Engine:
@@ -160,6 +194,7 @@ class Engine:
         self.pool_bytes = pool_bytes
         self.on_reply = on_reply
         self._pool: list[ChatSession] = []  # most recently used last
+        self._owners: dict[int, _Owner] = {}  # id(session) -> whose it is, its turns
         # Waiting jobs (None: the stop sign). A deque, not a queue.Queue, so a cancelled
         # job leaves it at once instead of holding its conversation until its turn.
         self._jobs: collections.deque[Job | None] = collections.deque()
@@ -299,6 +334,7 @@ class Engine:
                 freed += s.cache.allocated_bytes
                 s.reset()
                 s.cache.release()
+                self._owner(s).turns = []
         if (freed or prefilled > TRIM_AFTER_PREFILL) and self.model.device.type == "cpu":
             _give_back_heap()
         return freed
@@ -313,34 +349,53 @@ class Engine:
         self._record(job, "cancelled", TurnStats())
         self._send(job, Done("cancelled", "", TurnStats()))
 
-    def _session_for(self, job: Job) -> ChatSession:
-        """The pooled session whose whole conversation the job's extends (the longest),
-        under the same tools (they are part of the prompt), else a fresh or the least
-        recently used session, reset."""
+    def _owner(self, s: ChatSession) -> _Owner:
+        return self._owners.setdefault(id(s), _Owner())
+
+    def _session_for(self, job: Job) -> tuple[ChatSession, int | None]:
+        """The pooled session of the job's partition (and tools: they are part of the prompt)
+        with the longest earlier prompt the job's conversation extends, and how many of its
+        cached tokens the job may reuse (the module's rule); else a fresh or the least
+        recently used session, reset (nothing of its cache may answer someone else)."""
         want = job.conversation()
-        best, best_n = None, 0
+        best, best_turn = None, None
         for s in reversed(self._pool):  # most recently used first: it wins ties
+            owner = self._owner(s)
+            if owner.partition != job.partition or s.settings.tools != job.tools:
+                continue
             have = [Message("system", s.system_prompt or "")] + s.messages
             n = common_prefix_length(have, want)
-            # The request extends this conversation, tools and all: nothing is lost.
-            if n == len(have) and n > best_n and s.settings.tools == job.tools:
-                best, best_n = s, n
+            turn = max((t for t in owner.turns if t.messages <= n), key=lambda t: t.messages, default=None)
+            if turn is not None and (best_turn is None or turn.messages > best_turn.messages):
+                best, best_turn = s, turn
         if best is None:
-            # A new conversation: a fresh session while the pool has room, else the least
-            # recently used one, emptied: nothing of its cache may answer someone else.
             if len(self._pool) < self.pool_size:
                 best = ChatSession(self.model, settings=self.settings)
             else:
                 best = self._pool[0]
                 best.reset()
+            self._owners[id(best)] = _Owner(job.partition)
         if best in self._pool:
             self._pool.remove(best)
         self._pool.append(best)
-        return best
+        return best, (0 if best_turn is None else best_turn.reuse_end)
+
+    def _note_turn(self, session: ChatSession, job: Job, stats: TurnStats) -> None:
+        """Keep the turns of ``session`` whose tokens the reply left in place, and add its own."""
+        owner = self._owner(session)
+        reused = stats.reused_tokens
+        kept = []
+        if not stats.dropped_tokens:  # a trimmed conversation moved every position
+            for t in owner.turns:
+                if reused >= t.prompt_tokens:
+                    kept.append(replace(t, reuse_end=min(t.reuse_end, max(reused, t.prompt_tokens))))
+        if stats.prompt_tokens:
+            kept.append(_Turn(len(job.conversation()), stats.prompt_tokens, session.stream_length))
+        owner.turns = kept[-16:]
 
     def _run(self, job: Job) -> int:
         """Answer ``job`` on a pooled session; returns the tokens it prefilled."""
-        session = self._session_for(job)
+        session, max_reuse = self._session_for(job)
         session.settings = replace(self.settings, sampling=job.sampling, max_new_tokens=job.max_tokens,
                                    stop_strings=job.stop, logits_processors=job.logits_processors,
                                    tools=job.tools)
@@ -349,9 +404,15 @@ class Engine:
         # token ids (Message equality is role and text), so it is not re-tokenized.
         mine = session.messages
         session.messages = [mine[i] if i < len(mine) and mine[i] == m else m for i, m in enumerate(job.messages)]
+        if job.prompt_logprobs is not None:
+            from runtime.generate.scoring import token_logprobs
+
+            ids = session.prompt_ids()
+            if len(ids) <= session.context_limit:  # else the reply is refused as too long
+                job.prompt_entries = (ids, token_logprobs(self.model, ids, job.prompt_logprobs))
         with self._lock:
             self._running = (job, session)
-            events = session.reply()  # clears the session's cancel flag ...
+            events = session.reply(max_reuse=max_reuse)  # clears the session's cancel flag ...
         if job.cancelled.is_set():  # ... so a cancel that came first is applied again
             session.cancel()
         started, prefilled = False, 0
@@ -372,6 +433,7 @@ class Engine:
                         raise ContextOverflowError(
                             f"the conversation needs {n} tokens but the context holds {limit}; "
                             "shorten the messages", prompt_tokens=n, context_limit=limit)
+                    self._note_turn(session, job, ev.stats)
                     with self._lock:  # idle before the client hears, so stats never lag
                         self._running = None
                     self._record(job, ev.reason, ev.stats)
@@ -382,6 +444,7 @@ class Engine:
             self._send(job, Failed(e))
         except Exception:
             session.reset()  # its cache may not match its token stream any more
+            self._owners[id(session)] = _Owner(job.partition)
             raise
         return prefilled
 

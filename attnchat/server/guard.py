@@ -28,7 +28,7 @@ import hmac
 import ipaddress
 import json
 import logging
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable, Sequence
 from urllib.parse import urlsplit
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -268,7 +268,7 @@ class ConnectionCap(HeaderDeadline):
     """
 
     max_connections = 64
-    api_key: bytes | None = None
+    api_key: tuple[bytes, ...] | None = None  # any of these keys
     _authorized = False
     _active_at = 0.0
 
@@ -300,19 +300,21 @@ class ConnectionCap(HeaderDeadline):
         super().on_response_complete()
 
 
-def _has_key(headers: list[tuple[bytes, bytes]], key: bytes) -> bool:
+def _has_key(headers: list[tuple[bytes, bytes]], keys: tuple[bytes, ...]) -> bool:
     for name, value in headers:
         if name == b"authorization":
             scheme, _, token = value.partition(b" ")
-            return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key)
+            # every key compared, each in constant time
+            matched = [hmac.compare_digest(token.strip(), key) for key in keys]
+            return scheme.lower() == b"bearer" and any(matched)
     return False
 
 
-def capped(max_connections: int, api_key: str | None) -> type[ConnectionCap]:
+def capped(max_connections: int, api_key: str | Sequence[str] | None) -> type[ConnectionCap]:
     """The protocol class for ``uvicorn.Config(http=...)``: :class:`ConnectionCap` with this
-    cap and key."""
-    return type("ConnectionCap", (ConnectionCap,), {
-        "max_connections": max_connections, "api_key": api_key.encode() if api_key is not None else None})
+    cap and key (or keys: any of them)."""
+    keys = None if api_key is None else tuple(k.encode() for k in ([api_key] if isinstance(api_key, str) else api_key))
+    return type("ConnectionCap", (ConnectionCap,), {"max_connections": max_connections, "api_key": keys})
 
 
 async def _too_many_connections(scope: Scope, receive: Receive, send: Send) -> None:

@@ -149,35 +149,35 @@ def unsupported(req: ChatRequest) -> None:
                             "or 'json_schema'.", param="response_format", code="invalid_value")
 
 
-async def tools_grammar(model: Model, offered: list, forced: str | None):
-    """The grammar of a reply that may (or must) call one of ``offered``."""
+async def tools_grammar(model: Model, offered: list, forced: str | None, max_tokens: int | None = None):
+    """The grammar of a reply that may (or must) call one of ``offered`` (a call's arguments
+    capped to end within ``max_tokens``: :func:`attnchat.server.tools.grammar_source`)."""
     from runtime.generate.constrained import GrammarError, compiler_for
 
+    budget = None if max_tokens is None else max(max_tokens - 1, 1)
     try:
         compiler = await asyncio.to_thread(compiler_for, model)
-        return await asyncio.to_thread(compiler.lark, tools.grammar_source(offered, forced))
+        return await asyncio.to_thread(compiler.lark, tools.grammar_source(offered, forced, budget))
     except GrammarError as e:
         raise APIError(400, f"Invalid 'tools': a function's parameters cannot be used ({e}).", param="tools",
                        code="invalid_value") from None
 
 
-async def response_grammar(model: Model, response_format: dict[str, Any] | None):
-    """The :class:`runtime.generate.constrained.Grammar` a ``response_format`` asks for, or ``None``.
+async def response_grammar(model: Model, response_format: dict[str, Any] | None, max_tokens: int | None = None):
+    """The :class:`runtime.generate.constrained.Grammar` a ``response_format`` asks for, or ``None``;
+    with ``max_tokens`` its caps are chosen so the longest value ends within them (the end of
+    turn included: :func:`runtime.generate.json_bounds.fit`).
 
     Compiled off the event loop: the first one builds the tokenizer's index (seconds)."""
     if not response_format or response_format.get("type", "text") == "text":
         return None
-    from runtime.generate.constrained import (
-        GrammarError,
-        closes,
-        compiler_for,
-        schema_of,
-    )
+    from runtime.generate.constrained import GrammarError, compiler_for, schema_of
 
+    budget = None if max_tokens is None else max(max_tokens - 1, 1)  # the end-of-turn token is one more
     try:
         schema = schema_of(response_format)
         compiler = await asyncio.to_thread(compiler_for, model)
-        return await asyncio.to_thread(compiler.json_schema, schema, close=closes(response_format))
+        return await asyncio.to_thread(compiler.json_schema, schema, budget=budget)
     except GrammarError as e:
         raise APIError(400, f"Invalid 'response_format': {e}.", param="response_format",
                        code="invalid_value") from None

@@ -90,14 +90,15 @@ async def chat_completions(serving: Serving, request: Request) -> Response:
         raise APIError(400, f"'{param}' is too large: {max_tokens}. This server answers with at most "
                             f"{serving.max_tokens_limit} tokens (--max-tokens-limit).", param=param,
                        code="invalid_value")
-    grammar = await (tools_grammar(model, offered, forced) if offered
-                     else response_grammar(model, req.response_format))
+    reply_tokens = min(max_tokens, engine.context_limit)
+    grammar = await (tools_grammar(model, offered, forced, reply_tokens) if offered
+                     else response_grammar(model, req.response_format, reply_tokens))
     recorder = LogprobsRecorder(req.top_logprobs or 0) if req.logprobs else None
     processors = logits_processors(req.frequency_penalty, req.presence_penalty, grammar, recorder)
     job = Job(system=system, messages=messages, sampling=sampling, logits_processors=processors,
-              max_tokens=min(max_tokens, engine.context_limit), stop=stops(req.stop),
+              max_tokens=reply_tokens, stop=stops(req.stop),
               tools=tuple(t.openai() for t in offered) if serving.template_tools else (),
-              emit=None, id=f"chatcmpl-{uuid.uuid4().hex}")
+              emit=None, id=f"chatcmpl-{uuid.uuid4().hex}", partition=getattr(request.state, "partition", ""))
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await answer(
         engine, request, job, bool(req.stream),
@@ -146,13 +147,18 @@ async def text_completions(serving: Serving, request: Request) -> Response:
                        code="invalid_value")
     job = Job(system=None, messages=[Message(TEXT_ROLE, prompt)], sampling=sampling,
               logits_processors=processors, max_tokens=min(max_tokens, engine.context_limit),
-              stop=stops(req.stop), emit=None, id=f"cmpl-{uuid.uuid4().hex}")
+              stop=stops(req.stop), emit=None, id=f"cmpl-{uuid.uuid4().hex}",
+              partition=getattr(request.state, "partition", ""),
+              # echo with logprobs: the prompt's tokens get theirs too, as OpenAI's do
+              prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None)
     echo = prompt if req.echo else ""
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
     def whole(item: Done) -> dict[str, Any]:
         lp = completions.logprobs_block(model.tokenizer, recorder.finish(item.token_ids), len(echo)) \
             if recorder is not None else None
+        if lp is not None and echo:
+            lp = completions.joined(completions.echo_block(model.tokenizer, prompt, job.prompt_entries), lp)
         return completions.response(job.id, model_id, echo + item.text, FINISH_REASONS[item.reason],
                                     usage_of(item.stats), lp, extension_of(item.reason, item.stats))
 

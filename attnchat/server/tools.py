@@ -142,33 +142,56 @@ def system_prompt(tools: list[Tool]) -> str:
             + " and nothing else. Otherwise answer normally. The functions:\n" + listing)
 
 
-def grammar_source(tools: list[Tool], forced: str | None) -> str:
+def grammar_source(tools: list[Tool], forced: str | None, budget: int | None = None) -> str:
     """The llguidance Lark grammar of a reply: one call, or (``forced`` None) text or one call.
 
     The arguments follow each function's schema closed and bounded
     (:func:`runtime.generate.json_bounds.for_generation`): objects that leave
-    ``additionalProperties`` unset get ``false`` (as OpenAI's strict mode; not when the
-    tool says ``"strict": false``), numbers at most 15 digits before the point and 6
-    after. Without that the default model filled a plain ``{"city": ...}`` object with
+    ``additionalProperties`` unset get ``false`` whatever the tool's ``strict`` says (it is a
+    default, not a wish for invented keys), numbers at most 15 digits before the point and
+    6 after, arrays, strings and open values capped, the caps chosen so that with a
+    ``budget`` (tokens) the longest call fits it (:func:`runtime.generate.json_bounds.fit`'s
+    rule). Without that the default model filled a plain ``{"city": ...}`` object with
     invented keys and a ``15.000000…`` until its token limit.
     """
     from runtime.generate import json_bounds
 
+    caps = _call_caps(tools, budget)
     calls, any_used = [], False
     for i, t in enumerate(tools):
-        args, uses_any = json_bounds.for_generation(t.parameters, close=t.strict is not False,
-                                                    ref_base=f"/anyOf/{i}/properties/arguments")
+        args, uses_any = json_bounds.for_generation(t.parameters, ref_base=f"/anyOf/{i}/properties/arguments",
+                                                    caps=caps)
         any_used |= uses_any
         calls.append({"type": "object", "properties": {"name": {"const": t.name}, "arguments": args},
                       "required": ["name", "arguments"], "additionalProperties": False})
-    schema: dict[str, Any] = {"anyOf": calls, "x-guidance": {"whitespace_flexible": False}}
+    schema: dict[str, Any] = {"anyOf": calls,
+                              "x-guidance": {"whitespace_flexible": False, "json_allowed_escapes": json_bounds.ESCAPES}}
     if any_used:
-        schema = json_bounds.with_any(schema)
+        schema = json_bounds.with_any(schema, caps)
     call = f'call: "{OPEN}" body "{CLOSE}"\nbody: %json {json.dumps(schema)}\n'
     if forced is not None:
         return "start: call\n" + call
     # Free text may not start with "<": the first character tells a call from an answer.
     return "start: text | call\n" + call + "text: /[^<][\\s\\S]*/\n"
+
+
+def _call_caps(tools: list[Tool], budget: int | None):
+    """The first caps of :data:`runtime.generate.json_bounds.CAP_STEPS` under which every
+    tool's longest call (the tags and its name around the arguments) fits ``budget`` tokens."""
+    from runtime.generate import json_bounds
+
+    if budget is None:
+        return json_bounds.DEFAULT_CAPS
+    for caps in json_bounds.CAP_STEPS:
+        worst = 0.0
+        for t in tools:
+            args, uses_any = json_bounds.for_generation(t.parameters, caps=caps)
+            size = json_bounds.max_tokens(json_bounds.with_any(args, caps) if uses_any and isinstance(args, dict) else args)
+            wrapper = len((OPEN + '{"name":' + json.dumps(t.name) + ',"arguments":}' + CLOSE).encode())
+            worst = max(worst, size + wrapper)
+        if worst <= budget:
+            return caps
+    return json_bounds.CAP_STEPS[-1]
 
 
 def render_call(name: str, arguments: str | dict) -> str:

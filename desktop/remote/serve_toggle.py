@@ -42,10 +42,11 @@ KEEP_LINES = 40
 
 
 def serve_command(model_path: str, device: str = "auto", *, context: int = 0, cache_dtype: str = "auto",
-                  weight_dtype: str = "auto") -> tuple[str, list[str]]:
+                  weight_dtype: str = "auto", reproducible: bool = False) -> tuple[str, list[str]]:
     """``(program, arguments)`` that serve ``model_path`` on a free loopback port, with the
-    window's ``context`` (tokens; 0: the model's maximum), KV ``cache_dtype`` and
-    ``weight_dtype`` (``"auto"``: the server's own choice, the same rule as the window's)."""
+    window's ``context`` (tokens; 0: the model's maximum), KV ``cache_dtype``,
+    ``weight_dtype`` (``"auto"``: the server's own choice, the same rule as the window's) and
+    ``reproducible`` greedy replies (on the CPU)."""
     args = ["serve", "--model", model_path, "--host", "127.0.0.1", "--port", "0", "--device", device or "auto"]
     if context and int(context) > 0:
         args += ["--context", str(int(context))]
@@ -53,6 +54,8 @@ def serve_command(model_path: str, device: str = "auto", *, context: int = 0, ca
         args += ["--cache-dtype", cache_dtype]
     if weight_dtype and weight_dtype != "auto":
         args += ["--dtype", weight_dtype]
+    if reproducible:
+        args += ["--reproducible"]
     if getattr(sys, "frozen", False):  # the packaged app is its own command line
         return sys.executable, args
     return sys.executable, ["-m", "attnchat", *args]
@@ -293,7 +296,10 @@ class ServeToggle(QObject):
         w = self.window
         gen = w.generation()
         return {"context": int(w.context_limit() or 0), "cache_dtype": str(gen.get("cache_dtype") or "auto"),
-                "weight_dtype": str(w.settings.get("model/weight_dtype") or "auto")}
+                "weight_dtype": str(w.settings.get("model/weight_dtype") or "auto"),
+                # the window's model runs it only on the CPU (the server's would refuse it elsewhere)
+                "reproducible": w.settings.get("model/reproducible") == "on"
+                and str((w.engine.model or {}).get("device") or "cpu").startswith("cpu")}
 
     def _sync(self) -> None:
         running = self.server.running
@@ -324,6 +330,8 @@ def describe_options(options: dict) -> str:
     weights = options.get("weight_dtype") or "auto"
     if weights != "auto":
         parts.append(f"{weights} weights")
+    if options.get("reproducible"):
+        parts.append("reproducible greedy replies")
     return ", ".join(parts)
 
 

@@ -30,9 +30,9 @@ KEYS = (
     "generation/sink_tokens", "generation/system_prompt", "generation/temperature", "generation/top_k",
     "generation/top_p", "generation/min_p", "generation/repetition_penalty", "generation/max_new_tokens",
     "generation/seed", "generation/cache_policy", "generation/cache_budget", "generation/cache_budget_unit",
-    "model/device", "model/weight_dtype", "model/attention_backend",
+    "model/device", "model/weight_dtype", "model/attention_backend", "model/reproducible",
 )
-MODEL_OPTIONS = ("model/device", "model/weight_dtype")
+MODEL_OPTIONS = ("model/device", "model/weight_dtype", "model/reproducible")
 #: The numbers the dialog's editors take (a stored value outside would be silently clamped there).
 RANGES = {
     "generation/context": (0, 100_000_000), "generation/cache_limit_mib": (0, 10_000_000),
@@ -155,6 +155,8 @@ def validate(values: dict[str, Any], model: dict | None, devices: list[str]) -> 
         err["model/device"] = f"{values['model/device']} is not available on this machine; choose one of {', '.join(devices)}"
     if values["model/weight_dtype"] not in WEIGHT_DTYPES:
         err["model/weight_dtype"] = f"use one of {', '.join(WEIGHT_DTYPES)}"
+    if values.get("model/reproducible", "off") not in ("off", "on"):
+        err["model/reproducible"] = "use off or on"
     if values["model/attention_backend"] not in runtime.ATTENTION_BACKENDS:
         err["model/attention_backend"] = f"use one of {', '.join(runtime.ATTENTION_BACKENDS)}"
     if not err:  # the worker's own conversion: the runtime's checks, in case ours missed one

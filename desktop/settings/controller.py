@@ -67,7 +67,8 @@ class SettingsController(QObject):
 
     def _options(self) -> dict:
         s = self.window.settings
-        return {"weight_dtype": s.get("model/weight_dtype"), "attention_backend": s.get("model/attention_backend")}
+        return {"weight_dtype": s.get("model/weight_dtype"), "attention_backend": s.get("model/attention_backend"),
+                "reproducible": s.get("model/reproducible") == "on"}
 
     def _configure(self) -> None:
         configure = getattr(self.window.engine, "configure", None)
@@ -75,7 +76,7 @@ class SettingsController(QObject):
             configure(self._options())
 
     def _changed(self, key: str, value) -> None:
-        if key in ("model/weight_dtype", "model/attention_backend"):
+        if key in ("model/weight_dtype", "model/attention_backend", "model/reproducible"):
             self._configure()
 
     def _loading(self, source: str) -> None:

@@ -304,8 +304,15 @@ class SettingsDialog(QDialog):
         self._add(form, "model/attention_backend", "Attention",
                   self._combo([("fast", "fast (torch SDPA)"), ("reference", "reference (the formula, step by step)")]),
                   "Both compute the same attention; applies at once.")
+        self._add(form, "model/reproducible", "Greedy replies",
+                  self._combo([("off", "fast"), ("on", "reproducible (same reply however computed)")]),
+                  "At temperature 0 Regenerate repeats a reply either way. Reproducible also gives a "
+                  "conversation read again from scratch (after a restart, an edit far back) the reply it got "
+                  "from the cache, on any thread count: kernels and attention that sum every row in the same "
+                  "order. CPU only; slower attention, and float16 weights keep a packed copy "
+                  "(docs/reproducible.md has the measurements).")
         v.addLayout(form)
-        v.addWidget(_note("Device and weight dtype take effect when the model is reloaded."))
+        v.addWidget(_note("Device, weight dtype and greedy replies take effect when the model is reloaded."))
         row = QHBoxLayout()
         self.reload_note = QLabel()
         self.reload_note.setWordWrap(True)

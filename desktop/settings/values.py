@@ -38,6 +38,7 @@ DEFAULTS: dict[str, Any] = {
     # The settings dialog (desktop.settings.dialog) edits these and the ones above.
     "model/weight_dtype": "auto",              # auto = per device (runtime.device.default_dtype)
     "model/attention_backend": "fast",         # or "reference"
+    "model/reproducible": "off",               # or "on": runtime.load_model(reproducible=True), CPU only
     "generation/top_k": 0,                     # 0 = off
     "generation/top_p": 1.0,                   # 1 = off
     "generation/min_p": 0.0,                   # 0 = off

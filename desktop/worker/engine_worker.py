@@ -51,7 +51,8 @@ class EngineWorker(QObject):
         super().__init__()
         self._options: dict[str, Any] = {"weight_dtype": "auto"}   # set by configure()
         self._load_fn = load_fn or (lambda source, device: runtime.load_model(
-            source or None, device=device, dtype=None if self._options["weight_dtype"] == "auto" else self._options["weight_dtype"]))
+            source or None, device=device, dtype=None if self._options["weight_dtype"] == "auto" else self._options["weight_dtype"],
+            reproducible=bool(self._options.get("reproducible")) and runtime.resolve_device(device).type == "cpu"))
         self._session_fn = session_fn or (
             lambda model, system, settings: runtime.ChatSession(model, system_prompt=system, settings=settings))
         self._batch_s = batch_ms / 1000.0
@@ -148,9 +149,10 @@ class EngineWorker(QObject):
 
     @Slot(object)
     def configure(self, options: dict) -> None:
-        """Model options: ``weight_dtype`` (``"auto"`` or a dtype name; used by the next load)
-        and ``attention_backend`` (``"fast"`` or ``"reference"``; from the next decode step)."""
-        self._options.update({k: v for k, v in options.items() if k in ("weight_dtype", "attention_backend")})
+        """Model options: ``weight_dtype`` (``"auto"`` or a dtype name) and ``reproducible`` (bool;
+        on the CPU only), used by the next load, and ``attention_backend`` (``"fast"`` or
+        ``"reference"``; from the next decode step)."""
+        self._options.update({k: v for k, v in options.items() if k in ("weight_dtype", "attention_backend", "reproducible")})
         backend = options.get("attention_backend")
         if backend:
             try:

@@ -24,6 +24,7 @@ def model_info(model: "runtime.Model") -> dict[str, Any]:
         "context_limit": c.max_position_embeddings, "n_layers": c.n_layers, "n_heads": c.n_heads,
         "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim, "load_seconds": model.load_seconds,
         "weights_bytes": getattr(model, "weights_bytes", None),
+        "reproducible": bool(getattr(model, "reproducible", False)),
         "chat_template": bool(getattr(model, "has_chat_template", True)),
         # What the template sends as the system prompt when none is set (SmolLM2's names itself).
         "builtin_system_prompt": runtime.builtin_system_prompt(getattr(model, "tokenizer", None)),

@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import torch
@@ -27,11 +27,12 @@ from runtime.generate import json_bounds
 
 log = logging.getLogger("attnchat.constrained")
 
-__all__ = ["Grammar", "GrammarCompiler", "GrammarError", "GrammarProcessor", "closes", "compiler_for", "schema_of"]
+__all__ = ["Grammar", "GrammarCompiler", "GrammarError", "GrammarProcessor", "compiler_for", "schema_of"]
 
 #: JSON with no free whitespace (``{"a":1}``): a small model left free to add whitespace
-#: can spend its whole budget on newlines and spaces.
-_COMPACT = {"whitespace_flexible": False}
+#: can spend its whole budget on newlines and spaces. No ``\u`` escapes: six characters for
+#: one (:data:`runtime.generate.json_bounds.ESCAPES`).
+_COMPACT = {"whitespace_flexible": False, "json_allowed_escapes": json_bounds.ESCAPES}
 
 
 class GrammarError(ValueError):
@@ -45,10 +46,14 @@ class Grammar:
     Attributes:
         source: the llguidance grammar (JSON text).
         compiler: the :class:`GrammarCompiler` that checked it.
+        caps: the bounds a JSON schema was generated under (:func:`runtime.generate.json_bounds.fit`).
+        max_tokens: the most tokens a value under it takes (:func:`runtime.generate.json_bounds.max_tokens`).
     """
 
     source: str
     compiler: "GrammarCompiler"
+    caps: json_bounds.Caps | None = None
+    max_tokens: float | None = None
 
     def processor(self) -> "GrammarProcessor":
         """A fresh per-reply :class:`GrammarProcessor` (a :data:`runtime.LogitsProcessor`)."""
@@ -88,28 +93,27 @@ class GrammarCompiler:
         self._ll = llguidance
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, eos_token=self.eos_token_id)
 
-    def json_schema(self, schema: dict[str, Any] | None, *, close: bool = True) -> Grammar:
-        """The grammar of compact JSON values valid under ``schema`` (``None``: any JSON object),
-        closed and bounded by :func:`runtime.generate.json_bounds.for_generation`: numbers have at
-        most 15 digits before the point and 6 after it, and (``close``) objects that leave
-        ``additionalProperties`` unset get ``false``.
+    def json_schema(self, schema: dict[str, Any] | None, *, close: bool = True, budget: int | None = None) -> Grammar:
+        """The grammar of compact JSON values valid under ``schema`` (``None``: any JSON object,
+        ``json_object``), closed and bounded by :func:`runtime.generate.json_bounds.fit`: objects
+        that leave ``additionalProperties`` unset get ``false`` (``close``), numbers at most 15
+        digits before the point and 6 after it, arrays, strings and open values capped, and
+        with a ``budget`` (tokens) the caps shrunk until the longest value fits it.
 
         Raises:
             GrammarError: the schema is not a JSON object or uses what the engine cannot
                 constrain (the message names it).
         """
-        if schema is None:  # JSON mode: any object, left open
-            schema, close = {"type": "object"}, False
-        if not isinstance(schema, dict):
+        if schema is not None and not isinstance(schema, dict):
             raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
-        bounded, uses_any = json_bounds.for_generation(schema, close=close)
-        if uses_any:
-            bounded = json_bounds.with_any(bounded)
+        bounded, caps, size = json_bounds.fit(schema, budget, close=close)
+        if budget is not None and size > budget:
+            log.info("a reply under this schema may take %s tokens, more than the %d it may: it can end cut", size, budget)
         try:
             source = self._ll.LLMatcher.grammar_from_json_schema(bounded, defaults=_COMPACT)
         except Exception as e:  # the engine's own error types: one line for the client
             raise GrammarError(f"the JSON schema cannot be used: {_first_line(e)}") from None
-        return self._checked(source)
+        return replace(self._checked(source), caps=caps, max_tokens=size)
 
     def lark(self, grammar: str) -> Grammar:
         """A grammar in llguidance's Lark dialect (``%json {...}`` embeds a JSON schema).
@@ -200,8 +204,10 @@ class GrammarProcessor:
 
 def schema_of(response_format: dict[str, Any]) -> dict[str, Any] | None:
     """The JSON schema of an OpenAI ``response_format`` of type ``json_schema`` (``None``
-    for ``json_object``). Its objects are closed unless ``json_schema.strict`` is ``false``
-    (:func:`closes`).
+    for ``json_object``). Its objects are closed whatever ``json_schema.strict`` says
+    (``strict: false`` is langchain's default, not a wish for invented keys: with objects
+    left open the default model added keys until ``max_tokens``, issue 30); a schema that
+    wants more keys says ``additionalProperties``.
 
     Raises:
         GrammarError: no ``json_schema.schema`` object where one is needed.
@@ -212,12 +218,3 @@ def schema_of(response_format: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
         raise GrammarError("'response_format.json_schema' must be an object with a 'schema' object")
     return spec.get("schema") or {"type": "object"}
-
-
-def closes(response_format: dict[str, Any]) -> bool:
-    """Whether a ``response_format``'s objects are closed where the schema leaves
-    ``additionalProperties`` unset: unless ``json_schema.strict`` is ``false``, given
-    explicitly (OpenAI's strict mode requires them closed; without it the default model
-    went on adding keys until its token limit)."""
-    spec = response_format.get("json_schema")
-    return not (isinstance(spec, dict) and spec.get("strict") is False)

@@ -82,6 +82,17 @@ class ChatSession(SessionCache):
         self._system_tokens: dict[tuple, int] = {}
         self.last_logits: torch.Tensor | None = None  # logits that chose the first reply token
         self.last_stats: TurnStats | None = None
+        # (stream length, logits (V,)) of the last prompt's last token: a prompt the cache
+        # holds whole (Regenerate, the same request again) reuses them instead of feeding
+        # its last token again as a one-token step, whose products reduce in another order
+        # than the prefill's and can flip a greedy near-tie (issue 29, item 7).
+        self._prompt_logits: tuple[int, torch.Tensor] | None = None
+
+    @property
+    def stream_length(self) -> int:
+        """Tokens of the conversation the cache was built from (its logical length: after a
+        rolling eviction more than the cache holds)."""
+        return len(self._stream)
 
     # ---- conversation edits --------------------------------------------------------------
     def cancel(self) -> None:
@@ -93,6 +104,7 @@ class ChatSession(SessionCache):
         self.messages.clear()
         self._stream.clear()
         self._slots.clear()
+        self._prompt_logits = None
         self.cache.reset()
 
     def send(self, text: str) -> Iterator[Event]:
@@ -105,7 +117,7 @@ class ChatSession(SessionCache):
         self.messages.append(Message("user", text))
         return self._generate(before)
 
-    def reply(self) -> Iterator[Event]:
+    def reply(self, *, max_reuse: int | None = None) -> Iterator[Event]:
         """Generate the next message of :attr:`messages` as they stand.
 
         A conversation ending with a user message (or holding only the system prompt)
@@ -114,9 +126,10 @@ class ChatSession(SessionCache):
         only the new text is in the events). A conversation of one :data:`TEXT_ROLE`
         message is plain text, continued without any chat template (a text completion:
         the tokenizer's own special tokens, such as a BOS, are added; no system prompt).
-        Raises as :meth:`send`.
+        ``max_reuse``: reuse at most this many cached tokens (the server's rule of what one
+        request may reuse of another's, :mod:`attnchat.server.engine`). Raises as :meth:`send`.
         """
-        return self._generate(list(self.messages))
+        return self._generate(list(self.messages), max_reuse)
 
     def regenerate(self) -> Iterator[Event]:
         """Drop the last reply and generate it again (the prompt is reused from the cache).
@@ -176,6 +189,11 @@ class ChatSession(SessionCache):
             return list(self.model.tokenizer.encode("".join(m.content for m in messages)))
         return self._encoded(messages).ids
 
+    def prompt_ids(self) -> list[int]:
+        """The token ids the next :meth:`reply` would read for :attr:`messages` (the chat
+        template applied, or a plain text's own; before any overflow policy)."""
+        return self._encode(list(self.messages))
+
     def _retokenized(self, messages: list[Message]) -> int:
         if messages and messages[0].role == TEXT_ROLE:
             return 0
@@ -189,13 +207,13 @@ class ChatSession(SessionCache):
                                    tools=self.settings.tools or None)
 
     # ---- generation ----------------------------------------------------------------------
-    def _generate(self, before: list[Message]) -> Iterator[Event]:
+    def _generate(self, before: list[Message], max_reuse: int | None = None) -> Iterator[Event]:
         # Clear a stale cancel now, not at the first next(): a cancel() that arrives
         # between send() and the first event must still stop this reply.
         self._cancel.clear()
-        return self._events(before)
+        return self._events(before, max_reuse)
 
-    def _events(self, before: list[Message]) -> Iterator[Event]:
+    def _events(self, before: list[Message], max_reuse: int | None = None) -> Iterator[Event]:
         st = self.settings
         t_start = time.perf_counter()
         stats = TurnStats(context_limit=self.context_limit)
@@ -232,9 +250,11 @@ class ChatSession(SessionCache):
                 raise _Stop("cancelled")
             if st.overflow == "stop" and len(prompt) >= self.context_limit:
                 raise _Stop("context")
-            reused = self._sync_cache(prompt)
+            reused = self._sync_cache(prompt, whole=True, limit=max_reuse)
             stats.reused_tokens = reused
             rest = prompt[reused:]
+            if not rest:  # the whole prompt is cached with its last logits
+                logits = self._prompt_logits[1].clone().view(1, 1, -1)  # processors may edit a row in place
             t_prefill = time.perf_counter()
             done = 0
             yield PrefillProgress(0, len(rest))
@@ -257,6 +277,8 @@ class ChatSession(SessionCache):
             prefill_s = time.perf_counter() - t_prefill
             stats.prefill_tokens_per_s = len(rest) / prefill_s if prefill_s > 0 else 0.0
             self.last_logits = logits[0, -1].clone()
+            if rest:
+                self._prompt_logits = (len(self._stream), self.last_logits)
             yield StatsUpdate(self._snapshot(stats))
             t_decode = None
             n_steps = 0

@@ -36,7 +36,7 @@ class SessionCache:
 
     A base class, not used alone: it reads the attributes ChatSession sets (``model``, ``settings``,
     ``cache``, ``context_limit``, ``evictor``, ``messages``, ``system_prompt``, ``_stream``, ``_slots``,
-    ``_chunk``, ``_sinks``, ``_cancel``, ``_system_tokens``) and its ``_encode``.
+    ``_chunk``, ``_sinks``, ``_cancel``, ``_system_tokens``, ``_prompt_logits``) and its ``_encode``.
     """
 
     def _attach_policy(self, limit: int) -> Evictor | None:
@@ -80,9 +80,22 @@ class SessionCache:
         return len(self._stream) - self.cache.held_tokens
 
     # ---- the cache -----------------------------------------------------------------------
-    def _sync_cache(self, ids: list[int]) -> int:
-        """Crop the cache to its longest common prefix with ``ids``; returns reused tokens."""
-        n = min(common_prefix_length(self._stream, ids), len(ids) - 1)  # always prefill at least one token to get logits
+    def _sync_cache(self, ids: list[int], *, whole: bool = False, limit: int | None = None) -> int:
+        """Crop the cache to its longest common prefix with ``ids`` (at most ``limit`` tokens);
+        returns reused tokens.
+
+        At least one token is left to prefill (its logits choose the next token), except
+        with ``whole`` when ``ids`` is the prompt whose last logits are kept
+        (``_prompt_logits``): then all of it is reused and the session takes those logits.
+        """
+        n = common_prefix_length(self._stream, ids)
+        if limit is not None:
+            n = min(n, max(limit, 0))
+        kept = self._prompt_logits
+        if not (whole and n == len(ids) and kept is not None and kept[0] == n):
+            n = min(n, len(ids) - 1)  # always prefill at least one token to get logits
+        if kept is not None and kept[0] > n:
+            self._prompt_logits = None
         keep = sum(1 for p in self._slots if p < n)
         point = self.cache.crop_point(keep)
         if point < keep:
@@ -104,6 +117,7 @@ class SessionCache:
         if span is None:
             return
         start, end = span
+        self._prompt_logits = None  # the positions it was computed at move
         self.cache.evict(start, end)
         self.model.decoder.shift_key_positions(self.cache, start, self.cache.length, start - end)
         del self._slots[start:end]

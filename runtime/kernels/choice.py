@@ -33,6 +33,7 @@ from typing import Callable
 import torch
 
 from runtime.kernels.cpu import KERNELS, WeightRef
+from runtime.kernels.invariant import rows_invariant, two_rows
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,9 @@ class KernelChoice:
     prefill: str
     timings_us: dict = field(default_factory=dict, compare=False)
     measured: bool = field(default=False, compare=False)
+    #: The reproducible mode (:func:`reproducible_choice`): ``prefill`` runs every row count,
+    #: under :data:`runtime.kernels.invariant.RULE`.
+    reproducible: bool = False
 
 
 #: weight dtype -> phase -> candidate kernels, the first the default when nothing is measured.
@@ -79,9 +83,68 @@ def default_choice(weight_dtype: torch.dtype) -> KernelChoice:
 
 
 def apply(choice: KernelChoice, x: torch.Tensor, ref: WeightRef, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x (..., in) @ ref.weight.T + bias`` with the choice's kernel for ``x``'s row count."""
-    name = choice.decode if x.numel() == x.shape[-1] else choice.prefill
-    return KERNELS[name](x, ref, bias)
+    """``x (..., in) @ ref.weight.T + bias`` with the choice's kernel for ``x``'s row count.
+
+    A reproducible choice runs one kernel for every row count and a single row as the
+    first of two unless the kernel's own one-row path is row-invariant too
+    (:data:`ONE_ROW_ALONE`): :data:`runtime.kernels.invariant.RULE`.
+    """
+    one = x.numel() == x.shape[-1]
+    if choice.reproducible:
+        kernel = KERNELS[choice.prefill]
+        if one and choice.prefill not in ONE_ROW_ALONE:
+            return two_rows(lambda x2: kernel(x2, ref, bias), x)
+        return kernel(x, ref, bias)
+    return KERNELS[choice.decode if one else choice.prefill](x, ref, bias)
+
+
+# ---- the reproducible mode ------------------------------------------------------------------
+#: weight dtype -> the kernels the reproducible mode may run, preferred first: each computes
+#: a row the same whatever the row count and thread count (:mod:`runtime.kernels.invariant`;
+#: checked by :func:`reproducible_choice` and the tests). MKL's products are not (a row
+#: differs between 2-15 rows and 16+); neither are the 16-bit matrix-vector kernels, which
+#: also round the activations. ``fbgemm-f16`` keeps a packed copy of the weights (1.78x
+#: their float16 bytes for the default model's 576-wide rows: +417 MiB).
+REPRODUCIBLE: dict[torch.dtype, tuple[str, ...]] = {
+    torch.float32: ("onednn",),
+    torch.float16: ("fbgemm-f16", "widen-onednn"),
+    torch.bfloat16: ("widen-onednn",),
+    torch.int8: ("int8pack", "widen-onednn"),
+}
+
+#: Kernels whose one-row path is row-invariant as well (each output one running sum over
+#: ``in`` in order: FBGEMM's float16 product, torch's int8 tinygemm); the others compute a
+#: single row as the first of two (oneDNN's one-row path is a matrix-vector kernel that
+#: sums in another order: 3.8e-6 apart on the default model's q/k/v matrix).
+ONE_ROW_ALONE = frozenset({"fbgemm-f16", "int8pack"})
+
+
+def reproducible_choice(
+    weight_dtype: torch.dtype, ref: WeightRef | None = None, *, threads: tuple[int, ...] = ()
+) -> KernelChoice:
+    """The reproducible mode's kernel for ``weight_dtype``: the first of :data:`REPRODUCIBLE`
+    that runs here and, given ``ref`` (one of the model's own matrices), passes
+    :func:`runtime.kernels.invariant.rows_invariant` under each thread count of ``threads``.
+
+    Raises:
+        ValueError: no kernel passes here (the reason of each, in one line).
+    """
+    from runtime.kernels.cpu import fbgemm_f16_available
+
+    failures = []
+    for name in REPRODUCIBLE[weight_dtype]:
+        if name == "fbgemm-f16" and not fbgemm_f16_available():
+            failures.append(f"{name}: not in this torch build")
+            continue
+        choice = KernelChoice(name, name, reproducible=True)
+        if ref is not None:
+            bad = rows_invariant(lambda x2, c=choice: apply(c, x2, ref, None), ref.weight.shape[1], threads=threads)
+            if bad:
+                failures.append(f"{name}: rows differ ({bad[0]})")
+                continue
+        return choice
+    raise ValueError("no row-invariant kernel for " + str(weight_dtype).removeprefix("torch.") + " weights here: "
+                     + "; ".join(failures))
 
 
 # ---- the machine ------------------------------------------------------------------------------

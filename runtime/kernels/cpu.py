@@ -112,6 +112,59 @@ def _int8_dynamic(x, ref, b):
     return _add_bias(y.view(*shape[:-1], -1), b)
 
 
+def _fbgemm_f16(x, ref, b):
+    # FBGEMM's float16-weight product (float32 activations and accumulation; the weights
+    # packed once, in blocks of 512 along ``in``). Every output is one running sum over
+    # ``in`` in order, whatever the row count or thread count: row-invariant, one row
+    # included (runtime.kernels.invariant).
+    shape = x.shape
+    packed = ref.prepared.get("fbgemm-f16")
+    if packed is None:
+        packed = ref.prepared["fbgemm-f16"] = _pack_fbgemm_f16(ref.weight)
+    zero = ref.prepared.get("zero-bias")
+    if b is None and zero is None:
+        zero = ref.prepared["zero-bias"] = torch.zeros(ref.weight.shape[0])
+    y = torch.fbgemm_linear_fp16_weight(x.reshape(-1, shape[-1]).contiguous(), packed, zero if b is None else b)
+    return y.view(*shape[:-1], -1)
+
+
+def _pack_fbgemm_f16(weight: torch.Tensor):
+    """FBGEMM's packed float16 form of a float16 ``weight (out, in)``, made a block of rows at a
+    time from float32 (its packing takes float32; float16 -> float32 -> float16 is exact).
+    Takes ``ceil(in / 512) * 512 / in`` times the float16 bytes (1.78x for in = 576)."""
+    if weight.dtype != torch.float16:
+        raise ValueError(f"fbgemm-f16 takes float16 weights, not {weight.dtype}")
+    fbgemm_f16_available()  # its deprecation warnings, said once per process, silenced there
+    with torch.inference_mode(False):
+        return torch.fbgemm_pack_gemm_matrix_fp16(weight.float())
+
+
+_fbgemm_probe: list[bool] = []
+
+
+def fbgemm_f16_available() -> bool:
+    """Whether this torch has FBGEMM's float16 product (x86 builds with FBGEMM); probed once.
+
+    torch marks the two ops deprecated (they still work in the pinned torch 2.13; the
+    tests check them) and warns once per process on the first call of each: the probe
+    makes those first calls with the warnings silenced, so a user never sees them.
+    """
+    if not _fbgemm_probe:
+        import warnings
+
+        ok = False
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                packed = torch.fbgemm_pack_gemm_matrix_fp16(torch.ones(2, 4))
+                out = torch.fbgemm_linear_fp16_weight(torch.ones(1, 4), packed, torch.zeros(2))
+            ok = torch.equal(out, torch.full((1, 2), 4.0))
+        except (RuntimeError, AttributeError, NotImplementedError):
+            pass
+        _fbgemm_probe.append(ok)
+    return _fbgemm_probe[0]
+
+
 def _int8pack(x, ref, b):
     shape = x.shape
     y = torch._weight_int8pack_mm(x.reshape(-1, shape[-1]).contiguous(), ref.weight, ref.scale)
@@ -131,4 +184,5 @@ KERNELS: dict[str, Callable] = {
     "widen-mkl": lambda x, r, b: widened_product(F.linear, x, r.weight, r.scale, b),
     "int8-dynamic": _int8_dynamic,
     "int8pack": _int8pack,
+    "fbgemm-f16": _fbgemm_f16,
 }

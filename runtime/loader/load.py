@@ -70,6 +70,7 @@ def load_model(
     kernels: AttentionKernels | None = None,
     compute: str | torch.dtype | None = None,
     threads: int | None = None,
+    reproducible: bool = False,
 ) -> Model:
     """Load a model for our decoder.
 
@@ -87,6 +88,12 @@ def load_model(
             its arithmetic here (the CPU tests check the GPU defaults this way).
         threads: on the CPU, a fixed thread count for prefill and decode; default: chosen
             per step by timing (:mod:`runtime.kernels.threads`).
+        reproducible: the same logits for a token however it was computed (one prefill,
+            chunks, one-token steps, a reused cache) and on any thread count the
+            governors choose: row-invariant kernels (:func:`runtime.kernels.choice.reproducible_choice`,
+            checked on one of the model's matrices now), attention and activations
+            (:meth:`Decoder.set_reproducible`). CPU, eager decode only; slower attention
+            and, for float16 weights, a packed copy of them (see ``docs/reproducible.md``).
 
     Raises:
         ModelLoadError: missing, empty, truncated, non-GGUF or pickled files; no tokenizer.
@@ -101,6 +108,9 @@ def load_model(
         raise ValueError(f"unknown decode mode {mode!r}; use one of {', '.join(DECODE_MODES)}")
     if mode == "graph" and dev.type != "cuda":
         raise ValueError("decode mode 'graph' needs CUDA; use eager, static or compile")
+    if reproducible and (dev.type != "cpu" or mode != "eager"):
+        raise ValueError("reproducible replies run on the CPU with eager decode; drop --reproducible "
+                         f"or use --device cpu (asked: {dev.type}, decode {mode})")
     try:
         wdtype = parse_weight_dtype(dtype) if dtype is not None else default_dtype(dev)
     except ValueError as e:
@@ -131,9 +141,20 @@ def load_model(
     choice = None
     governors: dict = {}
     if dev.type == "cpu":
-        choice = _choose_kernels(decoder, wdtype, gguf_cache_dir(path) if path.is_file() else None)
-        decoder.set_kernels(choice)
         decode_gov = cpu_governor(threads)
+        if reproducible:
+            if not cdtype == torch.float32:
+                raise ValueError(f"reproducible replies compute in float32; not {cdtype} (drop --compute)")
+            from runtime.kernels.choice import reproducible_choice
+
+            # checked on the model's own q/k/v matrix under every count the governors may choose
+            choice = reproducible_choice(wdtype, decoder.token_matrices()[0], threads=decode_gov.options)
+            decoder.set_reproducible(True)
+        else:
+            choice = _choose_kernels(decoder, wdtype, gguf_cache_dir(path) if path.is_file() else None)
+        decoder.set_kernels(choice)
+        if reproducible:
+            decoder.prepare_kernels()
 
         def decode_choice() -> int | None:  # once decode has tried every count
             return decode_gov.choice if decode_gov.calls >= len(decode_gov.options) else None
@@ -143,7 +164,7 @@ def load_model(
     model = Model(
         tokenizer=tokenizer, path=path, config=cfg, device=dev, dtype=wdtype, decoder=decoder, compute_dtype=cdtype,
         load_seconds=time.perf_counter() - t0, stop_token_ids=_stop_ids(tokenizer, cfg), decode_mode=mode,
-        kernels=choice, **governors,
+        kernels=choice, reproducible=reproducible, **governors,
     )
     # What loading freed (a tokenizer's parsed JSON, a conversion's tensors, a kernel
     # timing's inputs) goes back to the operating system: ~30 MiB of a cached default load.

@@ -54,6 +54,9 @@ class Model:
     #: with a cache, by timing them (:mod:`runtime.kernels.threads`); None elsewhere.
     decode_threads: ThreadGovernor | None = field(default=None, repr=False)
     prefill_threads: SizedGovernors | None = field(default=None, repr=False)
+    #: Loaded with ``reproducible=True`` (:func:`runtime.loader.load.load_model`): a token's
+    #: logits have the same bits however it was computed.
+    reproducible: bool = False
 
     @property
     def name(self) -> str:

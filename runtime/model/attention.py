@@ -79,6 +79,10 @@ class AttentionKernels:
 
     decode_gqa: str = "sdpa"
     sdpa_backends: tuple[str, ...] | None = None
+    #: The reproducible mode: causal attention with a cache computed by
+    #: :func:`runtime.model.attention_rows.attention_rows` (a query's output the same in a
+    #: prefill chunk and a one-token step), float32 on the CPU only.
+    rows: bool = False
 
     def __post_init__(self) -> None:
         if self.decode_gqa not in GQA_STRATEGIES:

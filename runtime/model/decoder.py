@@ -22,6 +22,7 @@ float32 matrix-vector product that ``F.linear`` hands to MKL reads weights at ab
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -34,6 +35,7 @@ from runtime.kernels.choice import KernelChoice
 from runtime.kernels.choice import apply as apply_kernel
 from runtime.kernels.cpu import WeightRef
 from runtime.model.attention import DEFAULT_KERNELS, AttentionKernels, attention
+from runtime.model.attention_rows import attention_rows
 from runtime.model.layers import (
     LINEAR_PATHS,
     MLP,
@@ -113,6 +115,7 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
         q, k, v = self.project(x, rope)
+        first: int | None = 0  # position of key slot 0 (None: slots are not positions, a policy evicted)
         kw = dict(scale=self.scale, window=self.window, softcap=self.softcap)
         if pos is not None:
             # The static decode step: write at a tensor position, attend over the whole
@@ -121,6 +124,7 @@ class Attention(nn.Module):
             y = attention(q, k, v, causal=False, mask=mask, kernels=self.kernels, scale=self.scale, softcap=self.softcap)
         else:
             if cache is not None:
+                first = None if cache.evicts and cache.windows[layer] is None else cache.start[layer]
                 k, v = cache.update(layer, k, v)  # (B, Hkv, held + T, D); a sliding layer holds its window
                 if cache.evictor is not None and cache.windows[layer] is None:  # a cache policy's observations
                     cache.evictor.observe(cache, layer, q, k, scale=self.scale, softcap=self.softcap)
@@ -131,18 +135,29 @@ class Attention(nn.Module):
             if observer is not None and getattr(observer, "last_row_only", False):
                 # Only the newest query's weights are wanted (the live view): the fast path
                 # for the output, the formula for one row (it sees every key: no mask).
-                y = attention(q, k, v, causal=True, kernels=self.kernels, **kw)
+                y = self._attend(q, k, v, first, kw)
                 _, weights = attention(q[:, :, -1:], k, v, causal=True, return_weights=True, **kw)  # (B, H, 1, Tk)
                 observer(layer, spread(weights))
             elif observer is not None:
                 y, weights = attention(q, k, v, causal=True, return_weights=True, **kw)
+                if self.kernels.rows:
+                    y = self._attend(q, k, v, first, kw)
                 observer(layer, spread(weights))  # keys a sliding layer dropped or a policy evicted: weight 0
             else:
-                y = attention(q, k, v, causal=True, kernels=self.kernels, **kw)  # (B, H, T, D)
+                y = self._attend(q, k, v, first, kw)  # (B, H, T, D)
         if self.head_edit is not None:
             y = self.head_edit(layer, y)
         y = y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H D)
         return self.o_proj(y)
+
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int | None, kw: dict) -> torch.Tensor:
+        """Causal attention of the new queries over the layer's keys (slot 0 at position
+        ``first``): the fast path, or in the reproducible mode the row-invariant one (not
+        under a cache policy's evictions, ``first`` None: slots are not positions there)."""
+        if self.kernels.rows and first is not None and q.dtype == torch.float32 and q.device.type == "cpu":
+            return attention_rows(q, k.to(q.dtype), v.to(q.dtype), first=first, **kw)
+        return attention(q, k, v, causal=True, kernels=self.kernels, **kw)
 
 
 class Block(nn.Module):
@@ -269,7 +284,25 @@ class Decoder(nn.Module):
             if isinstance(m, Linear):
                 m.kernels = choice
                 m.weight_ref = None if choice is None else weight_ref(m)
-        self._head_ref = None if choice is None else weight_ref(self._head())
+        head = self._head()
+        self._head_ref = None if choice is None else head.weight_ref if isinstance(head, Linear) else weight_ref(head)
+
+    def kernel_refs(self) -> list[WeightRef]:
+        """The :class:`WeightRef` each CPU matrix product runs on (set by :meth:`set_kernels`;
+        empty without kernels): every Linear's, then the LM head's."""
+        refs = [m.weight_ref for m in self.modules() if isinstance(m, Linear) and m.weight_ref is not None]
+        if self._head_ref is not None and all(r is not self._head_ref for r in refs):
+            refs.append(self._head_ref)
+        return refs
+
+    @torch.inference_mode()
+    def prepare_kernels(self) -> None:
+        """Make each kernel's prepared form of its matrix now (a packed copy: FBGEMM's float16
+        form takes seconds for the default model), not on the first token."""
+        if self.kernels is None:
+            return
+        for ref in self.kernel_refs():
+            apply_kernel(self.kernels, torch.zeros(1, 1, ref.weight.shape[1]), ref, None)
 
     def _head(self) -> nn.Module:
         """The LM head's module (the embedding when tied)."""
@@ -363,10 +396,26 @@ class Decoder(nn.Module):
             if isinstance(m, Linear):
                 m.path = path
 
-    def set_attention_kernels(self, kernels: AttentionKernels) -> None:
-        """Use ``kernels`` (see :class:`runtime.model.attention.AttentionKernels`) in every layer."""
+    def set_reproducible(self, on: bool = True) -> None:
+        """The reproducible mode's attention and activations in every layer (the matrix
+        products follow :meth:`set_kernels` with a reproducible choice): a token's logits
+        then have the same bits whether it came in a prefill, a chunk or a one-token step
+        (:mod:`runtime.kernels.invariant`). CPU, float32 activations, eager decode only."""
         for block in self.blocks:
-            block.attn.kernels = kernels
+            block.attn.kernels = replace(block.attn.kernels, rows=on)
+            block.mlp.exact = on
+
+    @property
+    def reproducible(self) -> bool:
+        """Whether :meth:`set_reproducible` is on."""
+        return bool(self.blocks) and self.blocks[0].attn.kernels.rows
+
+    def set_attention_kernels(self, kernels: AttentionKernels) -> None:
+        """Use ``kernels`` (see :class:`runtime.model.attention.AttentionKernels`) in every layer
+        (the reproducible mode stays as it was)."""
+        rows = self.reproducible
+        for block in self.blocks:
+            block.attn.kernels = replace(kernels, rows=rows)
 
     def decode_static(self, token: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """One decode step at fixed shapes (what :mod:`runtime.model.decode_step` captures or compiles).

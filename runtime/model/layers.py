@@ -7,6 +7,8 @@ measured CPU kernels of :mod:`runtime.kernels`.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -152,18 +154,35 @@ class MLP(nn.Module):
         self.intermediate = cfg.intermediate_size
         self.gate_up_proj = Linear(cfg.hidden_size, (2 if self.gated else 1) * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.activation = cfg.activation
         if cfg.activation == "silu":
             self.act = F.silu
         else:  # gelu_pytorch_tanh, gelu_new: the tanh approximation; gelu: exact
             approx = "none" if cfg.activation == "gelu" else "tanh"
             self.act = lambda t: F.gelu(t, approximate=approx)
 
+    #: The reproducible mode (:meth:`runtime.model.decoder.Decoder.set_reproducible`): the
+    #: activation composed of ops that give an element the same bits wherever it sits.
+    #: torch's fused SiLU and GELU compute a thread's last few elements with scalar code that
+    #: differs from their vector code in the last bit (597 of 14,000 SiLU values, AMD EPYC
+    #: Zen 3); exp, tanh and erf run the vector code on the tail too, and +, *, / are exact.
+    exact: bool = False
+
+    def _exact_act(self, t: torch.Tensor) -> torch.Tensor:
+        if self.activation == "silu":
+            return t / (torch.exp(-t) + 1.0)
+        if self.activation == "gelu":
+            return t * (torch.erf(t * (1.0 / math.sqrt(2.0))) + 1.0) * 0.5
+        inner = (t + t * t * t * 0.044715) * math.sqrt(2.0 / math.pi)
+        return t * (torch.tanh(inner) + 1.0) * 0.5
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.gate_up_proj(x)
+        act = self._exact_act if self.exact else self.act
         if self.gated:
             gate, up = h.split(self.intermediate, dim=-1)
-            return self.down_proj(self.act(gate) * up)
-        return self.down_proj(self.act(h))
+            return self.down_proj(act(gate) * up)
+        return self.down_proj(act(h))
 
 
 class Norm(nn.Module):

@@ -112,3 +112,21 @@ def test_a_good_argument_reaches_the_model(results, case_dir):
                         "--device", "cpu", "--model", f"{{d}}/{MISSING}"])
     err = _assert_user_error(r, [MISSING, "does not exist"])
     assert "temperature" not in err
+
+
+def test_help_lists_every_weight_dtype():
+    """``--dtype`` takes int8 (8-bit weights); both commands' help says so (issue 30, item 5),
+    and offers --reproducible."""
+    import argparse
+
+    from attnchat.cli import chat
+    from attnchat.server import command
+    from runtime.dtypes import WEIGHT_DTYPES
+
+    for add in (chat.add_parser, command.add_parser):
+        sub = argparse.ArgumentParser().add_subparsers()
+        add(sub)
+        parser = next(iter(sub.choices.values()))
+        helps = {s: a.help for a in parser._actions for s in a.option_strings}
+        assert all(name in helps["--dtype"] for name in WEIGHT_DTYPES), (add, helps["--dtype"])
+        assert "--reproducible" in helps

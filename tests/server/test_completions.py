@@ -57,3 +57,32 @@ def test_refused_fields(client, model_id, extra, param):
     assert e.value.param == param
     if param == "suffix":
         assert "fill-in-the-middle" in e.value.message
+
+
+def test_echo_with_logprobs_scores_the_prompt_too(client, model_id, paris, default_model):
+    """As OpenAI's: the prompt's tokens come first, the first without a log-probability, each
+    other with the model's log-probability of it after the ones before (checked against our
+    model's own logits), then the reply's (issue 30, item 5)."""
+    import torch
+
+    r = client.completions.create(model=model_id, prompt=PROMPT, temperature=0, max_tokens=6, logprobs=2, echo=True)
+    lp, reply = r.choices[0].logprobs, paris.choices[0]
+    ids = default_model.encode(PROMPT)
+    assert r.choices[0].text == PROMPT + reply.text
+    assert "".join(lp.tokens) == PROMPT + reply.text
+    assert len(lp.tokens) == len(ids) + r.usage.completion_tokens
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.text_offset[: len(ids)] == [len(default_model.decode(ids[:i])) for i in range(len(ids))]
+    with torch.inference_mode():
+        want = torch.log_softmax(default_model.logits(ids)[0].float(), dim=-1)
+    for i in range(1, len(ids)):
+        assert lp.token_logprobs[i] == pytest.approx(float(want[i - 1, ids[i]]), abs=2e-3)
+        assert len(lp.top_logprobs[i]) == 2 and max(lp.top_logprobs[i].values()) >= lp.token_logprobs[i] - 1e-6
+    # the reply's part is what it is without echo
+    assert lp.token_logprobs[len(ids):] == pytest.approx(reply.logprobs.token_logprobs, abs=1e-4)
+    # streamed: the echo chunk carries the prompt's part
+    chunks = list(client.completions.create(model=model_id, prompt=PROMPT, temperature=0, max_tokens=6, logprobs=2,
+                                            echo=True, stream=True))
+    first = chunks[0].choices[0]
+    assert first.text == PROMPT and first.logprobs.tokens == lp.tokens[: len(ids)]
+    assert first.logprobs.token_logprobs[1:] == pytest.approx(lp.token_logprobs[1 : len(ids)], abs=1e-5)

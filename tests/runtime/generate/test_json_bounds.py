@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from attnchat.server import tools
-from runtime.generate.constrained import GrammarCompiler, closes
-from runtime.generate.json_bounds import ANY_NAME, for_generation
+from runtime.generate.constrained import GrammarCompiler, schema_of
+from runtime.generate.json_bounds import ANY_NAME, CAP_STEPS, DEFAULT_CAPS, fit, for_generation, max_tokens
 
 REF_ANY = {"$ref": f"#/$defs/{ANY_NAME}"}
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -22,7 +22,7 @@ def test_objects_are_closed_recursively_and_explicit_choices_kept():
     assert out["additionalProperties"] is False
     assert out["properties"]["where"]["additionalProperties"] is False
     assert out["properties"]["extra"]["additionalProperties"] == REF_ANY  # explicit true: still open
-    assert out["properties"]["tags"]["additionalProperties"] == {"type": "string"}
+    assert out["properties"]["tags"]["additionalProperties"] == {"type": "string", "maxLength": 256}
     assert out["properties"]["list"]["items"]["additionalProperties"] is False
     assert uses_any and "additionalProperties" not in schema  # the client's schema is not changed
 
@@ -59,10 +59,47 @@ def test_references_move_with_the_schema():
     assert out["$defs"]["P"]["additionalProperties"] is False
 
 
-def test_strict_false_is_the_only_way_to_keep_a_response_format_open():
-    assert closes({"type": "json_schema", "json_schema": {"schema": CITY}})
-    assert closes({"type": "json_schema", "json_schema": {"schema": CITY, "strict": True}})
-    assert not closes({"type": "json_schema", "json_schema": {"schema": CITY, "strict": False}})
+def test_strict_false_does_not_open_objects(compiler):
+    """langchain sends ``"strict": false`` by default: a default, not a wish for invented keys
+    (3 of 5 seeds ran to max_tokens adding keys, issue 30). Only the schema opens an object."""
+    for strict in (True, False, None):
+        fmt = {"type": "json_schema", "json_schema": {"schema": CITY, **({} if strict is None else {"strict": strict})}}
+        grammar = compiler.json_schema(schema_of(fmt))
+        assert grammar.matches('{"city":"Paris"}') and not grammar.matches('{"city":"Paris","x":1}')
+    opened = compiler.json_schema({**CITY, "additionalProperties": True})
+    assert opened.matches('{"city":"Paris","x":1}')
+
+
+def test_arrays_and_strings_get_documented_caps():
+    s = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}},
+                                          "few": {"type": "array", "items": {"type": "integer"}, "maxItems": 3},
+                                          "many": {"type": "array", "minItems": 40, "items": {"type": "boolean"}},
+                                          "word": {"type": "string", "maxLength": 5}, "kind": {"enum": ["a", "b"]}}}
+    out = for_generation(s)[0]["properties"]
+    assert out["tags"]["maxItems"] == DEFAULT_CAPS.items == 16
+    assert out["tags"]["items"]["maxLength"] == DEFAULT_CAPS.length == 256
+    assert out["few"]["maxItems"] == 3 and out["many"]["maxItems"] == 40  # the schema's own bounds stay
+    assert out["word"] == {"type": "string", "maxLength": 5} and out["kind"] == {"enum": ["a", "b"]}
+
+
+def test_the_longest_reply_is_counted_and_caps_shrink_to_fit():
+    item = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                             "kind": {"enum": ["fruit", "vegetable"]},
+                                             "n": {"type": "integer", "minimum": 0, "maximum": 999}},
+            "required": ["name", "kind", "n"], "additionalProperties": False}
+    # {"name":"0123456789","kind":"vegetable","n":999}: 2 + (7+12+1) + (7+11+1) + (4+3+0) = 48 (one separator less)
+    assert max_tokens(item) == 2 + (7 + 12 + 1) + (7 + 11 + 1) + (4 + 3 + 1)
+    basket = {"type": "object", "properties": {"items": {"type": "array", "items": item}}, "required": ["items"]}
+    for budget in (1000, 199, 80):
+        root, caps, size = fit(basket, budget)
+        assert size <= budget and caps in CAP_STEPS
+        assert root["properties"]["items"]["maxItems"] == caps.items
+        i = CAP_STEPS.index(caps)  # the first that fits: the one before it does not
+        assert i == 0 or max_tokens(for_generation(basket, caps=CAP_STEPS[i - 1])[0]) > budget
+    assert fit(basket, None)[1] == DEFAULT_CAPS
+    # json_object: depth and size bound
+    root, caps, size = fit(None, 500)
+    assert size <= 500 and root["maxProperties"] == caps.open_items and root["additionalProperties"] is False
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +123,8 @@ def test_a_plain_tool_schema_allows_no_invented_keys(compiler):
     assert grammar.matches(_call('{"city":"Paris"}'))
     assert not grammar.matches(_call('{"city":"Paris","type":"object"}'))
     loose = {"type": "function", "function": {**WEATHER["function"], "strict": False}}
-    assert compiler.lark(tools.grammar_source(*tools.parse_tools([loose], "required"))).matches(
-        _call('{"city":"Paris","type":"object"}'))
+    assert not compiler.lark(tools.grammar_source(*tools.parse_tools([loose], "required"))).matches(
+        _call('{"city":"Paris","type":"object"}'))  # strict false: still closed
 
 
 def test_pydantic_style_defs_in_tool_parameters_compile(compiler):
@@ -109,7 +146,11 @@ def test_numbers_end_within_their_digits(compiler, text, ok):
     assert compiler.json_schema({"type": "object", "properties": {"t": {"type": "number"}}}).matches(text) is ok
 
 
-def test_json_mode_stays_open_with_bounded_numbers(compiler):
+def test_json_mode_stays_open_with_bounded_numbers_depth_and_size(compiler):
     grammar = compiler.json_schema(None)
     assert grammar.matches('{"a":[1,{"b":null}],"c":2.5}')
     assert not grammar.matches('{"a":2.0000001}')
+    assert not grammar.matches('{"a":{"b":{"c":{"d":1}}}}')  # deeper than the caps' three levels
+    assert not grammar.matches("{" + ",".join(f'"k{i}":1' for i in range(9)) + "}")  # 9 keys
+    small = compiler.json_schema(None, budget=60)
+    assert small.max_tokens <= 60 and not small.matches('{"a":{"b":1}}')
