@@ -4,24 +4,9 @@ No HTTP, no asyncio and no Qt here: the HTTP layer (``attnchat.server``) builds 
 :class:`Job` with a thread-safe ``emit`` callback and submits it; the worker replies
 with plain data (:class:`Started`, :class:`Delta`, :class:`Done`, :class:`Failed`).
 
-Prefix reuse: the worker keeps a small pool of :class:`runtime.ChatSession` objects.
-A request is a whole conversation. The rule (issue 30; docs/server.md):
-
-    A request reuses a pooled session's cache up to the end of the longest earlier prompt
-    of that session it extends (every message of it, exactly), plus the part of the reply
-    the model wrote to that prompt that the request repeats token for token; never more.
-
-So a client that resends a growing conversation reuses all of it; one that strips the
-whitespace around the replies it sends back (many do) reuses up to where its copy of a
-reply first differs; the same request twice reuses its whole prompt (and, greedy, gets
-the same reply: the session keeps the logits its prefill left). Never a partial earlier
-*prompt*: reusing a partial match let a client read another's prompt one token at a time
-from ``cached_tokens`` (issue 20: a victim's "My bank PIN is 4817", probed with "...PIN is
-4" and "...48", came back with 30 and 31 cached tokens). A reply is readable that way by a
-client that knows the whole prompt before it, so pooled sessions are partitioned by API
-key (:attr:`Job.partition`): clients with different keys never share a cache. Without a
-key the server serves one local user, and any local process that can reach the port is
-that user (docs/server.md says what it could learn).
+Prefix reuse: the worker keeps a small pool of :class:`runtime.ChatSession` objects; a
+request (a whole conversation) goes to the session of its API key's partition with the
+longest earlier prompt it extends and reuses its cache as :mod:`attnchat.server.reuse` says.
 """
 from __future__ import annotations
 
@@ -47,6 +32,7 @@ from runtime import (
     TextPiece,
     TurnStats,
 )
+from attnchat.server.reuse import Owner
 from runtime.generate.context import common_prefix_length
 
 log = logging.getLogger("attnchat.serve")
@@ -149,25 +135,6 @@ class Job:
         return [Message("system", self.system or "")] + self.messages
 
 
-@dataclass
-class _Turn:
-    """One reply a pooled session wrote: its prompt's length in messages (system included)
-    and in tokens, and where the reusable tokens after it end (the reply's last token,
-    or sooner where a later request's copy of the reply differed)."""
-
-    messages: int
-    prompt_tokens: int
-    reuse_end: int
-
-
-@dataclass
-class _Owner:
-    """What the engine keeps beside a pooled session: whose it is and its turns."""
-
-    partition: str = ""
-    turns: list[_Turn] = field(default_factory=list)
-
-
 class Engine:
     """A worker thread, a queue of :class:`Job` and a pool of sessions over one model.
 
@@ -194,7 +161,7 @@ class Engine:
         self.pool_bytes = pool_bytes
         self.on_reply = on_reply
         self._pool: list[ChatSession] = []  # most recently used last
-        self._owners: dict[int, _Owner] = {}  # id(session) -> whose it is, its turns
+        self._owners: dict[int, Owner] = {}  # id(session) -> whose it is, its turns
         # Waiting jobs (None: the stop sign). A deque, not a queue.Queue, so a cancelled
         # job leaves it at once instead of holding its conversation until its turn.
         self._jobs: collections.deque[Job | None] = collections.deque()
@@ -349,8 +316,8 @@ class Engine:
         self._record(job, "cancelled", TurnStats())
         self._send(job, Done("cancelled", "", TurnStats()))
 
-    def _owner(self, s: ChatSession) -> _Owner:
-        return self._owners.setdefault(id(s), _Owner())
+    def _owner(self, s: ChatSession) -> Owner:
+        return self._owners.setdefault(id(s), Owner())
 
     def _session_for(self, job: Job) -> tuple[ChatSession, int | None]:
         """The pooled session of the job's partition (and tools: they are part of the prompt)
@@ -365,7 +332,7 @@ class Engine:
                 continue
             have = [Message("system", s.system_prompt or "")] + s.messages
             n = common_prefix_length(have, want)
-            turn = max((t for t in owner.turns if t.messages <= n), key=lambda t: t.messages, default=None)
+            turn = owner.longest_turn(n)
             if turn is not None and (best_turn is None or turn.messages > best_turn.messages):
                 best, best_turn = s, turn
         if best is None:
@@ -374,24 +341,11 @@ class Engine:
             else:
                 best = self._pool[0]
                 best.reset()
-            self._owners[id(best)] = _Owner(job.partition)
+            self._owners[id(best)] = Owner(job.partition)
         if best in self._pool:
             self._pool.remove(best)
         self._pool.append(best)
         return best, (0 if best_turn is None else best_turn.reuse_end)
-
-    def _note_turn(self, session: ChatSession, job: Job, stats: TurnStats) -> None:
-        """Keep the turns of ``session`` whose tokens the reply left in place, and add its own."""
-        owner = self._owner(session)
-        reused = stats.reused_tokens
-        kept = []
-        if not stats.dropped_tokens:  # a trimmed conversation moved every position
-            for t in owner.turns:
-                if reused >= t.prompt_tokens:
-                    kept.append(replace(t, reuse_end=min(t.reuse_end, max(reused, t.prompt_tokens))))
-        if stats.prompt_tokens:
-            kept.append(_Turn(len(job.conversation()), stats.prompt_tokens, session.stream_length))
-        owner.turns = kept[-16:]
 
     def _run(self, job: Job) -> int:
         """Answer ``job`` on a pooled session; returns the tokens it prefilled."""
@@ -433,7 +387,7 @@ class Engine:
                         raise ContextOverflowError(
                             f"the conversation needs {n} tokens but the context holds {limit}; "
                             "shorten the messages", prompt_tokens=n, context_limit=limit)
-                    self._note_turn(session, job, ev.stats)
+                    self._owner(session).note(ev.stats, len(job.conversation()), session.stream_length)
                     with self._lock:  # idle before the client hears, so stats never lag
                         self._running = None
                     self._record(job, ev.reason, ev.stats)
@@ -444,7 +398,7 @@ class Engine:
             self._send(job, Failed(e))
         except Exception:
             session.reset()  # its cache may not match its token stream any more
-            self._owners[id(session)] = _Owner(job.partition)
+            self._owners[id(session)] = Owner(job.partition)
             raise
         return prefilled
 

@@ -154,7 +154,7 @@ def load_model(
             choice = _choose_kernels(decoder, wdtype, gguf_cache_dir(path) if path.is_file() else None)
         decoder.set_kernels(choice)
         if reproducible:
-            decoder.prepare_kernels()
+            _prepare_kernels(decoder)
 
         def decode_choice() -> int | None:  # once decode has tried every count
             return decode_gov.choice if decode_gov.calls >= len(decode_gov.options) else None
@@ -224,3 +224,18 @@ def read_config(source: str | os.PathLike | None = None) -> ModelConfig:
         except Exception as e:
             raise ModelLoadError(f"{path.name} could not be read as GGUF ({one_line(e)}); download it again") from None
     return model_config(path, hf_config)
+
+
+@torch.inference_mode()
+def _prepare_kernels(decoder: Decoder) -> None:
+    """Make each kernel's prepared form of its matrix now (a packed copy: FBGEMM's float16
+    form takes seconds for the default model), not on the first token: every Linear's
+    and the LM head's (:meth:`Decoder.set_kernels` set them)."""
+    from runtime.kernels.choice import apply as apply_kernel
+    from runtime.model.layers import Linear
+
+    refs = [m.weight_ref for m in decoder.modules() if isinstance(m, Linear) and m.weight_ref is not None]
+    if decoder._head_ref is not None and all(r is not decoder._head_ref for r in refs):
+        refs.append(decoder._head_ref)
+    for ref in refs:
+        apply_kernel(decoder.kernels, torch.zeros(1, 1, ref.weight.shape[1]), ref, None)

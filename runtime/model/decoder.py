@@ -150,11 +150,9 @@ class Attention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H D)
         return self.o_proj(y)
 
-
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int | None, kw: dict) -> torch.Tensor:
-        """Causal attention of the new queries over the layer's keys (slot 0 at position
-        ``first``): the fast path, or in the reproducible mode the row-invariant one (not
-        under a cache policy's evictions, ``first`` None: slots are not positions there)."""
+        """Causal attention over the layer's keys (slot 0 at position ``first``; None after a cache
+        policy's evictions): the fast path, or the reproducible mode's row-invariant one."""
         if self.kernels.rows and first is not None and q.dtype == torch.float32 and q.device.type == "cpu":
             return attention_rows(q, k.to(q.dtype), v.to(q.dtype), first=first, **kw)
         return attention(q, k, v, causal=True, kernels=self.kernels, **kw)
@@ -287,23 +285,6 @@ class Decoder(nn.Module):
         head = self._head()
         self._head_ref = None if choice is None else head.weight_ref if isinstance(head, Linear) else weight_ref(head)
 
-    def kernel_refs(self) -> list[WeightRef]:
-        """The :class:`WeightRef` each CPU matrix product runs on (set by :meth:`set_kernels`;
-        empty without kernels): every Linear's, then the LM head's."""
-        refs = [m.weight_ref for m in self.modules() if isinstance(m, Linear) and m.weight_ref is not None]
-        if self._head_ref is not None and all(r is not self._head_ref for r in refs):
-            refs.append(self._head_ref)
-        return refs
-
-    @torch.inference_mode()
-    def prepare_kernels(self) -> None:
-        """Make each kernel's prepared form of its matrix now (a packed copy: FBGEMM's float16
-        form takes seconds for the default model), not on the first token."""
-        if self.kernels is None:
-            return
-        for ref in self.kernel_refs():
-            apply_kernel(self.kernels, torch.zeros(1, 1, ref.weight.shape[1]), ref, None)
-
     def _head(self) -> nn.Module:
         """The LM head's module (the embedding when tied)."""
         return self.embed if self.lm_head is None else self.lm_head
@@ -411,8 +392,8 @@ class Decoder(nn.Module):
         return bool(self.blocks) and self.blocks[0].attn.kernels.rows
 
     def set_attention_kernels(self, kernels: AttentionKernels) -> None:
-        """Use ``kernels`` (see :class:`runtime.model.attention.AttentionKernels`) in every layer
-        (the reproducible mode stays as it was)."""
+        """Use ``kernels`` (:class:`runtime.model.attention.AttentionKernels`) in every layer;
+        the reproducible mode stays."""
         rows = self.reproducible
         for block in self.blocks:
             block.attn.kernels = replace(kernels, rows=rows)
