@@ -23,11 +23,18 @@ def rss() -> int:
         return int(f.read().split()[1]) * 4096
 
 
-def anon() -> int:
+def status(field: str) -> int:
+    """A byte figure of /proc/self/status (``RssAnon``, ``VmHWM``: the peak RSS so far)."""
     for line in open("/proc/self/status"):
-        if line.startswith("RssAnon"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def reset_peak() -> None:
+    """Start VmHWM again from the current RSS (Linux: 5 to clear_refs)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
 def main() -> int:
@@ -45,7 +52,8 @@ def main() -> int:
         from runtime.device import trim_heap
 
         trim_heap()
-        stages.append({"stage": name, "rss": rss(), "anon": anon(), **extra})
+        stages.append({"stage": name, "rss": rss(), "anon": status("RssAnon"), "peak": status("VmHWM"), **extra})
+        reset_peak()
 
     import torch  # noqa: F401
     import transformers  # noqa: F401
@@ -67,11 +75,11 @@ def main() -> int:
         t0 = time.perf_counter()
         model = runtime.load_model(a.model, device="cpu", dtype=a.dtype)
         stage("loaded", weights_bytes=model.weights_bytes, load_s=time.perf_counter() - t0,
-              vocab=len(model.tokenizer), config=model.config.__dict__ if False else None)
+              vocab=len(model.tokenizer))
         s = runtime.ChatSession(model, settings=runtime.GenerationSettings(max_new_tokens=16))
         f = s.run(s.send("Name three colours of the rainbow."))
         stage("short turn", prompt_tokens=f.stats.prompt_tokens, kv_allocated=s.cache.allocated_bytes)
-        f = s.run(s.send("Tell me about the sea. " * 60))
+        f = s.run(s.send("Tell me about the sea. " * 60))  # ~400 tokens: two prefill chunks
         stage("long turn", prompt_tokens=f.stats.prompt_tokens, kv_allocated=s.cache.allocated_bytes)
     text = json.dumps(out, indent=1)
     print(text)

@@ -101,6 +101,11 @@ def run(args: argparse.Namespace) -> int:
         rows.append((f"  {label}", f"{v['bytes_per_token']:,} B per token, {v['bytes_at_context'] / MIB:,.1f} MiB at {result.context:,}{mark}"))
     if result.weights_bytes is not None:
         rows.append(("weights bytes", f"{result.weights_bytes:,} ({result.weights_bytes / MIB:,.1f} MiB, {result.weights_dtype})"))
+    if result.total_bytes is not None:
+        rows.append(("tokenizer (at most)", f"{result.tokenizer_bytes / MIB:,.1f} MiB"))
+        rows.append(("a reply's peak", f"{result.turn_bytes / MIB:,.1f} MiB (a prefill chunk's activations, the logits)"))
+        rows.append((f"total at {result.context:,} tokens", f"{result.total_bytes / MIB:,.1f} MiB; leaves out "
+                     + "; ".join(result.leaves_out)))
     if result.max_context_in_budget is not None:
         rows.append((f"longest context in {args.budget_mib:g} MiB",
                      f"{result.max_context_in_budget:,} tokens{past(result.max_context_in_budget)}"))

@@ -62,25 +62,71 @@ def count_parameters(cfg: ModelConfig) -> int:
     return total
 
 
-def weights_bytes(cfg: ModelConfig, weights_dtype: str | torch.dtype) -> int:
-    """Bytes of the weights of a decoder described by ``cfg`` stored in ``weights_dtype``:
-    parameters x element bytes; int8 weights add a float32 scale per matrix row (the
-    embeddings' and every projection's) and keep norm weights and biases in float32
-    (:func:`runtime.weights.convert.quantize_state`).
+def _matrix_shape(cfg: ModelConfig) -> tuple[int, int]:
+    """(parameters, rows) of the decoder's token embedding (and an untied head) and every projection."""
+    C, L, I = cfg.hidden_size, cfg.n_layers, cfg.intermediate_size
+    qkv_out = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+    up_rows = 2 * I if cfg.family == "llama" else I
+    heads = 1 if cfg.tie_word_embeddings else 2
+    rows = cfg.vocab_size * heads + L * (qkv_out + C + up_rows + C)
+    params = cfg.vocab_size * C * heads + L * (C * qkv_out + cfg.n_heads * cfg.head_dim * C + C * up_rows + I * C)
+    return params, rows
+
+
+def weights_bytes(cfg: ModelConfig, weights_dtype: str | torch.dtype, compute: str | torch.dtype | None = None) -> int:
+    """Bytes of the weights of a decoder described by ``cfg`` stored in ``weights_dtype`` as the
+    loader keeps them: matrices at the weight dtype's bytes (int8: a float32 scale per row
+    of the embeddings and every projection, :func:`runtime.weights.convert.quantize_state`),
+    norm weights and biases in the compute dtype (``compute``; default the CPU's:
+    :func:`runtime.device.compute_dtype`, float32 for 16-bit weights; issue 30: they were
+    counted at 2 bytes).
 
     Raises:
         ValueError: an unknown dtype.
     """
     dtype = parse_weight_dtype(weights_dtype)
+    cdtype = parse_cache_dtype(compute) if compute is not None else compute_dtype(torch.device("cpu"), dtype)
     params = count_parameters(cfg)
+    matrix_params, matrix_rows = _matrix_shape(cfg)
+    positions = cfg.max_position_embeddings * cfg.hidden_size if cfg.family != "llama" else 0  # GPT-2's table
+    vectors = (params - matrix_params - positions) * cdtype.itemsize
     if dtype != torch.int8:
-        return params * dtype.itemsize
-    C, L, I = cfg.hidden_size, cfg.n_layers, cfg.intermediate_size
+        return (matrix_params + positions) * dtype.itemsize + vectors
+    return matrix_params + 4 * matrix_rows + 4 * positions + vectors  # int8 keeps the positions in float32
+
+
+# ---- what the process holds beside weights and KV cache (issue 30, item 4) ---------------------------
+#: Resident bytes a loaded tokenizer adds per vocabulary entry (its vocabulary, merges, scores and
+#: added tokens, in Rust and Python). Measured with scripts/memory_stages.py (anonymous RSS
+#: across ``load_model`` less the weights, which are a mapped file; AMD EPYC Zen 3, torch 2.13):
+#: Gemma 3 270M's 262,144 entries 324.6 MB (1,238 B each), SmolLM2's 49,152 entries 19.0 MB
+#: (387 B each). The larger is used: an upper figure for vocabularies like SmolLM2's.
+TOKENIZER_BYTES_PER_ENTRY = 1_240
+#: Tokens the session prefills at a time (runtime.generate.events.GenerationSettings.prefill_chunk).
+PREFILL_CHUNK = 256
+#: What the planner's total leaves out, said beside it.
+LEAVES_OUT = ("the Python interpreter with torch and transformers imported (~280 MB RSS measured here)",
+              "the desktop's Qt and its widgets", "memory the allocator keeps after a reply until it is trimmed",
+              "other processes' memory")
+
+
+def tokenizer_bytes(vocab_size: int) -> int:
+    """Resident bytes a tokenizer of ``vocab_size`` entries adds, at most (:data:`TOKENIZER_BYTES_PER_ENTRY`)."""
+    return TOKENIZER_BYTES_PER_ENTRY * vocab_size
+
+
+def turn_bytes(cfg: ModelConfig, compute: str | torch.dtype = "float32", *, chunk: int = PREFILL_CHUNK) -> int:
+    """Bytes a reply allocates at its peak beside the weights and the KV cache: one prefill
+    chunk's activations in the ``compute`` dtype (per token the residual, the normed input and
+    the attention's output (3 C), q/k/v ((H + 2 Hkv) D), the MLP's gate/up and activation
+    (3 I)), the chunk's attention scores (H x chunk x chunk float32, the chunk attending to
+    itself) and the vocabulary's float32 logits twice (the last token's, and the copy
+    the session keeps)."""
+    eb = parse_cache_dtype(compute).itemsize
+    C, I = cfg.hidden_size, cfg.intermediate_size
     qkv_out = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
-    up_rows = 2 * I if cfg.family == "llama" else I
-    matrix_rows = cfg.vocab_size * (1 if cfg.tie_word_embeddings else 2) + L * (qkv_out + C + up_rows + C)
-    matrix_params = cfg.vocab_size * C * (1 if cfg.tie_word_embeddings else 2) + L * (C * qkv_out + cfg.n_heads * cfg.head_dim * C + C * up_rows + I * C)
-    return matrix_params + 4 * matrix_rows + 4 * (params - matrix_params)
+    per_token = 3 * C + qkv_out + 3 * I
+    return chunk * per_token * eb + cfg.n_heads * chunk * chunk * 4 + 2 * cfg.vocab_size * 4
 
 
 @dataclass(frozen=True)
@@ -97,10 +143,15 @@ class MemoryPlan:
         budget_bytes: the KV budget asked about (None if none).
         max_context_in_budget: whole tokens whose KV cache fits ``budget_bytes``
             (None without a budget; capped by nothing else).
-        weights_bytes: the weights' bytes at ``weights_dtype`` (None without a model).
+        weights_bytes: the weights' bytes at ``weights_dtype`` (None without a model), norm
+            weights and biases at the compute dtype as the loader keeps them.
         weights_dtype: dtype of the weights in that figure.
         device: the device asked about; free_device_bytes its free memory (None if unknown).
-        total_bytes: weights + KV at ``context`` (None without a model).
+        tokenizer_bytes: what the loaded tokenizer holds (:func:`tokenizer_bytes`; None without a model).
+        turn_bytes: what a reply allocates at its peak beside weights and cache
+            (:func:`turn_bytes`; None without a model).
+        total_bytes: weights + KV at ``context`` + tokenizer + a reply's peak (None without a
+            model); :data:`LEAVES_OUT` says what it leaves out (``leaves_out``).
         fits_device: whether total (or KV alone) fits the free memory (None if unknown).
         layer_types: per kind of layer (full, each window): ``kind``, ``window``,
             ``layers``, ``bytes_per_token`` (those layers together), ``tokens`` (each
@@ -128,6 +179,9 @@ class MemoryPlan:
     free_device_bytes: int | None = None
     total_bytes: int | None = None
     fits_device: bool | None = None
+    tokenizer_bytes: int | None = None
+    turn_bytes: int | None = None
+    leaves_out: tuple[str, ...] = LEAVES_OUT
     layer_types: list[dict] = field(default_factory=list)
     variants: list[dict] = field(default_factory=list)
 
@@ -190,7 +244,7 @@ def plan(
     if len(windows) != layers or any(w is not None and w < 1 for w in windows):
         raise ValueError(f"give {layers} windows (a positive number of tokens or None); got {windows}")
     kv = kv_bytes_at(windows, kv_heads, head_dim, eb, context, sb)
-    params = weights = wdtype = None
+    params = weights = wdtype = tok = turn = None
     if config is not None:
         params = count_parameters(config)
         if weights_dtype is None:
@@ -199,9 +253,11 @@ def plan(
             wdtype = dtype_name(parse_weight_dtype(weights_dtype))
         except ValueError:
             raise ValueError(f"unknown weights dtype {weights_dtype!r}; use float32, bfloat16, float16 or int8") from None
-        weights = weights_bytes(config, wdtype)
+        cdtype = compute_dtype(torch.device(device), wdtype)
+        weights = weights_bytes(config, wdtype, cdtype)
+        tok, turn = tokenizer_bytes(config.vocab_size), turn_bytes(config, cdtype)
     free = devices.free_memory_bytes(device)
-    total = (weights or 0) + kv
+    total = (weights or 0) + kv + (tok or 0) + (turn or 0)
     return MemoryPlan(
         layers=layers, kv_heads=kv_heads, head_dim=head_dim,
         cache_dtype=dtype_name(parse_cache_dtype(cache_dtype)), kv_bytes_per_token=per_token,
@@ -209,7 +265,7 @@ def plan(
         max_context_in_budget=None if budget_bytes is None else longest_context(windows, kv_heads, head_dim, eb, budget_bytes, sb),
         weights_bytes=weights, weights_dtype=wdtype, parameters=params, device=str(torch.device(device)),
         free_device_bytes=free, total_bytes=total if config is not None else None,
-        fits_device=None if free is None else total <= free,
+        fits_device=None if free is None else total <= free, tokenizer_bytes=tok, turn_bytes=turn,
         layer_types=layer_type_figures(windows, kv_heads, head_dim, eb, context, sb),
         variants=attention_variants(windows, kv_heads, head_dim, eb, context,
                                     n_heads=config.n_heads if config is not None else n_heads, scale_bytes=sb),

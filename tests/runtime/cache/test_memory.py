@@ -48,10 +48,39 @@ def test_parameter_count_matches_the_loaded_default_model(default_model):
     assert count_parameters(default_model.config) == loaded
     p = plan_for_config(default_model.config, context=8192, weights_dtype="float32")
     assert p.weights_bytes == default_model.weights_bytes
-    # The CPU's default weights are float16 (runtime.device.default_dtype): half the bytes.
-    assert plan_for_config(default_model.config, context=8192).weights_bytes == default_model.weights_bytes // 2
     assert p.kv_bytes == 8192 * 46_080
-    assert p.total_bytes == p.weights_bytes + p.kv_bytes
+    assert p.total_bytes == p.weights_bytes + p.kv_bytes + p.tokenizer_bytes + p.turn_bytes
+    # The CPU's default weights are float16 (runtime.device.default_dtype), norms kept in float32
+    vectors = sum(m.weight.numel() for m in default_model.decoder.modules() if type(m).__name__ == "Norm")
+    assert plan_for_config(default_model.config, context=8192).weights_bytes == default_model.weights_bytes // 2 + 2 * vectors
+
+
+@pytest.mark.parametrize("family,dtype", [("llama", "float16"), ("gpt2", "float16"), ("gemma3", "bfloat16"),
+                                          ("gemma3", "int8"), ("gpt2", "int8")])
+def test_the_planners_weights_are_what_the_loader_keeps(tmp_path, family, dtype):
+    """Norm weights and biases stay in the compute dtype (float32 on the CPU): the planner
+    counted them at the weights' 2 bytes (issue 30, item 4)."""
+    from runtime import load_model
+    from runtime.cache.planner import weights_bytes
+    from tests.runtime.tiny_models import make_tiny_model
+
+    model = load_model(make_tiny_model(tmp_path, family), device="cpu", dtype=dtype)
+    assert weights_bytes(model.config, dtype) == model.weights_bytes
+
+
+def test_the_plan_counts_the_tokenizer_and_a_turn_and_says_what_it_leaves_out():
+    """Gemma 3 270M's 262,144-entry tokenizer held 325 MB (scripts/memory_stages.py): the total
+    counted only weights and KV cache before."""
+    from runtime.cache.planner import tokenizer_bytes
+
+    gemma = ModelConfig(family="llama", model_type="gemma3_text", vocab_size=262_144, hidden_size=640, n_layers=18,
+                        n_heads=4, n_kv_heads=1, head_dim=256, intermediate_size=2048,
+                        max_position_embeddings=32_768, norm_eps=1e-6, tie_word_embeddings=True)
+    p = plan_for_config(gemma, context=4096)
+    assert 300e6 < p.tokenizer_bytes == tokenizer_bytes(262_144) < 340e6
+    assert p.turn_bytes > 2 * 262_144 * 4
+    assert p.total_bytes == p.weights_bytes + p.kv_bytes + p.tokenizer_bytes + p.turn_bytes
+    assert any("Python" in s for s in p.leaves_out)
 
 
 def test_memory_command_with_numbers():
