@@ -129,7 +129,7 @@ def context_full(stats, what: str) -> str:
 
 
 def _interactive(session) -> int:
-    """A terminal chat: streamed replies, /reset, /exit; Ctrl-C stops the reply, not the program."""
+    """A terminal chat: streamed replies, /regenerate, /reset, /exit; Ctrl-C stops the reply, not the program."""
     from runtime.generate.events import Finish, TextPiece
 
     generating = False
@@ -141,7 +141,8 @@ def _interactive(session) -> int:
             raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGINT, on_sigint)
-    print(f"attnchat — {session.model.name} on {session.model.device}. /reset clears, /exit quits, Ctrl-C stops a reply.")
+    print(f"attnchat — {session.model.name} on {session.model.device}. /regenerate writes the last reply again, "
+          "/reset clears, /exit quits, Ctrl-C stops a reply.")
     try:
         while True:
             try:
@@ -158,9 +159,14 @@ def _interactive(session) -> int:
                 session.reset()
                 print("(conversation cleared)")
                 continue
+            if text == "/regenerate" and not any(m.role == "assistant" for m in session.messages):
+                print("(no reply to write again yet)")
+                continue
             generating = True
             try:
-                for ev in session.send(line):
+                # /regenerate: the prompt comes from the cache with the logits its prefill left, so at
+                # temperature 0 the reply is the same (issue 30; --reproducible: also read from scratch)
+                for ev in session.regenerate() if text == "/regenerate" else session.send(line):
                     if isinstance(ev, TextPiece):
                         sys.stdout.write(ev.text)
                         sys.stdout.flush()

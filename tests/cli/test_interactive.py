@@ -67,3 +67,22 @@ def test_ctrl_c_stops_the_reply_then_reset_and_exit(default_model_file):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_regenerate_and_the_same_conversation_again_give_the_same_greedy_text(default_model, monkeypatch, capsys):
+    """Issue 30's Done-when, in the terminal chat: a reply, /regenerate (its prompt from the cache
+    with the logits its prefill left), then /reset and the same message read from scratch: the
+    same greedy text three times. Before, /regenerate was sent as a message."""
+    from attnchat.cli.chat import _interactive
+    from runtime.generate.events import GenerationSettings
+    from runtime.generate.session import ChatSession
+
+    lines = iter(["Name two colours of the French flag.", "/regenerate", "/reset",
+                  "Name two colours of the French flag.", "/exit"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": (print(prompt, end=""), next(lines))[1])
+    session = ChatSession(default_model, settings=GenerationSettings(max_new_tokens=16))
+    assert _interactive(session) == 0
+    out = capsys.readouterr().out
+    replies = [part.split("\n[")[0] for part in out.split("> ")[1:] if "tokens," in part]
+    assert len(replies) == 3 and replies[0].strip(), out
+    assert replies[0] == replies[1] == replies[2], replies
