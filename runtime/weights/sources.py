@@ -8,6 +8,7 @@ Must not import Qt. Never ``trust_remote_code``; never unpickle.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from models import safety
@@ -24,7 +25,10 @@ GGUF_MAGIC = b"GGUF"
 def check_gguf_file(path: Path) -> None:
     if not path.exists():
         raise ModelLoadError(f"model file {path} does not exist; check the path or run `attnchat models list`")
-    size = path.stat().st_size
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or a device: reading it could wait or never end
+        raise ModelLoadError(f"{path} is not a regular file (a device or a pipe); give a .gguf file or a model folder")
+    size = st.st_size
     if size == 0:
         raise ModelLoadError(f"model file {path} is empty; download it again")
     with path.open("rb") as f:

@@ -67,6 +67,15 @@ def test_empty_gguf(tmp_path):
     _raises(p, ModelLoadError, "empty.gguf", "empty")
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/zero") or not hasattr(os, "mkfifo"), reason="POSIX")
+def test_a_fifo_or_a_device_named_gguf(tmp_path):
+    """Issue 28 outside the suite: both were called 'empty; download it again'."""
+    os.mkfifo(tmp_path / "fifo.gguf")
+    _raises(tmp_path / "fifo.gguf", ModelLoadError, "fifo.gguf", "not a regular file")
+    os.symlink("/dev/zero", tmp_path / "zero.gguf")
+    _raises(tmp_path / "zero.gguf", ModelLoadError, "zero.gguf", "not a regular file")
+
+
 def test_truncated_real_gguf(tmp_path, default_model_file):
     p = tmp_path / "cut.gguf"
     with open(default_model_file, "rb") as f:
