@@ -180,3 +180,44 @@ def to_float(raw: torch.Tensor, ggml_type: int, out: torch.Tensor) -> torch.Tens
         raise ValueError("to_float takes contiguous blocks and a contiguous float32 output")
     fn(raw.data_ptr(), out.data_ptr(), out.numel())
     return out
+
+
+_FROM_FLOAT: dict[int, tuple[object, int, int]] = {}  # vec_dot_type -> (fn, block weights, block bytes)
+_FROM_FLOAT_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+Q8_0, Q8_1, Q8_K = 8, 9, 15
+
+
+def vec_dot_type(ggml_type: int) -> int:
+    """The type ggml quantizes activations to before a product with ``ggml_type`` weights
+    (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K types)."""
+    if not available():
+        raise RuntimeError(f"ggml kernels unavailable: {unavailable_reason()}")
+    return int(_STATE["ggml"].ggml_get_type_traits_cpu(ggml_type).contents.vec_dot_type)
+
+
+def as_ggml_sees(x: torch.Tensor, ggml_type: int) -> torch.Tensor:
+    """float32 ``x (M, K)`` as ggml's product with ``ggml_type`` weights sees it: quantized to the
+    type's ``vec_dot_type`` by the same CPU function ``mul_mat`` calls, then decoded. ``x`` minus
+    this is what that rounding loses (see ``runtime.kernels.quantized``'s ``ggml-exact``)."""
+    vdt = vec_dot_type(ggml_type)
+    entry = _FROM_FLOAT.get(vdt)
+    if entry is None:
+        traits = _STATE["ggml"].ggml_get_type_traits_cpu(vdt).contents
+        base = _STATE["ggml"].ggml_get_type_traits(vdt).contents
+        fn = _FROM_FLOAT_T(ctypes.cast(traits.from_float, ctypes.c_void_p).value)
+        entry = _FROM_FLOAT[vdt] = (fn, int(base.blck_size), int(base.type_size))
+    fn, block, nbytes = entry
+    x = x.contiguous()
+    n = x.numel()
+    q = torch.empty(n // block * nbytes, dtype=torch.uint8)
+    fn(x.data_ptr(), q.data_ptr(), n)
+    blocks = q.view(-1, nbytes)
+    if vdt in (Q8_0, Q8_1):  # d f16 (| s f16) | int8[32]
+        d = blocks[:, 0:2].contiguous().view(torch.float16).float()
+        codes = blocks[:, nbytes - 32:].contiguous().view(torch.int8).float()
+    elif vdt == Q8_K:  # d f32 | int8[256] | int16 bsums[16]
+        d = blocks[:, 0:4].contiguous().view(torch.float32)
+        codes = blocks[:, 4:260].contiguous().view(torch.int8).float()
+    else:
+        raise ValueError(f"activations of type {vdt} are not decoded here")
+    return (codes * d).view_as(x)

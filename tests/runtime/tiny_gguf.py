@@ -22,3 +22,25 @@ def make_tiny_gguf(folder: Path, name: str = "tiny.gguf", *, matrix_type: str = 
     shape = SHAPES["tiny"] if tokenizer else LlamaShape(**{**SHAPES["tiny"].__dict__, "vocab": TINY_VOCAB})
     return write_random_gguf(folder / name, shape, matrix_type=matrix_type, overrides=overrides,
                              embed_type=embed_type, tokenizer=tokenizer, seed=seed, std=0.1, arch=arch)
+
+
+def tiny_tokenizer_metadata() -> dict:
+    """GGUF ``tokenizer.*`` metadata of :func:`tests.runtime.tiny_models.make_tokenizer`'s byte-level
+    BPE (320 tokens, its merges, the special tokens as control tokens, its chat template)."""
+    import json
+
+    import numpy as np
+
+    from tests.runtime.tiny_models import CHAT_TEMPLATE, SPECIAL_TOKENS, make_tokenizer
+
+    tok = make_tokenizer()
+    vocab = tok.get_vocab()
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    model = json.loads(tok.backend_tokenizer.to_str())["model"]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    types = np.array([3 if t in SPECIAL_TOKENS else 1 for t in tokens], dtype="<i4")
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges,
+            "tokenizer.ggml.bos_token_id": vocab["<|im_start|>"], "tokenizer.ggml.eos_token_id": vocab["<|im_end|>"],
+            "tokenizer.ggml.unknown_token_id": vocab["[UNK]"], "tokenizer.ggml.padding_token_id": vocab["<|endoftext|>"],
+            "tokenizer.chat_template": CHAT_TEMPLATE}

@@ -1,0 +1,123 @@
+"""Open a GGUF for the decoder from its own blocks (issue 26): config and tokenizer (kept in
+the cache folder after the first load), the weights as memory-mapped blocks, and, for
+``--dtype float16|float32|bfloat16|int8``, a widened state dict made from those blocks.
+Must not import Qt, the decoder or the kernels (the loader hands in the widening).
+
+Nothing full-precision is written to disk: the GGUF is the weights' cache. What the
+cache folder keeps is transformers' config and tokenizer files and our config
+(:mod:`runtime.weights.gguf`), as before; the first load builds them from our own
+header reader (:mod:`runtime.weights.gguf_config`) instead of ``gguf.GGUFReader``.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from runtime.config.model import ModelConfig
+from runtime.errors import ModelLoadError, UnsupportedModelError
+from runtime.weights.gguf import (
+    _read_cached_fast,
+    _write_cache,
+    _write_model_config,
+    gguf_cache_dir,
+    gguf_only,
+    read_cached,
+)
+from runtime.weights.gguf_header import GGUFHeaderError
+from runtime.weights.gguf_raw import ARCHITECTURES, GGUFWeights, MissingTensorError, gguf_weights
+from runtime.weights.gguf_tensors import GGUFTensors, read_gguf_tensors
+from runtime.weights.quant_types import BY_ID
+from runtime.weights.sources import check_gguf_file, check_gguf_metadata, model_config, one_line
+
+log = logging.getLogger(__name__)
+
+
+def open_gguf(path: Path) -> GGUFTensors:
+    """The file's tensor table and metadata (bounded, as every GGUF read; no tensor read).
+
+    Raises:
+        ModelLoadError: not a GGUF, truncated, or past the header limits.
+    """
+    check_gguf_file(path)
+    check_gguf_metadata(path)
+    try:
+        return read_gguf_tensors(path)
+    except GGUFHeaderError as e:
+        raise ModelLoadError(f"{path.name} could not be read ({e}); the file may be truncated: download it again") from None
+    except OSError as e:
+        raise ModelLoadError(f"{path} could not be read ({e.strerror})") from None
+
+
+def runs_from_blocks(g: GGUFTensors) -> bool:
+    """Whether our quantized layers take this file: an architecture :mod:`runtime.weights.gguf_raw`
+    maps, and every layer matrix in a block type of :mod:`runtime.weights.quant_types`, at
+    least one of them quantized (an all-float16 file loads as float16 weights)."""
+    if str(g.metadata.get("general.architecture", "")) not in ARCHITECTURES:
+        return False
+    matrices = [i for n, i in g.tensors.items() if len(i.shape) == 2]
+    if not matrices or any(i.ggml_type not in BY_ID for i in matrices):
+        return False
+    return any(BY_ID[i.ggml_type].quantized for i in matrices)
+
+
+def config_and_tokenizer(path: Path, g: GGUFTensors) -> tuple[ModelConfig, object]:
+    """The model's config and tokenizer: from the cache folder when it has them, else built
+    from the file (our header reader for the config, transformers' own GGUF tokenizer path)
+    and kept there.
+
+    Raises:
+        UnsupportedModelError: an architecture transformers or our decoder do not run.
+        ModelLoadError: the tokenizer cannot be built from the file.
+    """
+    from runtime.weights import gguf_config
+
+    cached = gguf_cache_dir(path)
+    cfg, tokenizer = _read_cached_fast(cached)
+    if cfg is not None:
+        return cfg, tokenizer
+    hf_config, tokenizer = read_cached(cached)
+    if hf_config is None:
+        try:
+            hf_config = gguf_config.hf_config(g)
+        except ValueError as e:
+            raise UnsupportedModelError(f"{path.name}: {one_line(e).rstrip('.')}; attnchat runs Llama-family and GPT-2 models") from None
+        try:
+            with gguf_only(path) as (folder, _name):
+                tokenizer = gguf_config.tokenizer(path, folder, hf_config.model_type)
+        except Exception as e:
+            raise ModelLoadError(f"{path.name}: its tokenizer could not be built ({type(e).__name__}: {one_line(e)}); "
+                                 "the file may be damaged: download it again") from None
+        _write_cache(cached, hf_config, tokenizer)
+    cfg = model_config(path, hf_config)
+    _write_model_config(cached, cfg)
+    return cfg, tokenizer
+
+
+def blocks(path: Path, g: GGUFTensors, cfg: ModelConfig) -> GGUFWeights:
+    """The decoder's weights as the file's blocks (:func:`runtime.weights.gguf_raw.gguf_weights`).
+
+    Raises:
+        ModelLoadError: a tensor missing or unreadable.
+    """
+    try:
+        return gguf_weights(g, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
+    except (MissingTensorError, KeyError, ValueError, OSError) as e:
+        raise ModelLoadError(f"{path.name}: {one_line(e).strip(chr(34) + chr(39))}") from None
+
+
+def widened_state(weights: GGUFWeights, dtype: torch.dtype,
+                  widen: Callable[[object, torch.dtype], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The decoder's state dict with every matrix widened to ``dtype`` by ``widen(part, dtype)``
+    (the kernels' widening: ggml's ``to_float`` where it loads) and every other tensor cast
+    to ``dtype``, as :func:`runtime.weights.convert.to_decoder_state` gives them. int8 is not
+    a widening: pass float32 and quantize the result."""
+    state = {name: t.to(dtype) for name, t in weights.floats.items()}
+    for name, parts in weights.matrices.items():
+        state[name + ".weight"] = torch.cat([widen(p, dtype) for p in parts]) if len(parts) > 1 else widen(parts[0], dtype)
+    state["embed.weight"] = widen(weights.embed, dtype)
+    if weights.head is not None:
+        state["lm_head.weight"] = torch.cat([widen(p, dtype) for p in weights.head])
+    return state
