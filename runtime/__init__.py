@@ -71,7 +71,7 @@ from runtime.insight.explain import (
 )
 from runtime.insight.formula import FormulaByHand, formula_by_hand
 from runtime.insight.probe import AttentionCapture, HeadScores, head_scores
-from runtime.loader.load import load_model, read_config
+from runtime.loader.load import gguf_blocks_bytes, load_model, read_config
 from runtime.loader.model import Model
 from runtime.model.attention import (
     ATTENTION_BACKENDS,
@@ -87,7 +87,7 @@ __all__ = [
     "ABLATION_MODES", "InductionAblation", "ablated", "induction_ablation", "parse_heads", "top_and_probs",
     "AttentionStepTime", "attention_step_seconds", "scores_per_head", "Explanation", "explain_token", "kendall_tau",
     "reply_positions", "FormulaByHand", "formula_by_hand",
-    "LayerAttention", "FormulaSteps", "context_ids", "conversation_ids", "kept_share", "token_strings", "read_config", "ChatSession", "GenerationSettings", "OVERFLOW_POLICIES", "Event",
+    "LayerAttention", "FormulaSteps", "context_ids", "conversation_ids", "kept_share", "token_strings", "read_config", "gguf_blocks_bytes", "ChatSession", "GenerationSettings", "OVERFLOW_POLICIES", "Event",
     "PrefillProgress", "TextPiece", "StatsUpdate", "Finish", "TurnStats",
     "AttnchatError", "CacheLimitError", "ChatTemplateError", "ContextOverflowError", "DeviceError",
     "ModelLoadError", "UnsupportedModelError",

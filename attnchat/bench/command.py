@@ -12,8 +12,10 @@ import json
 import os
 import platform
 import statistics
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,7 @@ def _llamacpp_env() -> dict:
 
 #: The options the report records (the global ones of the app are left out).
 SETTINGS = ("model", "quick", "repeats", "engines", "dtype", "device", "random_weights", "depths", "decode_tokens",
-            "prefill_tokens", "followup_context", "followup_tokens", "busy", "json", "plot")
+            "prefill_tokens", "followup_context", "followup_tokens", "busy", "cold", "json", "plot")
 FIGURES = ("load_s", "ttft_s", "prefill_tokens_per_s", "followup_ttft_s", "peak_rss_bytes")
 #: Report name -> (bench_worker engine, the weights' dtype: ``True`` = ``--dtype``, None = the
 #: engine's default). ``ours-default`` is our engine as the app runs it
@@ -88,6 +90,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--busy", type=int, default=0, metavar="N",
                    help="keep N other processes busy on the CPU while measuring (a desktop with other "
                         "work: a browser, a build); default 0")
+    p.add_argument("--cold", action="store_true",
+                   help="run our engines with an empty cache folder each time (a first load: nothing converted "
+                        "or kept yet) and report what each run left there")
     p.add_argument("--json", metavar="PATH", help="write the raw figures, summary and ratios as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of decode tok/s against depth")
     p.set_defaults(func=run)
@@ -243,6 +248,10 @@ def run(args: argparse.Namespace) -> int:
             s["threads"] = [r["threads"] for r in runs]  # each run's thread governors at its end
         if runs[0].get("compile_s") is not None:
             s["compile_s"] = [r["compile_s"] for r in runs]  # each run's: the first is cold on a new machine
+        if runs[0].get("first_reply_s") is not None:
+            s["first_reply_s"] = _summary([r["first_reply_s"] for r in runs])
+        if runs[0].get("cache_bytes") is not None:
+            s["cache_bytes"] = _summary([r["cache_bytes"] for r in runs])
         if runs[0].get("peak_gpu_bytes") is not None:
             s["peak_gpu_bytes"] = _summary([r["peak_gpu_bytes"] for r in runs])
         summary[engine] = s
@@ -268,7 +277,14 @@ def _run_engines(args: argparse.Namespace, engines: list[str], common: list[str]
             dtype = args.dtype if dtype is True else dtype
             python, env = (llamacpp_python, _llamacpp_env()) if worker == "llamacpp" else (sys.executable, None)
             cmd = [python, "-m", "attnchat.bench.worker", "--engine", worker] + common
-            proc = subprocess.run(cmd + (["--dtype", dtype] if dtype else []), capture_output=True, text=True, env=env)
+            cold = tempfile.mkdtemp(prefix="attnchat-bench-cache-") if args.cold and worker != "llamacpp" else None
+            if cold:
+                env = dict(os.environ if env is None else env, ATTNCHAT_CACHE_DIR=cold)
+            try:
+                proc = subprocess.run(cmd + (["--dtype", dtype] if dtype else []), capture_output=True, text=True, env=env)
+            finally:
+                if cold:
+                    shutil.rmtree(cold, ignore_errors=True)
             if proc.returncode != 0:
                 tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
                 raise RuntimeError(f"the {engine} benchmark run failed: {tail}")
@@ -319,14 +335,18 @@ def _ratios(summary: dict, depths: list[str]) -> dict:
 def _print_table(summary: dict, ratios: dict) -> None:
     depths = list(next(iter(summary.values()))["decode_tokens_per_s"])
     gpu = any("peak_gpu_bytes" in s for s in summary.values())
-    head = (["engine", "load s", "TTFT s", "prefill tok/s"] + [f"decode@{d}" for d in depths]
-            + ["follow-up TTFT s", "peak RSS MB"] + (["peak GPU MB"] if gpu else []))
+    cold = any("cache_bytes" in s for s in summary.values())
+    head = (["engine", "dtype", "load s", "TTFT s", "prefill tok/s"] + [f"decode@{d}" for d in depths]
+            + ["follow-up TTFT s", "peak RSS MB", "first reply s"] + (["cache MB"] if cold else [])
+            + (["peak GPU MB"] if gpu else []))
     rows = []
     for engine, s in summary.items():
-        rows.append([engine, f"{s['load_s']['median']:.2f}", f"{s['ttft_s']['median']:.3f}",
+        rows.append([engine, str(s.get("dtype", "")).split(" ")[0], f"{s['load_s']['median']:.2f}", f"{s['ttft_s']['median']:.3f}",
                      f"{s['prefill_tokens_per_s']['median']:.0f}"]
                     + [f"{s['decode_tokens_per_s'][d]['median']:.1f}" for d in depths]
-                    + [f"{s['followup_ttft_s']['median']:.3f}", f"{s['peak_rss_bytes']['median'] / 1e6:.0f}"]
+                    + [f"{s['followup_ttft_s']['median']:.3f}", f"{s['peak_rss_bytes']['median'] / 1e6:.0f}",
+                       f"{s['first_reply_s']['median']:.1f}" if "first_reply_s" in s else "-"]
+                    + ([f"{s['cache_bytes']['median'] / 1e6:.1f}" if "cache_bytes" in s else "-"] if cold else [])
                     + ([f"{s['peak_gpu_bytes']['median'] / 1e6:.0f}" if "peak_gpu_bytes" in s else "-"] if gpu else []))
     widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
     for r in [head] + rows:

@@ -31,6 +31,7 @@ import os
 import resource
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -64,8 +65,11 @@ class Ours:
         weights, compute = (str(d).removeprefix("torch.") for d in (self.model.dtype, self.model.compute_dtype))
         self.dtype = weights if weights == compute else f"{weights} weights, {compute} compute"
         self.kv_bytes_per_token = self.model.new_cache(1).bytes_per_token
-        k = self.model.kernels
+        k, q = self.model.kernels, self.model.quant_kernels
         self.kernels = None if k is None else {"decode": k.decode, "prefill": k.prefill, "timings_us": k.timings_us}
+        if q is not None:  # a GGUF's own blocks: a pair of kernels per block type
+            self.kernels = {"decode": {t: d for t, (d, _) in q.kernels.items()},
+                            "prefill": {t: p for t, (_, p) in q.kernels.items()}, "timings_us": q.timings_us}
         self.cache = None
 
     @property
@@ -272,6 +276,13 @@ def _stand_in_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>")
 
 
+def _process_seconds() -> float:
+    """Seconds since this process started (its creation time, as psutil reads it)."""
+    import psutil
+
+    return time.time() - psutil.Process().create_time()
+
+
 def measure(args: argparse.Namespace) -> dict:
     import torch
 
@@ -280,9 +291,12 @@ def measure(args: argparse.Namespace) -> dict:
     engine = ENGINES[args.engine](args.model, args.dtype, args.device)
     load_s = time.perf_counter() - t0
     ids = random_ids(engine.vocab, engine.special, max([args.prefill_tokens, args.followup_context + args.followup_tokens] + args.depths), args.seed)
-    # Warm-up (first-call costs: allocator, kernels), then the figures.
-    for _ in range(2):  # ours: the thread governors' first tries (prefill and decode) happen here
-        engine.generate(ids[:16], 4)
+    # Warm-up (first-call costs: allocator, kernels), then the figures. The first call's first
+    # token is the process's first reply: seconds since the process started (imports, load).
+    for i in range(2):  # ours: the thread governors' first tries (prefill and decode) happen here
+        stamps = engine.generate(ids[:16], 4)
+        if i == 0:
+            first_reply = stamps[0] - time.perf_counter() + _process_seconds()
     t = time.perf_counter()
     first = engine.generate(ids[: args.prefill_tokens], 1)[0]
     ttft = first - t
@@ -292,6 +306,9 @@ def measure(args: argparse.Namespace) -> dict:
         decode[str(depth)] = (len(stamps) - 2) / (stamps[-1] - stamps[1]) if len(stamps) > 2 else 0.0
     followup = engine.followup(ids[: args.followup_context], ids[args.followup_context : args.followup_context + args.followup_tokens])
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    cache_bytes = None
+    if os.environ.get("ATTNCHAT_CACHE_DIR"):  # a cold run's own cache folder: what the run left there
+        cache_bytes = sum(p.stat().st_size for p in Path(os.environ["ATTNCHAT_CACHE_DIR"]).rglob("*") if p.is_file())
     return {
         "engine": args.engine, "dtype": engine.dtype, "device": args.device,
         "decode_mode": getattr(engine, "decode_mode", None), "load_s": load_s, "ttft_s": ttft,
@@ -300,6 +317,7 @@ def measure(args: argparse.Namespace) -> dict:
         "kv_bytes_per_token": engine.kv_bytes_per_token, "kernels": getattr(engine, "kernels", None),
         "compile_s": getattr(engine, "compile_seconds", None), "threads": getattr(engine, "threads", None),
         "peak_gpu_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+        "cache_bytes": cache_bytes, "first_reply_s": first_reply,
     }
 
 

@@ -31,7 +31,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cache-dtype", default=None, metavar="D",
                    help="float32, bfloat16, float16 or int8 (default: the dtype the device computes in, "
                         "as the app's cache: float32 on the CPU, float16 on CUDA and MPS)")
-    p.add_argument("--weights-dtype", default=None, metavar="D", help="weights' dtype for weights_bytes (default: the device's default, float16)")
+    p.add_argument("--weights-dtype", default=None, metavar="D", help="weights' dtype for weights_bytes (default: a quantized GGUF's own blocks at their size, "
+                   "else the device's default, float16)")
     p.add_argument("--context", type=int, default=None, metavar="N", help="context length in tokens (default: the model's maximum)")
     p.add_argument("--budget-mib", type=float, default=None, metavar="M", help="a KV-cache budget in MiB")
     p.add_argument("--device", default="cpu",
@@ -65,12 +66,13 @@ def run(args: argparse.Namespace) -> int:
                       weights_dtype=args.weights_dtype)
         name, limit = None, None
     else:
-        from runtime.loader.load import read_config
+        from runtime.loader.load import gguf_blocks_bytes, read_config
 
         cfg = read_config(args.model)
         context = args.context if args.context is not None else cfg.max_position_embeddings
         result = plan_for_config(cfg, cache_dtype=args.cache_dtype, context=context, budget_bytes=budget,
-                                 weights_dtype=args.weights_dtype, device=device)
+                                 weights_dtype=args.weights_dtype, device=device,
+                                 blocks=gguf_blocks_bytes(args.model))
         name, limit = args.model or "default", cfg.max_position_embeddings
     if missing:  # whatever torch answered, this machine has no such device to measure
         result = dataclasses.replace(result, free_device_bytes=None, fits_device=None)

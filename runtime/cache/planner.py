@@ -203,6 +203,7 @@ def plan(
     device: str | torch.device = "cpu",
     windows: Sequence[int | None] | None = None,
     n_heads: int | None = None,
+    blocks: tuple[int, str] | None = None,
 ) -> MemoryPlan:
     """Plan the memory of a model at a context length.
 
@@ -222,6 +223,9 @@ def plan(
             given); default every layer full.
         n_heads: query heads per layer (from ``config`` when given): adds the
             multi-head row to :attr:`MemoryPlan.variants`.
+        blocks: for a GGUF run from its own quantized blocks (the default for one, issue
+            26), ``(bytes, name)``: its weights' bytes and its quantization (``"Q4_K_M"``),
+            used when ``weights_dtype`` is not given (it computes as float16 weights do).
 
     Raises:
         ValueError: non-positive numbers, an unknown dtype, a window list of the wrong length.
@@ -230,6 +234,7 @@ def plan(
         raise ValueError(f"the context must be a positive number of tokens; got {context}")
     if budget_bytes is not None and budget_bytes < 0:
         raise ValueError(f"the budget must not be negative; got {budget_bytes} bytes")
+    as_blocks = blocks is not None and weights_dtype is None
     if cache_dtype is None:
         dev = torch.device(device)
         try:
@@ -246,7 +251,10 @@ def plan(
         raise ValueError(f"give {layers} windows (a positive number of tokens or None); got {windows}")
     kv = kv_bytes_at(windows, kv_heads, head_dim, eb, context, sb)
     params = weights = wdtype = tok = turn = None
-    if config is not None:
+    if config is not None and as_blocks:  # the file's tensors as stored (norms included), computing as float16 weights do
+        params, (weights, wdtype) = count_parameters(config), blocks
+        tok, turn = tokenizer_bytes(config.vocab_size), turn_bytes(config, compute_dtype(torch.device(device), torch.float16))
+    elif config is not None:
         params = count_parameters(config)
         if weights_dtype is None:
             weights_dtype = default_dtype(torch.device(device))

@@ -241,6 +241,24 @@ def _choose_quant_kernels(decoder: Decoder, dev: torch.device, folder: Path | No
                                                btypes, dev, measure)
 
 
+def gguf_blocks_bytes(source: str | os.PathLike | None = None) -> tuple[int, str] | None:
+    """For a GGUF that runs from its own blocks by default: ``(bytes of its weights as loaded,
+    its quantization's name)``, read from the file's header (the planner's figure); else None.
+
+    Raises:
+        ModelLoadError: as :func:`load_model` for a file that cannot be read.
+    """
+    path = resolve_source(source)
+    if path.is_dir() or not (path.exists() or path.suffix.lower() == ".gguf"):
+        return None
+    g = gguf_blocks.open_gguf(path)
+    if not gguf_blocks.runs_from_blocks(g):
+        return None
+    from runtime.weights.gguf_raw import file_type_name
+
+    return sum(i.nbytes for i in g.tensors.values()), file_type_name(g)
+
+
 def read_config(source: str | os.PathLike | None = None) -> ModelConfig:
     """A model's :class:`ModelConfig` without loading its weights (for the memory planner).
 
