@@ -112,6 +112,7 @@ class GGMLMatrix:
         self._x, self._y = X.contents, Y.contents
         self._planned = 0
         self._plan = None
+        self._last: tuple | None = None  # (rows, threads, work buffer) the structs were set for
         self._compute = g.lib.ggml_graph_compute
 
     def _plan_for(self, M: int, threads: int) -> None:
@@ -140,8 +141,12 @@ class GGMLMatrix:
             out = torch.empty(M, self.rows, dtype=torch.float32)
         threads = max(1, torch.get_num_threads())
         with _LOCK:
-            self._plan_for(M, threads)
-            self._set_rows(M)
+            buf = _WORK["buf"]
+            key = (M, threads, None if buf is None else buf.data_ptr())
+            if key != self._last:  # the plan, the work buffer and the row counts change rarely
+                self._plan_for(M, threads)
+                self._set_rows(M)
+                self._last = (M, threads, _WORK["buf"].data_ptr())
             self._x.data = x.data_ptr()
             self._y.data = out.data_ptr()
             status = self._compute(self._graph, self._planp)

@@ -18,8 +18,10 @@ needs_ggml = pytest.mark.skipif(not ggml_ops.available(), reason="ggml-python no
 #: errors on the real models' matrices and these tiny ones (Intel Xeon, issue 26): ggml
 #: quantizes activations per block of 32 (0.3-0.9 %); int4pack rounds them and the
 #: scales to bfloat16 (0.3 %); int8pack requantizes the weights per row (0.8-1.4 %);
-#: f16 rounds activations and weights to float16 (0.04 %); widen is float32 (1e-7).
-BOUNDS = {"ggml": 0.02, "int4pack-bf16": 0.01, "int4pack-f16": 2e-3, "int8pack": 0.03, "f16": 2e-3, "widen": 1e-5}
+#: f16 rounds activations and weights to float16 (0.04 %); widen is float32 (1e-7); ggml-exact
+#: leaves ggml about 1/200 of its rounding (0.0024 % on the default model's Q8_0 head, 0.02-0.05 %
+#: on its Q4_1 layers: their Q8_1 activations are not rebuilt bit for bit).
+BOUNDS = {"ggml": 0.02, "ggml-exact": 2e-3, "int4pack-bf16": 0.01, "int4pack-f16": 2e-3, "int8pack": 0.03, "f16": 2e-3, "widen": 1e-5}
 
 
 @pytest.fixture(scope="module")
