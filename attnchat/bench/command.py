@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 #: The benchmark-only environment ``make bench-llamacpp`` builds llama-cpp-python into.
-LLAMACPP_VENV = Path(__file__).resolve().parent.parent / ".venv-llamacpp"
+LLAMACPP_VENV = Path(__file__).resolve().parents[2] / ".venv-llamacpp"  # the repository root's (make bench-llamacpp)
 
 
 def _llamacpp_python() -> str | None:
