@@ -44,11 +44,13 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
     cache_options.add_args(p)
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="a stop string (repeatable)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--dtype", default=None, help="weight dtype: float32, bfloat16, float16, int8 (8-bit, a scale per row; default per device: float16 on the CPU, computing in float32)")
+    p.add_argument("--dtype", default=None, help="weights: a quantized GGUF runs from its own blocks by default (gguf); float32, bfloat16, "
+                   "float16, int8 widen them for comparison (the default for other models: float16, computing in float32 on the CPU)")
     p.add_argument("--reproducible", action="store_true",
                    help="the same greedy reply however a conversation's tokens were computed (one prefill, chunks, "
                         "one-token steps, a reused cache) and on any thread count: row-invariant kernels and attention "
-                        "(CPU, eager decode; slower, and float16 weights keep a packed copy; docs/reproducible.md)")
+                        "(CPU, eager decode; slower, and float16 weights keep a packed copy; a quantized GGUF runs "
+                        "widened to float16; docs/reproducible.md)")
 
 
 def _settings(args: argparse.Namespace):
