@@ -228,7 +228,21 @@ def transformers_hidden_imports(root: Path | None = None) -> list[str]:
 
 
 def hidden_imports(root: Path | None = None) -> list[str]:
-    return list(APP_HIDDEN_IMPORTS) + transformers_hidden_imports(root)
+    return list(APP_HIDDEN_IMPORTS) + transformers_hidden_imports(root) + (["ggml", "ggml.ggml"] if _has_ggml() else [])
+
+
+def _has_ggml() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("ggml") is not None
+
+
+def ggml_binaries(collect_dynamic_libs) -> list[tuple[str, str]]:
+    """ggml-python's shared libraries (``ggml/lib/*.so``), which it opens by path and
+    PyInstaller's analysis cannot see: the quantized kernels of issue 26. None when the
+    build machine has no ggml-python (the app then runs torch's kernels and says so).
+    ``collect_dynamic_libs``: PyInstaller's hook helper (the spec passes it)."""
+    return collect_dynamic_libs("ggml") if _has_ggml() else []
 
 
 def excludes(root: Path | None = None) -> list[str]:

@@ -82,6 +82,7 @@ def _run_spec(monkeypatch, tmp_path, platform="linux", installed=True, verified=
     monkeypatch.setattr(sys, "path", list(sys.path))  # the spec prepends the repo root
     hooks = types.ModuleType("PyInstaller.utils.hooks")  # PyInstaller is not installed for the tests
     hooks.copy_metadata = lambda name: [(f"/site-packages/{name}-1.0.dist-info", f"{name}-1.0.dist-info")]
+    hooks.collect_dynamic_libs = lambda name: [(f"/site-packages/{name}/lib/lib{name}.so", f"{name}/lib")]
     for name, module in (("PyInstaller", types.ModuleType("PyInstaller")),
                          ("PyInstaller.utils", types.ModuleType("PyInstaller.utils")),
                          ("PyInstaller.utils.hooks", hooks)):
