@@ -9,9 +9,10 @@ Checks, each printed as ``PASS``/``FAIL``/``SKIP`` with its numbers:
 
 1. the attention fast path (both GQA strategies, the CUDA backends) equals the
    reference path in float32, float16 and bfloat16;
-2. for float32, float16 and bfloat16 weights: prefill plus cached decode steps equal
-   the full forward (float32 within 1e-3), and the CUDA-graph step equals the eager
-   step (same greedy tokens, logits within the dtype's rounding);
+2. for float32, float16 and bfloat16 weights, and a GGUF's own quantized blocks (the
+   4-bit engine: tinygemm's int4 kernel; a GGUF file only): prefill plus cached decode
+   steps equal the full forward (float32 within 1e-3), and the CUDA-graph step equals
+   the eager step (same greedy tokens, logits within the dtype's rounding);
 3. with the real model: the default dtype answers "Paris" to the capital question.
 
 Then ``attnchat bench --device cuda --quick`` prints its table. Exit status 0 when
@@ -32,6 +33,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 #: Tolerances of a cached decode step against the full forward, per weight dtype. float32:
 #: the issue's bound; 16-bit: what one rounding of the activations per layer allows.
 TOLERANCES = {"float32": 1e-3, "float16": 5e-2, "bfloat16": 3e-1}
+#: A quantized GGUF's own blocks (issue 26: tinygemm's int4 kernel takes bfloat16 activations,
+#: other types float16 copies): checked like bfloat16, on a GGUF file only.
+GGUF_TOLERANCE = 3e-1
 
 
 def _result(name: str, ok: bool | None, detail: str) -> bool | None:
@@ -78,7 +82,8 @@ def check_model(path, random: bool, device: str = "cuda") -> bool:
 
     ok = True
     ids = list(range(1000, 1200))  # 200 ordinary token ids
-    for dtype, tol in TOLERANCES.items():
+    checks = dict(TOLERANCES, **({"gguf": GGUF_TOLERANCE} if str(path).endswith(".gguf") else {}))
+    for dtype, tol in checks.items():
         try:
             model = load_model(path, device=device, dtype=dtype)
             full = model.logits(ids)[0]  # (T, V)
