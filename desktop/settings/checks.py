@@ -57,6 +57,8 @@ def _cache_dtype(values: dict[str, Any], model: dict | None) -> str | None:
         dtype = values["model/weight_dtype"]
         if dtype == "auto":
             dtype = model.get("dtype") if model else None
+            if dtype not in runtime.CACHE_DTYPES and model:  # a GGUF's blocks ("Q4_K_M") cache in the compute dtype
+                dtype = model.get("compute_dtype")
         if dtype == "int8":  # int8 weights compute, and so cache, in float32
             dtype = "float32"
     return dtype if dtype in runtime.CACHE_DTYPES else None

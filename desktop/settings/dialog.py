@@ -295,7 +295,7 @@ class SettingsDialog(QDialog):
         form = self._form(page)
         self._add(form, "model/device", "Device", self._combo(list(self.devices)))
         self._add(form, "model/weight_dtype", "Weight dtype",
-                  self._combo([("auto", "auto (float16)")] + [(d, _dtype_label(d)) for d in WEIGHT_DTYPES[1:]]),
+                  self._combo([("auto", "auto (a GGUF's own blocks, else float16)")] + [(d, _dtype_label(d)) for d in WEIGHT_DTYPES[1:]]),
                   "Beside each: how often it picks the same next token as float32 weights (measured on "
                   "English text with the default model) and whether it answers the Paris question. "
                   "On the CPU float16 weights compute in float32 (twice float32's decode speed); on a GPU "

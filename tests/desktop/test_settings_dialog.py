@@ -212,7 +212,7 @@ def test_weight_dtypes_show_their_measured_quality(big_window):
     for name, q in runtime.WEIGHT_DTYPE_QUALITY.items():
         assert f"{q['agreement'] * 100:.1f}\u00a0% same tokens" in texts[name]
         assert texts[name].endswith("\u2713" if q["paris"] else "\u2717")
-    assert texts["auto"] == "auto (float16)"
+    assert texts["auto"] == "auto (a GGUF's own blocks, else float16)"
 
 
 def test_an_empty_system_prompt_shows_the_one_the_template_sends(qtbot, make_window):
