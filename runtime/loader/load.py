@@ -20,6 +20,7 @@ from runtime.config.model import ModelConfig
 from runtime.device import compute_dtype, decode_mode, default_dtype, linear_path, resolve_device, trim_heap
 from runtime.dtypes import parse_cache_dtype, parse_weight_dtype
 from runtime.errors import ModelLoadError, UnsupportedModelError
+from runtime.kernels import quant_choice
 from runtime.kernels import quantized as quant_kernels
 from runtime.kernels.choice import KernelChoice
 from runtime.kernels.threads import SizedGovernors, cpu_governor
@@ -225,19 +226,19 @@ def _choose_kernels(decoder: Decoder, wdtype: torch.dtype, folder: Path | None) 
     return kernels.load_or_measure(folder if folder is not None and folder.exists() else None, wdtype, measure)
 
 
-def _choose_quant_kernels(decoder: Decoder, dev: torch.device, folder: Path | None) -> quant_kernels.QuantChoice:
+def _choose_quant_kernels(decoder: Decoder, dev: torch.device, folder: Path | None) -> quant_choice.QuantChoice:
     """The kernels per block type for a decoder on a GGUF's blocks: kept beside the GGUF's
     config in the cache folder, keyed by the machine, else timed now on its own matrices
-    (:func:`runtime.kernels.quantized.measure_quant`); off the CPU the device's defaults."""
+    (:func:`runtime.kernels.quant_choice.measure_quant`); off the CPU the device's defaults."""
     token, prefill = quant_layers.token_weights(decoder)
     btypes = {p.btype for p in token}
 
-    def measure() -> quant_kernels.QuantChoice:
-        choice = quant_kernels.measure_quant(token, dev, prefill_weights=prefill)
+    def measure() -> quant_choice.QuantChoice:
+        choice = quant_choice.measure_quant(token, dev, prefill_weights=prefill)
         log.info("quantized kernels: %s (us per token: %s)", choice.kernels, choice.timings_us)
         return choice
 
-    return quant_kernels.load_or_measure_quant(folder if folder is not None and folder.exists() else None,
+    return quant_choice.load_or_measure_quant(folder if folder is not None and folder.exists() else None,
                                                btypes, dev, measure)
 
 

@@ -14,7 +14,7 @@ from runtime.cache.kv_cache import KVCache
 from runtime.config.model import ModelConfig
 from runtime.dtypes import parse_cache_dtype
 from runtime.kernels.choice import KernelChoice
-from runtime.kernels.quantized import QuantChoice
+from runtime.kernels.quant_choice import QuantChoice
 from runtime.kernels.threads import SizedGovernors, ThreadGovernor
 from runtime.model.decode_step import DecodeStep
 from runtime.model.decoder import Decoder
@@ -53,7 +53,7 @@ class Model:
     #: :mod:`runtime.kernels`.
     kernels: KernelChoice | None = None
     #: For a GGUF run from its own blocks, the kernels per block type (decode, prefill):
-    #: :mod:`runtime.kernels.quantized`; None otherwise.
+    #: :mod:`runtime.kernels.quant_choice`; None otherwise.
     quant_kernels: QuantChoice | None = None
     #: On the CPU, what picks the thread count of each decode step and of each prefill
     #: with a cache, by timing them (:mod:`runtime.kernels.threads`); None elsewhere.

@@ -4,7 +4,7 @@ Must not import Qt.
 :class:`QuantLinear` holds a matrix as parts in their file's blocks
 (:class:`runtime.weights.quant_weight.QuantWeight`, stacked along the output rows: a
 layer's q/k/v when their types differ) and runs each part with the kernel chosen for
-its block type and the row count (:class:`runtime.kernels.quantized.QuantChoice`: one
+its block type and the row count (:class:`runtime.kernels.quant_choice.QuantChoice`: one
 row is decode, several prefill). :class:`QuantEmbedding` widens only the rows a token
 needs. Inside ``torch.compile`` both call opaque ops (ggml's kernels are ctypes calls);
 with gradients (the attribution view) a product uses the dequantized matrix, so autograd
@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from runtime.kernels import quant_choice as qc
 from runtime.kernels import quantized as qk
 
 __all__ = ["QuantLinear", "QuantEmbedding", "install", "quant_layers", "set_choice", "token_weights"]
@@ -39,7 +40,7 @@ class QuantLinear(nn.Module):
         self.in_features = parts[0].cols
         self.out_features = sum(p.rows for p in parts)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-        self.choice: qk.QuantChoice | None = None
+        self.choice: qc.QuantChoice | None = None
         self.device = torch.device("cpu")
         self._runs: tuple[list, list] = ([], [])  # per part: (kernel run, form, weight), decode then prefill
         self._keys: list[int] = []
@@ -53,7 +54,7 @@ class QuantLinear(nn.Module):
         """Bytes of the blocks and of the forms the chosen kernels made (tied parts counted here too)."""
         return sum(p.file_bytes + p.extra_bytes for p in self.parts) + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
 
-    def set_choice(self, choice: qk.QuantChoice, device: torch.device | str = "cpu") -> None:
+    def set_choice(self, choice: qc.QuantChoice, device: torch.device | str = "cpu") -> None:
         """Run the parts with ``choice``'s kernels on ``device``; each kernel's form of each
         part is made now (a repack, or ggml's graph), not on the first token."""
         self.choice, self.device = choice, torch.device(device)
@@ -68,7 +69,7 @@ class QuantLinear(nn.Module):
 
     def _ensure_choice(self) -> None:
         if self.choice is None:
-            self.set_choice(qk.default_quant_choice({p.btype for p in self.parts}, self.device), self.device)
+            self.set_choice(qc.default_quant_choice({p.btype for p in self.parts}, self.device), self.device)
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The whole matrix ``(out, in)`` widened to ``dtype`` (a fresh tensor: for views that
@@ -167,18 +168,18 @@ def quant_layers(decoder: nn.Module) -> list[QuantLinear]:
 
 def token_weights(decoder: nn.Module) -> tuple[list, list]:
     """``(every part a decoded token multiplies, in order; those a prefill chunk multiplies
-    with several rows: all but the LM head's)`` for :func:`runtime.kernels.quantized.measure_quant`."""
+    with several rows: all but the LM head's)`` for :func:`runtime.kernels.quant_choice.measure_quant`."""
     layers = quant_layers(decoder)
     parts = [p for layer in layers for p in layer.parts]
     return parts, [p for layer in layers[:-1] for p in layer.parts]
 
 
-def set_choice(decoder: nn.Module, choice: qk.QuantChoice, device: torch.device | str) -> None:
+def set_choice(decoder: nn.Module, choice: qc.QuantChoice, device: torch.device | str) -> None:
     """Run every quantized layer of ``decoder`` with ``choice`` on ``device`` (forms made now);
-    the LM head without ggml's activation rounding (:func:`runtime.kernels.quantized.head_choice`)."""
+    the LM head without ggml's activation rounding (:func:`runtime.kernels.quant_choice.head_choice`)."""
     layers = quant_layers(decoder)
     for layer in layers[:-1]:
         layer.set_choice(choice, device)
-    layers[-1].set_choice(qk.head_choice(choice), device)
+    layers[-1].set_choice(qc.head_choice(choice), device)
     if isinstance(decoder.embed, QuantEmbedding):
         decoder.embed.to_device(device)

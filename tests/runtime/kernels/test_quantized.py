@@ -141,20 +141,26 @@ def test_ggml_follows_torch_thread_count(weights):
         torch.set_num_threads(before)
 
 
-def test_kernel_pairs_share_one_form_and_fall_back_without_ggml(monkeypatch):
-    from runtime.kernels import quantized
+def test_kernel_pairs_share_one_form_and_fall_back_without_ggml(monkeypatch, caplog):
+    from runtime.kernels import quant_choice
 
     q4k, q8 = BLOCK_TYPES["Q4_K"], BLOCK_TYPES["Q8_0"]
     if ggml_ops.available():
-        assert quantized.kernel_pairs(q8, "cpu")[0] == ("ggml", "widen")
+        assert quant_choice.kernel_pairs(q8, "cpu")[0] == ("ggml", "widen")
     monkeypatch.setitem(ggml_ops._STATE, "why", "test")
     monkeypatch.delitem(ggml_ops._STATE, "ggml", raising=False)
+    monkeypatch.setattr(quant_choice, "_SAID", set())
     assert not ggml_ops.available()
-    assert quantized.kernel_pairs(q4k, "cpu") == [("int4pack-bf16", "int4pack-bf16")]
-    assert quantized.kernel_pairs(q8, "cpu") == [("f16", "f16")]
-    assert quantized.kernel_pairs(q4k, "cuda") == [("int4pack-cuda", "int4pack-cuda")]
-    assert quantized.kernel_pairs(q8, "cuda") == [("f16", "f16")]
-    for d, p in quantized.kernel_pairs(q4k, "cpu") + quantized.kernel_pairs(q8, "cpu"):
+    with caplog.at_level("WARNING", logger=quant_choice.__name__):
+        assert quant_choice.kernel_pairs(q4k, "cpu") == [("int4pack-bf16", "int4pack-bf16")]
+        assert quant_choice.kernel_pairs(q8, "cpu") == [("f16", "f16")]
+        assert quant_choice.kernel_pairs(q8, "cpu") == [("f16", "f16")]
+    # the fallback is said once, however many matrices ask
+    said = [r.getMessage() for r in caplog.records if r.name == quant_choice.__name__]
+    assert len(said) == 1 and said[0].startswith("ggml-python is not installed"), said
+    assert quant_choice.kernel_pairs(q4k, "cuda") == [("int4pack-cuda", "int4pack-cuda")]
+    assert quant_choice.kernel_pairs(q8, "cuda") == [("f16", "f16")]
+    for d, p in quant_choice.kernel_pairs(q4k, "cpu") + quant_choice.kernel_pairs(q8, "cpu"):
         assert QUANT_KERNELS[d].available() and QUANT_KERNELS[p].available()
 
 
@@ -168,7 +174,7 @@ def test_widen_without_ggml_is_torch_decoding(weights, monkeypatch):
 
 
 def test_measure_keeps_one_pair_per_type(weights):
-    from runtime.kernels.quantized import kernel_pairs, measure_quant
+    from runtime.kernels.quant_choice import kernel_pairs, measure_quant
 
     ws = list(weights.values())
     choice = measure_quant(ws, reps=1, prefill_rows=4)

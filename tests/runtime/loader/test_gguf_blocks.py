@@ -94,7 +94,7 @@ def test_static_and_compiled_steps_equal_eager(tiny_file, cache_dir, monkeypatch
 def test_the_gpu_paths_on_the_cpu(tiny, monkeypatch):
     """What a GPU runs, by argument on the CPU: the embedding decoded by torch ops on its
     device (a CUDA graph captures them), tinygemm's operands (test_quantized), the choice."""
-    from runtime.kernels.quantized import default_quant_choice
+    from runtime.kernels.quant_choice import default_quant_choice
     from runtime.weights.quant_types import BLOCK_TYPES
 
     q, f = tiny
@@ -133,7 +133,7 @@ def test_widened_dtypes_and_int8(tiny_file, cache_dir, monkeypatch, tiny):
 
 @pytest.mark.skipif(not ggml_ops.available(), reason="ggml-python not installed")
 def test_the_head_keeps_its_activations(tiny):
-    """The LM head runs ggml without its activation rounding (runtime.kernels.quantized.head_choice)."""
+    """The LM head runs ggml without its activation rounding (runtime.kernels.quant_choice.head_choice)."""
     q, _ = tiny
     head = quant_layers.quant_layers(q.decoder)[-1]
     assert [r[3] for r in head._runs[0]] == ["ggml-exact"]

@@ -1,0 +1,241 @@
+"""Choosing the quantized kernels per machine and block type (issue 26): the ``(decode,
+prefill)`` pairs each type may run (:func:`kernel_pairs`), timing them on the model's own
+matrices (:func:`measure_quant`), and keeping the choice per machine beside the GGUF's
+config (:func:`load_or_measure_quant`). Must not import Qt, transformers or the weights
+package (the kernels read weights by their attributes: :mod:`runtime.kernels.quantized`).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from runtime.kernels.quantized import QUANT_KERNELS, BlockType, QuantWeight, _four_bit, quant_linear
+
+log = logging.getLogger(__name__)
+
+
+def kernel_pairs(btype: BlockType, device: str | torch.device = "cpu") -> list[tuple[str, str]]:
+    """The ``(decode, prefill)`` kernel pairs tried for ``btype`` on ``device``, the default first.
+
+    A pair shares one form of the weights, so the choice never holds two: ggml decodes
+    from the raw blocks and prefill widens the same blocks (or runs ggml too); int4pack
+    repacks once for both. Without ggml the CPU runs torch's int4pack on 4-bit types and
+    a float16 copy for the others (twice to four times their bytes), and says so once.
+    CUDA: tinygemm for 4-bit types, a float16 copy for the others.
+    """
+    kind = torch.device(device).type
+    four = _four_bit(btype)
+    if not btype.quantized:
+        return [("widen", "widen")] if kind == "cpu" else [("f16", "f16")]
+    if kind == "cuda":
+        return [("int4pack-cuda", "int4pack-cuda")] if four else [("f16", "f16")]
+    if kind != "cpu":
+        return [("f16", "f16")]
+    pairs = []
+    if QUANT_KERNELS["ggml"].available():
+        pairs += [("ggml", "widen"), ("ggml", "ggml")]
+    if four:
+        pairs.append(("int4pack-bf16", "int4pack-bf16"))
+    if not pairs:
+        _say_once("ggml-python is not installed: 5-, 6- and 8-bit GGUF matrices run as float16 copies "
+                  "(torch's kernels), 4-bit ones through torch's int4pack")
+        pairs.append(("f16", "f16"))
+    return pairs
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _SAID:
+        _SAID.add(message)
+        log.warning(message)
+
+
+@dataclass(frozen=True)
+class QuantChoice:
+    """The kernels per block type: ``kernels[type name] = (decode kernel, prefill kernel)``.
+
+    Attributes:
+        kernels: as above.
+        timings_us: measured microseconds per token: ``type -> phase -> kernel -> us`` (empty
+            when not measured).
+        measured: whether it was timed now (False: the defaults, or read from a file).
+    """
+
+    kernels: dict[str, tuple[str, str]]
+    timings_us: dict = field(default_factory=dict, compare=False)
+    measured: bool = field(default=False, compare=False)
+
+    def kernel(self, btype: BlockType, rows: int) -> str:
+        """The kernel for a product of ``rows`` activation rows (1: decode)."""
+        decode, prefill = self.kernels[btype.name]
+        return decode if rows == 1 else prefill
+
+    def describe(self) -> dict:
+        """JSON-ready: ``{type: {"decode": k, "prefill": k}}`` and the timings."""
+        return {"kernels": {t: {"decode": d, "prefill": p} for t, (d, p) in self.kernels.items()},
+                "timings_us": self.timings_us, "measured": self.measured}
+
+
+def head_choice(choice: QuantChoice) -> QuantChoice:
+    """``choice`` for the LM head: ggml's decode without its activation rounding
+    (``ggml-exact``). Why: the default model's answer to "What is the capital of France?"
+    hangs on a logit gap of 0.08 between "The" and "L" (float32: 25.325 / 25.243); ggml's
+    rounding of the head's input (0.43 % relative error in its logits) flips it to
+    "L'Étoile, la Marseillaise", the exact head keeps "The capital of France is Paris."
+    (measured on the Intel Xeon of issue 26; the layers' rounding flips it in no run)."""
+    return QuantChoice({t: ("ggml-exact" if d == "ggml" else d, p) for t, (d, p) in choice.kernels.items()},
+                       timings_us=choice.timings_us, measured=choice.measured)
+
+
+def default_quant_choice(btypes, device: str | torch.device = "cpu") -> QuantChoice:
+    """The first pair of :func:`kernel_pairs` for each block type of ``btypes``."""
+    return QuantChoice({t.name: kernel_pairs(t, device)[0] for t in sorted(btypes, key=lambda t: t.name)})
+
+
+def _best_us(fn: Callable[[], object], reps: int) -> float:
+    import time
+
+    fn()  # warm-up (and any lazily made form)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e6
+
+
+#: A kernel that holds a repacked copy beside the file's blocks (int4pack) must beat one
+#: that reads the blocks themselves by this factor to be chosen: memory is the point of
+#: running the file's own blocks.
+COPY_MARGIN = 0.9
+
+
+def _fastest(us: dict[str, float], order: list[str]) -> str:
+    """The fastest of ``us`` (the first of ``order`` when nothing was timed); a kernel with a
+    copy of the weights only when it takes at most :data:`COPY_MARGIN` of the best copy-free time."""
+    if not us:
+        return order[0]
+    best = min(us, key=us.get)
+    free = {k: t for k, t in us.items() if k in ("ggml", "widen")}
+    if best not in free and free and us[best] > COPY_MARGIN * min(free.values()):
+        return min(free, key=free.get)
+    return best
+
+
+def measure_quant(weights: list[QuantWeight], device: str | torch.device = "cpu", *, prefill_rows: int = 64,
+                  reps: int = 3, prefill_weights: list[QuantWeight] | None = None) -> QuantChoice:
+    """Time each block type's kernel pairs on the model's own matrices and keep the fastest.
+
+    Decode: one row through every matrix of the type, in ``weights``' order (a token's:
+    each read from memory, not from the CPU's cache), per decode kernel. Prefill:
+    ``prefill_rows`` rows through one matrix of each shape of the type (times its count),
+    per prefill kernel paired with the chosen decode kernel. Forms made for kernels that
+    lose are dropped. Candidates run interleaved, best of ``reps``: other processes only
+    ever slow a run down.
+
+    Args:
+        weights: every quantized matrix a token passes through, in order (layers, then the head).
+        prefill_weights: the matrices prefill multiplies with several rows (default
+            ``weights``; the LM head sees one row per prefill chunk, so callers leave it out).
+
+    Returns:
+        the choice, with ``timings_us[type][phase][kernel]`` in microseconds per token.
+    """
+    by_type: dict[str, list[QuantWeight]] = {}
+    for w in weights:
+        by_type.setdefault(w.btype.name, []).append(w)
+    prefill_set = {id(w) for w in (prefill_weights if prefill_weights is not None else weights)}
+    chosen, timings = {}, {}
+    with torch.inference_mode():
+        for tname, ws in by_type.items():
+            pairs = kernel_pairs(ws[0].btype, device)
+            decodes = list(dict.fromkeys(d for d, _ in pairs))
+            xs = {w.cols: torch.randn(1, w.cols, device=device) for w in ws}
+            per: dict[str, dict[str, float]] = {"decode": {}, "prefill": {}}
+            if len(decodes) > 1:
+                for k in decodes:
+                    def token(k=k):
+                        for w in ws:
+                            quant_linear(xs[w.cols], w, k, device=device)
+                    try:
+                        per["decode"][k] = round(_best_us(token, reps), 1)
+                    except (RuntimeError, NotImplementedError) as e:
+                        log.info("quantized kernel %s unusable for %s: %s", k, tname, e)
+            decode = _fastest(per["decode"], decodes)
+            prefills = [p for d, p in pairs if d == decode]
+            shapes: dict[tuple[int, int], list[QuantWeight]] = {}
+            for w in ws:
+                if id(w) in prefill_set:
+                    shapes.setdefault(w.shape, []).append(w)
+            if len(prefills) > 1 and shapes:
+                for k in prefills:
+                    total = 0.0
+                    for (rows, cols), same in shapes.items():
+                        x = torch.randn(prefill_rows, cols, device=device)
+                        total += _best_us(lambda w=same[0], x=x, k=k: quant_linear(x, w, k, device=device), reps) * len(same)
+                    per["prefill"][k] = round(total / prefill_rows, 1)
+            prefill = _fastest(per["prefill"], prefills)
+            chosen[tname] = (decode, prefill)
+            timings[tname] = per
+            for w in ws:
+                for k in list(w.prepared):
+                    if k not in (decode, prefill):
+                        del w.prepared[k]
+    return QuantChoice(chosen, timings_us=timings, measured=True)
+
+
+# ---- kept per machine -----------------------------------------------------------------------
+def load_or_measure_quant(folder, btypes, device: str | torch.device, measure_fn: Callable[[], QuantChoice]) -> QuantChoice:
+    """The choice kept in ``folder`` for this machine and these block types, else
+    ``measure_fn()`` (kept there for next time, unless timed while other programs had the
+    cores). The file is the float kernels' (:func:`runtime.kernels.choice.load_or_measure`),
+    its ``"quant"`` section. ``ATTNCHAT_KERNELS=default`` skips measuring; ``=measure``
+    measures again. Off the CPU: the defaults (one pair per type there).
+    """
+    import json
+    import os
+
+    from runtime.kernels import choice as float_choice
+
+    names = sorted({t.name for t in btypes})
+    mode = os.environ.get("ATTNCHAT_KERNELS", "")
+    if torch.device(device).type != "cpu" or mode == "default":
+        return default_quant_choice(btypes, device)
+    path = None if folder is None else folder / f"kernels-{float_choice.machine_key()}.json"
+    kept: dict = {}
+    if path is not None and path.exists():
+        try:
+            kept = json.loads(path.read_text(encoding="utf-8"))
+            section = kept.get("quant", {})
+            pairs = {t.name: kernel_pairs(t, device) for t in btypes}
+            if mode != "measure" and all(n in section and tuple(section[n]["pair"]) in pairs[n] for n in names):
+                return QuantChoice({n: tuple(section[n]["pair"]) for n in names},
+                                   timings_us={n: section[n].get("timings_us", {}) for n in names})
+        except (OSError, ValueError, KeyError, TypeError):
+            kept = {} if not isinstance(kept, dict) else kept
+    load = float_choice.machine_load()
+    if load is not None and load >= (os.cpu_count() or 1) and mode != "measure":
+        # Other programs have the cores: timings taken now are noise (on the 2-vCPU Intel
+        # Xeon at load 5-10, ggml's pass over the default model timed at 125-437 ms against
+        # 30 quiet, and int4pack "won" with a 63 MB repack). The copy-free defaults run;
+        # a quieter load measures.
+        log.info("quantized kernels not measured: load %.1f on %d CPUs; the defaults run", load, os.cpu_count() or 1)
+        return default_quant_choice(btypes, device)
+    choice = measure_fn()
+    if path is not None and path.parent.exists():
+        section = kept.setdefault("quant", {}) if isinstance(kept, dict) else {}
+        for n, pair in choice.kernels.items():
+            section[n] = {"pair": list(pair), "timings_us": choice.timings_us.get(n, {})}
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps(kept, indent=1), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError:
+            log.warning("could not keep the quantized kernel choice", exc_info=True)
+            tmp.unlink(missing_ok=True)
+    return choice
