@@ -109,7 +109,23 @@ def test_memory_command_on_the_default_model(default_model_file, default_model):
     assert data["kv_bytes_per_token"] == 23_040
     assert data["kv_bytes"] == 23_040_000
     assert data["max_context_in_budget"] == 10 * 2**20 // 23_040
-    # float16 by default on the CPU, the norm weights kept in float32 (the loaded model's 269,100,288)
+    # A quantized GGUF runs from its own blocks by default (issue 26): its weights are the
+    # file's tensors at their size, named by the file's quantization.
+    from runtime.weights.gguf_tensors import read_gguf_tensors
+
+    tensors = read_gguf_tensors(default_model_file).tensors.values()
+    assert data["weights_dtype"] == "Q4_1"
+    assert data["weights_bytes"] == sum(i.nbytes for i in tensors) < default_model_file.stat().st_size
+    assert data["weights_bytes"] < default_model.weights_bytes / 4  # float32: 538 MB; the blocks ~98 MB
+
+
+@pytest.mark.slow
+def test_memory_command_weights_dtype_widens(default_model_file, default_model, capsys):
+    status, out, err = _memory(capsys, "--model", str(default_model_file), "--weights-dtype", "float16",
+                               "--context", "1000", "--json")
+    assert status == 0, err
+    data = json.loads(out)
+    # float16, the norm weights kept in float32 (the loaded model's 269,100,288)
     vectors = sum(m.weight.numel() for m in default_model.decoder.modules() if type(m).__name__ == "Norm")
     assert data["weights_bytes"] == default_model.weights_bytes // 2 + 2 * vectors
     assert data["weights_dtype"] == "float16"
