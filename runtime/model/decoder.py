@@ -48,7 +48,7 @@ from runtime.model.layers import (
     weight_ref,
 )
 from runtime.model.quant_layers import QuantEmbedding, QuantLinear
-from runtime.model.rope import apply_rope, rope_tables, rotate_half, rotation_by
+from runtime.model.rope import apply_rope, rope_tables, rotate_half, shift_cached_keys
 
 __all__ = ["Decoder", "Linear", "linear", "apply_rope", "rotate_half"]
 
@@ -249,7 +249,7 @@ class Decoder(nn.Module):
         if spec is None:
             return None
         end = start + T
-        device = self.device
+        device = self.final_norm.weight.device  # (a GGUF's QuantEmbedding has no .weight)
         if spec.type == "longrope" and end > spec.original_max_positions:
             cos, sin = rope_tables(spec, self.cfg.head_dim, start, end, seq_len=end)
             return cos.to(device, self.compute_dtype), sin.to(device, self.compute_dtype)
@@ -264,11 +264,6 @@ class Decoder(nn.Module):
                 cos, sin = cos.to(device, self.compute_dtype), sin.to(device, self.compute_dtype)
             self._rope_tables[key] = (cos, sin)
         return cos[start:end], sin[start:end]
-
-    @property
-    def device(self) -> torch.device:
-        """Where the decoder's tensors live (its final norm's device)."""
-        return self.final_norm.weight.device
 
     @property
     def rope_cos(self) -> torch.Tensor | None:
@@ -445,27 +440,6 @@ class Decoder(nn.Module):
 
     @torch.inference_mode()
     def shift_key_positions(self, cache: KVCache, start: int, end: int, delta: int) -> None:
-        """Re-rotate cached keys at positions ``start .. end-1`` by ``delta`` positions (in place).
-
-        RoPE rotations compose: ``R(p + delta) k = R(delta) R(p) k``, so moving keys
-        that were rotated at position ``p`` to ``p + delta`` needs one rotation by
-        ``delta`` (used after evicting the middle of the cache), each layer with its own
-        variant. GPT-2's learned absolute positions are added to the embeddings, not the
-        keys: nothing to do.
-        """
-        if start >= end or delta == 0:
-            return
-        for i in range(len(cache.k)):
-            spec = self.layer_ropes[i]
-            if spec is None:
-                return
-            c, s = rotation_by(spec, self.cfg.head_dim, delta)  # (R,)
-            a, b = cache.slots(i, start, end)
-            R = c.shape[0]
-
-            def rotate(seg: torch.Tensor, c=c, s=s, R=R) -> torch.Tensor:  # (B, Hkv, n, D) float32
-                out = seg.clone()
-                out[..., :R] = seg[..., :R] * c + rotate_half(seg[..., :R]) * s
-                return out
-
-            cache.transform_keys(i, a, b, rotate)
+        """Re-rotate cached keys at positions ``start .. end-1`` by ``delta`` positions (in place),
+        each layer with its own variant (:func:`runtime.model.rope.shift_cached_keys`)."""
+        shift_cached_keys(self.layer_ropes, self.cfg.head_dim, cache, start, end, delta)

@@ -154,3 +154,32 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
         return x * cos + rotate_half(x) * sin
     rot, rest = x[..., :R], x[..., R:]
     return torch.cat([rot * cos + rotate_half(rot) * sin, rest], dim=-1)
+
+
+def shift_cached_keys(layer_ropes, head_dim: int, cache, start: int, end: int, delta: int) -> None:
+    """Re-rotate ``cache``'s keys (a :class:`runtime.cache.kv_cache.KVCache`) at positions
+    ``start .. end-1`` by ``delta`` positions, in place; ``layer_ropes[i]``: layer ``i``'s
+    :class:`RopeSpec` (None: GPT-2).
+
+    RoPE rotations compose: ``R(p + delta) k = R(delta) R(p) k``, so moving keys
+    that were rotated at position ``p`` to ``p + delta`` needs one rotation by
+    ``delta`` (used after evicting the middle of the cache), each layer with its own
+    variant. GPT-2's learned absolute positions are added to the embeddings, not the
+    keys: nothing to do.
+    """
+    if start >= end or delta == 0:
+        return
+    for i in range(len(cache.k)):
+        spec = layer_ropes[i]
+        if spec is None:
+            return
+        c, s = rotation_by(spec, head_dim, delta)  # (R,)
+        a, b = cache.slots(i, start, end)
+        R = c.shape[0]
+
+        def rotate(seg: torch.Tensor, c=c, s=s, R=R) -> torch.Tensor:  # (B, Hkv, n, D) float32
+            out = seg.clone()
+            out[..., :R] = seg[..., :R] * c + rotate_half(seg[..., :R]) * s
+            return out
+
+        cache.transform_keys(i, a, b, rotate)
