@@ -166,8 +166,10 @@ class MemoryPlanner(QGroupBox):
         wdtype = weights_dtype
         if wdtype == "auto":
             wdtype = m["dtype"] if m and str(m.get("device")) == device else DEFAULT_WEIGHT_DTYPE.get(device.split(":")[0], "float32")
+        # a GGUF run from its own blocks names its quantization ("Q4_K_M"): it computes as float16 weights do
+        blocks = wdtype not in ("float32", "bfloat16", "float16", "int8")
         if cache_dtype == "auto":  # the compute dtype (CPU: float16 weights compute in float32)
-            cdtype = str(runtime.compute_dtype(device, wdtype)).removeprefix("torch.")
+            cdtype = str(runtime.compute_dtype(device, "float16" if blocks else wdtype)).removeprefix("torch.")
         else:
             cdtype = cache_dtype
         windows, n_heads = None, None
@@ -175,8 +177,10 @@ class MemoryPlanner(QGroupBox):
             layers, kv_heads, head_dim = int(m["n_layers"]), int(m["n_kv_heads"]), int(m["head_dim"])
             context = min(context or int(m["context_limit"]), int(m["context_limit"]))
             weights = m.get("weights_bytes")
-            if weights and m.get("dtype") in runtime.CACHE_DTYPES:
+            if weights and m.get("dtype") in runtime.CACHE_DTYPES and not blocks:
                 weights = weights * runtime.element_bytes(wdtype) // runtime.element_bytes(m["dtype"])
+            elif weights and m.get("dtype") != wdtype:  # blocks to another dtype (or back): not known from bytes
+                weights = None
             # Sliding layers hold at most their window (Gemma 3: 15 of 18 layers, 512 tokens).
             windows = m.get("layer_windows") if len(m.get("layer_windows") or ()) == layers else None
             n_heads = m.get("n_heads")

@@ -73,3 +73,21 @@ def test_a_grouped_query_model_is_its_own_row(big_window):
     assert d.planner.variants.table.item(1, 0).font().bold()
     assert [r[3] for r in _table(d)] == ["524,288 B", "131,072 B", "16,384 B", "131,072 B"]
     assert [r[5] for r in _table(d)] == ["4.00×", "1.00×", "0.12×", "0.50×"]  # 8,192 tokens: the window halves it
+
+
+def test_a_gguf_run_from_its_blocks_is_planned_at_its_bytes(make_window, monkeypatch):
+    """A quantized GGUF loaded from its own blocks (issue 26) names its quantization as its dtype:
+    the planner takes its weights as loaded and its cache in the compute dtype (float32 on the CPU)."""
+    def load(source, device):
+        m = gemma_load(source, device)
+        m.dtype, m.compute_dtype, m.weights_bytes = "Q4_K_M", "float32", 253_000_000
+        return m
+
+    monkeypatch.setattr(runtime, "free_memory_bytes", lambda device: 2 * 2**30)
+    d = dialog(make_window(worker=EngineWorker(load_fn=load, session_fn=fake_session_factory())))
+    set_value(d, "generation/context", 4096)
+    rows = d.planner.rows
+    assert rows["weights"].text() == f"{253_000_000 / MIB:.1f} MiB (Q4_K_M)"
+    assert d.planner.last_plan.cache_dtype == "float32" and d.planner.last_plan.kv_bytes_per_token == 36_864
+    set_value(d, "model/weight_dtype", "float16")  # widened: its bytes are not the blocks'
+    assert rows["weights"].text().startswith("unknown")
