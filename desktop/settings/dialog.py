@@ -75,6 +75,22 @@ def cache_policy_label(policy: str, measured: dict | None = None) -> str:
     return f"{text} \u2014 " + " \u00b7 ".join(parts)
 
 
+def cache_policy_hint(policy: str, measured: dict | None = None) -> str:
+    """The hint under the cache policy: the chosen one's measured figures in words, and what a
+    policy does."""
+    measured = runtime.CACHE_POLICY_FIGURES if measured is None else measured
+    what = ("With a policy the cache keeps its budget and evicts the rest; the conversation goes on to the "
+            "context length, and the model no longer sees what was evicted.")
+    if not measured:
+        return what
+    where = (f"{measured['model']} on {measured['machine']} (attnchat cache-eval, docs/cache-policies.md): "
+             "needles found in a long conversation, and the change in the NLL of a held-out text, at each "
+             "budget (share of the tokens read).")
+    label = cache_policy_label(policy, measured)
+    figures = label.split(" \u2014 ", 1)[1] if " \u2014 " in label else ""
+    return (f"Measured: {figures}. " if figures else "") + where + " " + what
+
+
 class _Field(QWidget):
     """An editor with its refusal reason underneath (hidden while valid) and an optional hint."""
 
@@ -228,14 +244,16 @@ class SettingsDialog(QDialog):
         self._add(form, "generation/sink_tokens", "Sink tokens (rolling)", self._spin(0, 1_000_000),
                   "The first tokens the rolling policy always keeps (StreamingLLM's attention sinks); "
                   "the system prompt is kept with them when it takes at most half the context.")
-        measured = runtime.CACHE_POLICY_FIGURES
-        where = (f"Beside each: needles found in a long conversation and the change in the NLL of a held-out "
-                 f"text, at each budget (share of the tokens read), {measured['model']} on {measured['machine']} "
-                 f"(attnchat cache-eval; docs/cache-policies.md). " if measured else "")
-        self._add(form, "generation/cache_policy", "Cache policy",
-                  self._combo([(p, cache_policy_label(p)) for p in runtime.CACHE_POLICIES]),
-                  where + "With a policy the cache keeps its budget and evicts the rest; the conversation "
-                  "goes on to the context length, and the model no longer sees what was evicted.")
+        policies = self._combo([(p, cache_policy_label(p)) for p in runtime.CACHE_POLICIES])
+        # The figures make the items long: the closed box elides them (the hint below gives the
+        # chosen one whole), the list opens as wide as its longest item.
+        policies.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        policies.setMinimumContentsLength(24)
+        fm = policies.fontMetrics()
+        widest = max(fm.horizontalAdvance(policies.itemText(i)) for i in range(policies.count()))
+        policies.view().setMinimumWidth(widest + 32)
+        # The hint follows the chosen policy (revalidate sets it).
+        self._add(form, "generation/cache_policy", "Cache policy", policies, cache_policy_hint("none"))
         self._add(form, "generation/cache_budget", "Cache budget", self._spin(0, 100_000_000, step=64, decimals=1))
         self._add(form, "generation/cache_budget_unit", "Budget in", self._combo([("tokens", "tokens"), ("MiB", "MiB")]))
         v.addLayout(form)
@@ -375,6 +393,7 @@ class SettingsDialog(QDialog):
             self.tabs.setTabText(i, self.tabs.tabText(i).removesuffix(" ⚠") + (" ⚠" if bad else ""))
         self.fields["generation/sink_tokens"].setEnabled(values["generation/overflow"] == "rolling")
         policy_on = values["generation/cache_policy"] != "none"
+        self.fields["generation/cache_policy"].hint.setText(cache_policy_hint(values["generation/cache_policy"]))
         for key in ("generation/cache_budget", "generation/cache_budget_unit"):
             self.fields[key].setEnabled(policy_on)
         self._update_plan()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -73,8 +74,14 @@ def test_command_writes_a_table_json_and_plot(folder, tmp_path):
 
 
 def test_command_refuses_bad_options_before_loading(tmp_path):
-    for args, words in ((["--budgets", "1.5"], "--budgets"), (["--policies", "lru"], "unknown policy lru"),
-                        (["--json", str(tmp_path / "no" / "x.json")], "does not exist")):
-        r = subprocess.run([str(ENTRY), "cache-eval", "--model", "missing.gguf", *args], capture_output=True, text=True,
-                           timeout=120)
-        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+    cases = ((["--budgets", "1.5"], "--budgets"), (["--policies", "lru"], "unknown policy lru"),
+             (["--json", str(tmp_path / "no" / "x.json")], "does not exist"))
+
+    def run(args):
+        return subprocess.run([str(ENTRY), "cache-eval", "--model", "missing.gguf", *args], capture_output=True,
+                              text=True, timeout=180)
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        results = list(pool.map(run, [a for a, _ in cases]))
+    for (args, words), r in zip(cases, results):
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -37,16 +38,25 @@ def test_chat_json_reports_evicted_tokens(folder):
     assert t2["evicted_tokens"] > t1["evicted_tokens"]
 
 
-@pytest.mark.parametrize("args,words", [
+BAD_OPTIONS = [
     (["--cache-policy", "h2o"], "needs --cache-budget"),
     (["--cache-policy", "lru", "--cache-budget", "9"], "unknown --cache-policy 'lru'"),
     (["--cache-policy", "h2o", "--cache-budget", "lots"], "512"),
     (["--cache-policy", "h2o", "--cache-budget", "64", "--overflow", "rolling"], "rolling"),
-])
-def test_bad_cache_options_exit_2_before_loading(args, words):
-    r = subprocess.run([str(ENTRY), "chat", "--model", "missing.gguf", "--prompt", "hi", *args],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+]
+
+
+def test_bad_cache_options_exit_2_before_loading():
+    """Each with a model that does not exist: the option is refused first (the processes run
+    side by side: each spends its seconds importing torch)."""
+    def run(args):
+        return subprocess.run([str(ENTRY), "chat", "--model", "missing.gguf", "--prompt", "hi", *args],
+                              capture_output=True, text=True, timeout=180)
+
+    with ThreadPoolExecutor(len(BAD_OPTIONS)) as pool:
+        results = list(pool.map(run, [a for a, _ in BAD_OPTIONS]))
+    for (args, words), r in zip(BAD_OPTIONS, results):
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
 
 
 def test_server_engine_reports_evicted_tokens(folder):

@@ -14,7 +14,7 @@ import runtime
 from desktop.panels.attention.probe import AttentionProbe
 from desktop.panels.attention.views import LiveView
 from desktop.panels.kv.panel import KVPanel
-from desktop.settings.dialog import SettingsDialog, cache_policy_label
+from desktop.settings.dialog import SettingsDialog, cache_policy_hint, cache_policy_label
 from desktop.settings.values import Settings
 from desktop.worker.generation_settings import generation_settings
 
@@ -47,6 +47,8 @@ def test_settings_offer_each_policy_with_its_figures_and_a_budget(qtbot, tmp_pat
     assert not budget.isEnabled() and not unit.isEnabled()  # no policy: no budget
     combo.setCurrentIndex(combo.findData("h2o"))
     assert budget.isEnabled() and unit.isEnabled() and d.ok_button.isEnabled()
+    assert d.fields["generation/cache_policy"].hint.text() == cache_policy_hint("h2o")
+    assert combo.sizeHint().width() < 400 < combo.view().minimumWidth()  # the list shows the figures whole
     over = d.fields["generation/overflow"].editor
     over.setCurrentIndex(over.findData("rolling"))
     assert "rolling already evicts" in d.fields["generation/cache_policy"].error.text() and not d.ok_button.isEnabled()
@@ -73,6 +75,9 @@ def test_policy_labels_carry_the_measured_figures():
                                                     "50%: 5/10 needles, NLL +0.12 \u00b7 25%: 2/10 needles, NLL +0.40")
     assert cache_policy_label("none", measured).endswith("\u2014 9/10 needles")
     assert cache_policy_label("h2o", measured) == "H2O: the most attended tokens + the newest"
+    assert cache_policy_hint("tova", measured).startswith(
+        "Measured: 50%: 5/10 needles, NLL +0.12 \u00b7 25%: 2/10 needles, NLL +0.40. m on x (attnchat cache-eval")
+    assert not cache_policy_hint("h2o", measured).startswith("Measured")
 
 
 def _policy_stats(positions, *, held_max=256, request=1):
