@@ -77,7 +77,27 @@ def linear(
         return _cpu_product(x, weight, bias)
     elif sixteen and not torch.is_grad_enabled():
         return _rounded(x, weight, bias)
+    if sixteen and not weight.requires_grad:   # gradients for x only (runtime.insight.explain)
+        out = _WidenedForInput.apply(x, weight)
+        return out if bias is None else out + bias
     return F.linear(x, weight.to(x.dtype), bias)
+
+
+class _WidenedForInput(torch.autograd.Function):
+    """``x @ weight.T`` for float32 ``x`` that needs its gradient and a 16-bit ``weight`` that
+    does not. ``F.linear(x, weight.float())`` keeps the float32 copy for the backward pass:
+    every matrix of the model, widened, held per forward (650 MB for the default model).
+    This keeps the 16-bit weight and widens it again in the backward pass."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(weight)
+        return x @ weight.to(x.dtype).T   # (..., out); the widened copy is freed at once
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (weight,) = ctx.saved_tensors
+        return grad @ weight.to(grad.dtype), None   # (..., in)
 
 
 def _cpu_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

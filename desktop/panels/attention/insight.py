@@ -26,6 +26,10 @@ class InsightController(QObject):
         self._pending: dict[str, int] = {}  # view name -> request id in flight
         c, t = self.client, tabs
         c.explain_ready.connect(lambda d: self._done("explain", d, t.explain.set_result))
+        c.explain_started.connect(lambda rid, plan: self._pending.get("explain") == rid and t.explain.set_running(plan))
+        c.explain_progress.connect(lambda rid, done, total, work: self._pending.get("explain") == rid
+                                   and t.explain.set_progress(done, total, work))
+        t.explain.cancel_requested.connect(self.cancel_explain)
         c.knockout_ready.connect(lambda d: self._done("knockout", d, t.knockout.set_result))
         c.induction_ready.connect(lambda d: self._done("induction", d, t.knockout.set_preset))
         c.cost_ready.connect(lambda d: self._done("cost", d, t.cost.set_timing))
@@ -77,6 +81,8 @@ class InsightController(QObject):
             return  # an older request's answer
         del self._pending[name]
         self.panel.status.setText("")
+        if name == "explain":
+            self.tabs.explain.set_idle()
         show(d)
 
     def _failed(self, request: int, message: str) -> None:
@@ -84,6 +90,16 @@ class InsightController(QObject):
             if rid == request:
                 del self._pending[name]
                 self.panel.status.setText(message)
+                if name == "explain":
+                    self.tabs.explain.set_idle()
+
+    def cancel_explain(self) -> None:
+        """Cancel (the Explain view's button): the running Explain stops before its next batch."""
+        rid = self._pending.get("explain")
+        if rid is not None:
+            self.client.cancel_explain(rid)
+            self.tabs.explain.cancel.setEnabled(False)
+            self.panel.status.setText("Cancelling Explain…")
 
     # ---- requests ------------------------------------------------------------------------
     def explain(self) -> int | None:
@@ -96,7 +112,7 @@ class InsightController(QObject):
             return None
         v = self.tabs.explain
         rid = self.client.explain(*got, self.panel.selected_layer, head, v.position.value(), v.steps.value(),
-                                  v.perms.value())
+                                  v.perms.value(), v.window.value())
         self._sent("explain", rid, "gradients, integrated gradients and permutations")
         return rid
 

@@ -11,6 +11,7 @@ torch or widgets.
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 from PySide6.QtCore import QObject, Signal, Slot
@@ -43,6 +44,8 @@ class InsightProbe(QObject):
     """
 
     explain_ready = Signal(object)
+    explain_started = Signal(int, object)     # request, {"tokens", "passes", "seconds", "peak_bytes"}
+    explain_progress = Signal(int, int, int, float)  # request, passes done, passes in all, share of the work done
     knockout_ready = Signal(object)
     induction_ready = Signal(object)
     cost_ready = Signal(object)
@@ -51,6 +54,10 @@ class InsightProbe(QObject):
     def __init__(self, attention_probe):
         super().__init__()
         self._ap = attention_probe
+        #: Explain requests up to this id are cancelled: set from the GUI thread
+        #: (:meth:`InsightClient.cancel_explain`); a running one stops before its next batch of passes.
+        self.cancel_upto = 0
+        self._seconds_per_token: dict[str, float] = {}   # model path -> seconds per token pass (measured)
 
     def _target(self, model, conv_id: int, history: list, system: str, position: int) -> tuple[list[int], int]:
         """The conversation's ids and the chosen token's position (``-1``: the newest reply token)."""
@@ -69,6 +76,8 @@ class InsightProbe(QObject):
     def _run(self, request: int, fn) -> None:
         try:
             fn()
+        except runtime.ExplainCancelled:
+            self.failed.emit(request, "Explain cancelled.")
         except (runtime.AttnchatError, ValueError) as e:
             log.info("insight request failed: %s", e)
             self.failed.emit(request, str(e))
@@ -76,16 +85,44 @@ class InsightProbe(QObject):
             log.exception("insight request failed")
             self.failed.emit(request, f"the insight view failed ({type(e).__name__}: {e}); see the log for details")
 
-    @Slot(int, int, object, str, int, object, int, int, int)
+    @Slot(int, int, object, str, int, object, int, int, int, int)
     def explain(self, request: int, conv_id: int, history: list, system: str, layer: int, head, position: int,
-                ig_steps: int, permutations: int) -> None:
+                ig_steps: int, permutations: int, ig_positions: int) -> None:
         def go():
+            if self.cancel_upto >= request:
+                raise runtime.ExplainCancelled("cancelled before it started")
             model = self._ap._model()
             ids, t = self._target(model, conv_id, history, system, position)
             offset = max(0, t - MAX_EXPLAIN_TOKENS)
             window = ids[offset:t + 1]
-            ex = runtime.explain_token(model, window, len(window) - 1, layer, head, ig_steps=ig_steps,
-                                       permutations=permutations).to_dict()
+            n = len(window) - 1
+            cost = runtime.explain_cost(model, n, ig_steps=ig_steps, permutations=permutations)
+            key = str(model.path)
+            started = time.perf_counter()
+            if key not in self._seconds_per_token:   # one forward tells this machine's speed (~1 % of the work)
+                runtime.top_and_probs(model, window, n)
+                self._seconds_per_token[key] = (time.perf_counter() - started) / max(1, n)
+            self.explain_started.emit(request, {
+                "tokens": n, "passes": cost["passes"], "peak_bytes": cost["peak_bytes"],
+                "seconds": cost["token_passes"] * self._seconds_per_token[key]})
+            last = [0.0]
+            backward = 2 + ig_steps
+
+            total_work = 3 * backward + permutations
+
+            def progress(done: int, total: int) -> None:
+                now = time.perf_counter()
+                if done == total or now - last[0] >= 0.2:
+                    last[0] = now
+                    # A gradient pass costs about three forwards: the work done, for the time left.
+                    work = 3 * min(done, backward) + max(0, done - backward)
+                    self.explain_progress.emit(request, done, total, work / total_work)
+
+            t0 = time.perf_counter()
+            ex = runtime.explain_token(model, window, n, layer, head, ig_steps=ig_steps, permutations=permutations,
+                                       ig_positions=ig_positions or None, progress=progress,
+                                       cancelled=lambda: self.cancel_upto >= request).to_dict()
+            self._seconds_per_token[key] = (time.perf_counter() - t0) / max(1, cost["token_passes"])
             texts = self._ap._tokens(model, window)
             for k in ("attention", "input_x_gradient", "integrated_gradients"):
                 ex[k] = np.asarray(ex[k], dtype=np.float32)
@@ -144,12 +181,14 @@ class InsightClient(QObject):
     """
 
     explain_ready = Signal(object)
+    explain_started = Signal(int, object)
+    explain_progress = Signal(int, int, int, float)
     knockout_ready = Signal(object)
     induction_ready = Signal(object)
     cost_ready = Signal(object)
     failed = Signal(int, str)
 
-    _explain = Signal(int, int, object, str, int, object, int, int, int)
+    _explain = Signal(int, int, object, str, int, object, int, int, int, int)
     _knockout = Signal(int, int, object, str, object, str, int)
     _induction = Signal(int, int, str)
     _cost = Signal(int, int)
@@ -164,7 +203,8 @@ class InsightClient(QObject):
         self._knockout.connect(self.probe.knockout)
         self._induction.connect(self.probe.induction)
         self._cost.connect(self.probe.cost)
-        for name in ("explain_ready", "knockout_ready", "induction_ready", "cost_ready", "failed"):
+        for name in ("explain_ready", "explain_started", "explain_progress", "knockout_ready", "induction_ready",
+                     "cost_ready", "failed"):
             getattr(self.probe, name).connect(getattr(self, name))
 
     def _next(self) -> int:
@@ -172,11 +212,20 @@ class InsightClient(QObject):
         return self._request
 
     def explain(self, conv_id: int, history: list, system: str, layer: int, head, position: int = -1,
-                ig_steps: int = 16, permutations: int = 32) -> int:
-        """``head``: an index or ``"mean"``; ``position``: a token position (-1: the newest reply token)."""
+                ig_steps: int = runtime.IG_STEPS, permutations: int = 32,
+                ig_positions: int = runtime.IG_POSITIONS or 0) -> int:
+        """``head``: an index or ``"mean"``; ``position``: a token position (-1: the newest reply token);
+        ``ig_positions``: the context tokens integrated gradients move (0: all)."""
         r = self._next()
-        self._explain.emit(r, conv_id, list(history), system or "", layer, head, position, ig_steps, permutations)
+        self._explain.emit(r, conv_id, list(history), system or "", layer, head, position, ig_steps, permutations,
+                           ig_positions)
         return r
+
+    def cancel_explain(self, request: int) -> None:
+        """Cancel Explain ``request`` (and earlier ones): a running one stops before its next
+        batch of passes, a queued one does not start; it answers :attr:`failed` with
+        "Explain cancelled." (thread-safe: one int written)."""
+        self.probe.cancel_upto = max(self.probe.cancel_upto, request)
 
     def knockout(self, conv_id: int, history: list, system: str, heads: list, mode: str, position: int = -1) -> int:
         r = self._next()

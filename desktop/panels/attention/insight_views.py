@@ -19,117 +19,18 @@ from __future__ import annotations
 import html
 
 import numpy as np
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
-    QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLineEdit, QPushButton, QSpinBox, QTableWidget,
-    QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget,
+    QComboBox, QHBoxLayout, QHeaderView, QLineEdit, QPushButton, QTabWidget, QVBoxLayout, QWidget,
 )
 
 from desktop.flow_layout import flow_row, labelled
+from desktop.panels.attention.explain_view import ExplainView, _fill, _position_spin, _table
 from desktop.panels.attention.sandbox import SandboxView, ScaleView
 from desktop.panels.attention.views import quote, rich_label
 from desktop.panels.attention.widgets import display_token
 
 __all__ = ["CostView", "ExplainView", "InsightTabs", "KnockoutView", "parse_head_list", "scores_table"]
-
-
-def _table(columns) -> QTableWidget:
-    t = QTableWidget(0, len(columns))
-    t.setHorizontalHeaderLabels(list(columns))
-    t.verticalHeader().setVisible(False)
-    t.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-    t.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-    t.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-    return t
-
-
-def _fill(table: QTableWidget, rows: list[tuple], text_columns: tuple[int, ...] = (0,)) -> None:
-    """Numbers right-aligned, the ``text_columns`` left-aligned."""
-    table.setRowCount(len(rows))
-    for i, row in enumerate(rows):
-        for c, text in enumerate(row):
-            item = QTableWidgetItem(str(text))
-            if c not in text_columns:
-                item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-            table.setItem(i, c, item)
-
-
-def _position_spin() -> QSpinBox:
-    s = QSpinBox()
-    s.setRange(-1, 1_000_000)
-    s.setSpecialValueText("newest reply token")
-    s.setValue(-1)
-    s.setToolTip("The token's position in the conversation (newest: the last token of the last reply)")
-    return s
-
-
-class ExplainView(QWidget):
-    """Attention beside gradient importance for one token, Kendall's tau, the permutation test."""
-
-    run_requested = Signal()
-    COLUMNS = ("context token", "attention", "input × gradient", "integrated gradients")
-
-    def __init__(self, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.setObjectName("explain")
-        self.result: dict | None = None
-        self.position = _position_spin()
-        self.steps = QSpinBox()
-        self.steps.setRange(1, 256)
-        self.steps.setValue(16)
-        self.steps.setPrefix("IG steps ")
-        self.perms = QSpinBox()
-        self.perms.setRange(1, 512)
-        self.perms.setValue(32)
-        self.perms.setPrefix("permutations ")
-        self.run = QPushButton("Explain")
-        self.summary = rich_label("Choose a layer and a head (or the mean), then Explain: is the newest reply token "
-                                  "explained by where that head looks? (Jain and Wallace 2019)")
-        self.table = _table(self.COLUMNS)
-        self.sentence = rich_label("", small=True)
-        row = flow_row(labelled("Token", self.position), self.steps, self.perms, self.run)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(6, 6, 6, 6)
-        lay.addLayout(row)
-        lay.addWidget(self.summary)
-        lay.addWidget(self.table, 1)
-        lay.addWidget(self.sentence)
-        self.run.clicked.connect(self.run_requested)
-
-    def set_result(self, r: dict) -> None:
-        self.result = r
-        att, ixg, ig = (np.asarray(r[k], dtype=np.float32) for k in ("attention", "input_x_gradient", "integrated_gradients"))
-        order = np.argsort(-att)  # heaviest attention first
-        rows = [(f"#{r['offset'] + j} {display_token(r['tokens'][j])}", f"{att[j]:.3f}", f"{ixg[j]:+.3f}", f"{ig[j]:+.3f}")
-                for j in order]
-        _fill(self.table, rows)
-        p = r["permutation"]
-        head = "mean of heads" if r["head"] == "mean" else f"head {r['head']}"
-        change = float(np.sum(ig)) - r["ig_gap"]  # log p(token) - log p(token | baseline)
-        rough = abs(r["ig_gap"]) > 0.1 * max(1.0, abs(change))
-        self.summary.setText(
-            f"Token #{r['position']} {quote(r['token'])} "
-            f"(log p = {r['log_prob']:.2f}), layer {r['layer']}, {head}, {len(att)} context tokens. "
-            f"Kendall's τ of attention against |importance|: <b>{r['tau_integrated_gradients']:+.2f}</b> "
-            f"(integrated gradients, {r['ig_steps']} steps; integration error {r['ig_gap']:+.2f}"
-            f"{' of ' + format(change, '+.2f') + ': too large, raise the steps' if rough else ''}), "
-            f"<b>{r['tau_input_x_gradient']:+.2f}</b> (input × gradient). "
-            f"Permuting the weights {p['n']} times (seed {p['seed']}): median total variation "
-            f"<b>{p['median_tv']:.3f}</b>, top token changed in <b>{p['top_changed']:.0%}</b>.")
-        self.sentence.setText(html.escape(r["sentence"]))
-
-    def data(self) -> dict:
-        r = self.result
-        if r is None:
-            return {}
-        p = r["permutation"]
-        return {"attention": r["attention"], "input_x_gradient": r["input_x_gradient"],
-                "integrated_gradients": r["integrated_gradients"], "tokens": np.asarray(r["tokens"]),
-                "positions": np.arange(r["offset"], r["offset"] + len(r["tokens"])), "position": r["position"],
-                "layer": r["layer"], "head": str(r["head"]), "tau_input_x_gradient": r["tau_input_x_gradient"],
-                "tau_integrated_gradients": r["tau_integrated_gradients"], "ig_steps": r["ig_steps"],
-                "ig_gap": r["ig_gap"], "permutation_tv": p["tv"], "median_tv": p["median_tv"],
-                "top_changed": p["top_changed"], "seed": p["seed"]}
 
 
 def parse_head_list(text: str, n_layers: int, n_heads: int) -> list[tuple[int, int]]:

@@ -1,0 +1,76 @@
+"""Insight > Explain while it runs: what it will take said as it starts, a progress bar that
+moves, Cancel that stops it between passes, and the result after a run to the end (a tiny
+seeded model on the real worker thread; each pass slowed so that a run lasts a while)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from desktop.panels.attention.panel import INSIGHT, PANEL_NAME
+from desktop.worker import EngineWorker
+from runtime.insight import explain as ex_mod
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from runtime import load_model
+    from tests.runtime.tiny_models import make_tiny_model
+
+    return load_model(make_tiny_model(tmp_path_factory.mktemp("tiny"), "llama"), device="cpu", dtype="float32")
+
+
+def test_explain_says_what_it_takes_shows_progress_and_cancels(qtbot, make_window, tiny, monkeypatch, tmp_path):
+    real = ex_mod._logprob_grads
+    monkeypatch.setattr(ex_mod, "_logprob_grads", lambda *a: (time.sleep(0.4), real(*a))[1])   # a slow machine
+    w = make_window(worker=EngineWorker(load_fn=lambda source, device: tiny))
+    w.generation_overrides = {"max_new_tokens": 6, "temperature": 0.0}
+    with qtbot.waitSignal(w.reply_finished, timeout=20_000):
+        w.submit("the cat sat on the mat")
+    dock = w.panels[PANEL_NAME]
+    dock.toggleViewAction().trigger()
+    panel = dock.widget()
+    panel.tabs.setCurrentIndex(INSIGHT)
+    view, client = panel.insight.tabs.explain, panel.insight.client
+    view.steps.setValue(12)
+    view.perms.setValue(4)
+    started, progress = [], []
+    client.explain_started.connect(lambda rid, plan: started.append(plan))
+    client.explain_progress.connect(lambda rid, done, total, work: progress.append((done, total)))
+
+    # It showed one status line for minutes: no estimate, no progress, no way to stop it.
+    view.run.click()
+    qtbot.waitUntil(lambda: bool(started), timeout=20_000)
+    plan = started[0]
+    assert plan["passes"] == (2 + 12) + 4 and plan["tokens"] > 5 and plan["seconds"] > 0 and plan["peak_bytes"] > 0
+    assert view.estimate.isVisible() and view.estimate.text().startswith(f"Explaining {plan['tokens']} context tokens: about ")
+    assert "of memory at most" in view.estimate.text()
+    assert view.progress.isVisible() and view.cancel.isVisible() and not view.run.isEnabled()
+    qtbot.waitUntil(lambda: len(progress) >= 2, timeout=20_000)
+    assert view.progress.maximum() == plan["passes"] and 0 < view.progress.value() < plan["passes"]
+    qtbot.waitUntil(lambda: "left" in view.estimate.text(), timeout=5000)
+    view.grab().save(str(tmp_path / "explain-running.png"))
+    with qtbot.waitSignal(client.failed, timeout=20_000) as failed:
+        view.cancel.click()
+    assert failed.args[1] == "Explain cancelled."
+    assert progress[-1][0] < plan["passes"]   # stopped before the end
+    assert not view.progress.isVisible() and not view.cancel.isVisible() and view.run.isEnabled()
+    assert panel.status.text() == "Explain cancelled." and view.result is None
+
+    # Again (2 steps), to the end: the result, and the progress gone.
+    progress.clear()
+    view.steps.setValue(2)
+    with qtbot.waitSignal(client.explain_ready, timeout=60_000):
+        view.run.click()
+    assert progress[-1] == (4 + 4, 4 + 4)
+    qtbot.waitUntil(lambda: view.result is not None, timeout=5000)
+    assert not view.progress.isVisible() and view.run.isEnabled() and view.result["ig_steps"] == 2
+
+
+def test_the_views_defaults_are_the_runtimes(qtbot):
+    import runtime
+    from desktop.panels.attention.explain_view import ExplainView
+
+    v = ExplainView()
+    qtbot.addWidget(v)
+    assert (v.steps.value(), v.window.value()) == (runtime.IG_STEPS, runtime.IG_POSITIONS)
