@@ -9,7 +9,7 @@ import pytest
 
 from desktop.panels.attention.panel import INSIGHT, PANEL_NAME
 from desktop.worker import EngineWorker
-from runtime.insight import explain as ex_mod
+from runtime.insight import gradients as ex_mod
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from runtime import load_model
-from runtime.insight import explain as ex_mod
+from runtime.insight import gradients as ex_mod
 from runtime.insight.explain import (
     ExplainCancelled,
     explain_cost,
