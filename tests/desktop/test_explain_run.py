@@ -38,7 +38,14 @@ def test_explain_says_what_it_takes_shows_progress_and_cancels(qtbot, make_windo
     client.explain_started.connect(lambda rid, plan: started.append(plan))
     client.explain_progress.connect(lambda rid, done, total, work: progress.append((done, total)))
 
-    # It showed one status line for minutes: no estimate, no progress, no way to stop it.
+    # What it will take is said before it starts (it said nothing: one status line for minutes).
+    qtbot.waitUntil(lambda: view.estimate.isVisible() and view.estimate.text().startswith("Explain will read "),
+                    timeout=20_000)
+    qtbot.waitUntil(lambda: f" {(2 + 12) + 4} times: about " in view.estimate.text(), timeout=20_000)
+    assert "of memory at most" in view.estimate.text() and view.run.isEnabled()
+    view.grab().save(str(tmp_path / "explain-before.png"))
+
+    # It showed no progress and had no way to stop it.
     view.run.click()
     qtbot.waitUntil(lambda: bool(started), timeout=20_000)
     plan = started[0]
@@ -48,7 +55,7 @@ def test_explain_says_what_it_takes_shows_progress_and_cancels(qtbot, make_windo
     assert view.progress.isVisible() and view.cancel.isVisible() and not view.run.isEnabled()
     qtbot.waitUntil(lambda: len(progress) >= 2, timeout=20_000)
     assert view.progress.maximum() == plan["passes"] and 0 < view.progress.value() < plan["passes"]
-    qtbot.waitUntil(lambda: "left" in view.estimate.text(), timeout=5000)
+    qtbot.waitUntil(lambda: "left." in view.estimate.text() or "Almost done." in view.estimate.text(), timeout=5000)
     view.grab().save(str(tmp_path / "explain-running.png"))
     with qtbot.waitSignal(client.failed, timeout=20_000) as failed:
         view.cancel.click()
@@ -65,6 +72,8 @@ def test_explain_says_what_it_takes_shows_progress_and_cancels(qtbot, make_windo
     assert progress[-1] == (4 + 4, 4 + 4)
     qtbot.waitUntil(lambda: view.result is not None, timeout=5000)
     assert not view.progress.isVisible() and view.run.isEnabled() and view.result["ig_steps"] == 2
+    qtbot.waitUntil(lambda: view.estimate.isVisible() and view.estimate.text().startswith("Explain will read "),
+                    timeout=20_000)   # said again for the next run
 
 
 def test_the_views_defaults_are_the_runtimes(qtbot):

@@ -102,8 +102,11 @@ class ExplainView(QWidget):
         self.progress = QProgressBar()
         self.progress.setObjectName("explainProgress")
         self.progress.hide()
-        self.estimate = rich_label("", small=True)   # what a run takes, said when it starts
+        self.estimate = rich_label("", small=True)   # what a run takes: said before it starts, and while it runs
+        self.estimate.setObjectName("explainEstimate")
         self.estimate.hide()
+        self._plan: dict = {}
+        self._running = False
         self.summary = rich_label("Choose a layer and a head (or the mean), then Explain: is the newest reply token "
                                   "explained by where that head looks? (Jain and Wallace 2019)")
         self.table = _table(self.COLUMNS)
@@ -122,6 +125,19 @@ class ExplainView(QWidget):
         self._expected = 0.0   # seconds the running Explain was expected to take
         self._clock = QElapsedTimer()
 
+    def set_plan(self, plan: dict) -> None:
+        """What Explain would take with the current choices (``tokens``, ``passes``, ``seconds``,
+        ``peak_bytes``), said before it starts; ignored while one runs."""
+        if self._running:
+            return
+        self._plan = dict(plan)
+        self._expected = float(plan.get("seconds") or 0.0)
+        self.estimate.setText(
+            f"Explain will read {int(plan.get('tokens', 0)):,} context tokens {int(plan.get('passes', 0))} times: "
+            f"about {_duration(self._expected)} and {_mib(plan.get('peak_bytes'))} of memory at most for the "
+            f"gradients (this machine, measured). Cancel stops it between passes.")
+        self.estimate.show()
+
     def set_running(self, plan: dict) -> None:
         """A run started: what it will take (``tokens``, ``passes``, ``seconds``, ``peak_bytes``),
         a progress bar, and Cancel."""
@@ -135,6 +151,7 @@ class ExplainView(QWidget):
             w.show()
         self.cancel.setEnabled(True)
         self.run.setEnabled(False)
+        self._running = True
         self._say(None)
 
     def set_progress(self, done: int, total: int, work: float | None = None) -> None:
@@ -149,6 +166,7 @@ class ExplainView(QWidget):
         for w in (self.progress, self.estimate, self.cancel):
             w.hide()
         self.run.setEnabled(True)
+        self._running = False
 
     def _say(self, fraction: float | None) -> None:
         p = self._plan
@@ -156,7 +174,8 @@ class ExplainView(QWidget):
                 f"and {_mib(p.get('peak_bytes'))} of memory at most for the gradients.")
         if fraction:
             spent = self._clock.elapsed() / 1000
-            text += f" About {_duration(spent / fraction - spent)} left."
+            left = spent / fraction - spent
+            text += f" About {_duration(left)} left." if left >= 1 else " Almost done."
         self.estimate.setText(text)
 
     def set_result(self, r: dict) -> None:

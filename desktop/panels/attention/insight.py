@@ -8,7 +8,7 @@ answers. Must not import torch or runtime.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QObject
+from PySide6.QtCore import QObject, QTimer
 
 from desktop.panels.attention.insight_probe import InsightClient
 from desktop.panels.attention.insight_views import InsightTabs, parse_head_list
@@ -30,6 +30,14 @@ class InsightController(QObject):
         c.explain_progress.connect(lambda rid, done, total, work: self._pending.get("explain") == rid
                                    and t.explain.set_progress(done, total, work))
         t.explain.cancel_requested.connect(self.cancel_explain)
+        c.explain_planned.connect(lambda rid, plan: rid == self._plan_request and t.explain.set_plan(plan))
+        self._plan_request = 0
+        self._plan_timer = QTimer(self, singleShot=True, interval=300)   # one request after a burst of changes
+        self._plan_timer.timeout.connect(self.plan_explain)
+        for spin in (t.explain.position, t.explain.steps, t.explain.perms):
+            spin.valueChanged.connect(lambda *_: self._plan_timer.start())
+        panel.tabs.currentChanged.connect(lambda *_: self._plan_timer.start())
+        panel.main.conversation_stats.connect(lambda *_: self._plan_timer.start())
         c.knockout_ready.connect(lambda d: self._done("knockout", d, t.knockout.set_result))
         c.induction_ready.connect(lambda d: self._done("induction", d, t.knockout.set_preset))
         c.cost_ready.connect(lambda d: self._done("cost", d, t.cost.set_timing))
@@ -39,9 +47,9 @@ class InsightController(QObject):
         t.knockout.preset_requested.connect(self.induction)
         t.knockout.fill_requested.connect(self.fill_induction_heads)
         t.cost.measure_requested.connect(self.cost)
-        t.currentChanged.connect(lambda *_: self.update_context())
+        t.currentChanged.connect(lambda *_: (self.update_context(), self._plan_timer.start()))
         panel.main.model_changed.connect(self.set_model)
-        panel.main.reply_finished.connect(lambda *_: self.update_context())
+        panel.main.reply_finished.connect(lambda *_: (self.update_context(), self._plan_timer.start()))
         self.set_model(panel.main.engine.model)
 
     # ---- state from the panel and the window -----------------------------------------------
@@ -83,6 +91,7 @@ class InsightController(QObject):
         self.panel.status.setText("")
         if name == "explain":
             self.tabs.explain.set_idle()
+            self.schedule_plan()
         show(d)
 
     def _failed(self, request: int, message: str) -> None:
@@ -92,6 +101,7 @@ class InsightController(QObject):
                 self.panel.status.setText(message)
                 if name == "explain":
                     self.tabs.explain.set_idle()
+                    self.schedule_plan()
 
     def cancel_explain(self) -> None:
         """Cancel (the Explain view's button): the running Explain stops before its next batch."""
@@ -102,6 +112,25 @@ class InsightController(QObject):
             self.panel.status.setText("Cancelling Explain…")
 
     # ---- requests ------------------------------------------------------------------------
+    def schedule_plan(self) -> None:
+        """Ask what Explain would take, after a burst of changes settles (:meth:`plan_explain`)."""
+        self._plan_timer.start()
+
+    def plan_explain(self) -> int | None:
+        """While the Explain view shows (and none runs), ask what Explain would take: said before it starts."""
+        t, main = self.tabs, self.panel.main
+        if (t.currentWidget() is not t.explain or self.panel.tabs.currentWidget() is not t or "explain" in self._pending
+                or not main.engine.model or not self.panel.n_layers or not self.panel.isVisible()):
+            return None
+        conv = main.current_conversation
+        history = [(m.role, m.content) for m in main.store.messages(conv)] if conv else []
+        if not history:
+            return None
+        v = t.explain
+        self._plan_request = self.client.plan_explain(conv, history, main.generation().get("system_prompt") or "",
+                                                      v.position.value(), v.steps.value(), v.perms.value())
+        return self._plan_request
+
     def explain(self) -> int | None:
         got = self._conversation()
         if got is None:

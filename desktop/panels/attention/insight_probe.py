@@ -46,6 +46,7 @@ class InsightProbe(QObject):
     explain_ready = Signal(object)
     explain_started = Signal(int, object)     # request, {"tokens", "passes", "seconds", "peak_bytes"}
     explain_progress = Signal(int, int, int, float)  # request, passes done, passes in all, share of the work done
+    explain_planned = Signal(int, object)     # request, the same plan, before any run (what Explain would take)
     knockout_ready = Signal(object)
     induction_ready = Signal(object)
     cost_ready = Signal(object)
@@ -85,6 +86,31 @@ class InsightProbe(QObject):
             log.exception("insight request failed")
             self.failed.emit(request, f"the insight view failed ({type(e).__name__}: {e}); see the log for details")
 
+    def _plan(self, model, window: list[int], ig_steps: int, permutations: int) -> dict:
+        """What Explain will take for the token ending ``window``: ``tokens``, ``passes``,
+        ``token_passes``, ``peak_bytes`` and ``seconds`` (token passes x this machine's seconds per
+        token pass: measured by the last run, else by one forward now, ~1 % of the work)."""
+        n = len(window) - 1
+        cost = runtime.explain_cost(model, n, ig_steps=ig_steps, permutations=permutations)
+        key = str(model.path)
+        if key not in self._seconds_per_token:
+            started = time.perf_counter()
+            runtime.top_and_probs(model, window, n)
+            self._seconds_per_token[key] = (time.perf_counter() - started) / max(1, n)
+        return {"tokens": n, "passes": cost["passes"], "token_passes": cost["token_passes"],
+                "peak_bytes": cost["peak_bytes"], "seconds": cost["token_passes"] * self._seconds_per_token[key]}
+
+    @Slot(int, int, object, str, int, int, int)
+    def plan_explain(self, request: int, conv_id: int, history: list, system: str, position: int, ig_steps: int,
+                     permutations: int) -> None:
+        """What an Explain of this token would take, said before it starts (:attr:`explain_planned`)."""
+        def go():
+            model = self._ap._model()
+            ids, t = self._target(model, conv_id, history, system, position)
+            window = ids[max(0, t - MAX_EXPLAIN_TOKENS):t + 1]
+            self.explain_planned.emit(request, self._plan(model, window, ig_steps, permutations))
+        self._run(request, go)
+
     @Slot(int, int, object, str, int, object, int, int, int, int)
     def explain(self, request: int, conv_id: int, history: list, system: str, layer: int, head, position: int,
                 ig_steps: int, permutations: int, ig_positions: int) -> None:
@@ -96,15 +122,9 @@ class InsightProbe(QObject):
             offset = max(0, t - MAX_EXPLAIN_TOKENS)
             window = ids[offset:t + 1]
             n = len(window) - 1
-            cost = runtime.explain_cost(model, n, ig_steps=ig_steps, permutations=permutations)
+            plan = self._plan(model, window, ig_steps, permutations)
+            self.explain_started.emit(request, plan)
             key = str(model.path)
-            started = time.perf_counter()
-            if key not in self._seconds_per_token:   # one forward tells this machine's speed (~1 % of the work)
-                runtime.top_and_probs(model, window, n)
-                self._seconds_per_token[key] = (time.perf_counter() - started) / max(1, n)
-            self.explain_started.emit(request, {
-                "tokens": n, "passes": cost["passes"], "peak_bytes": cost["peak_bytes"],
-                "seconds": cost["token_passes"] * self._seconds_per_token[key]})
             last = [0.0]
             backward = 2 + ig_steps
 
@@ -122,7 +142,7 @@ class InsightProbe(QObject):
             ex = runtime.explain_token(model, window, n, layer, head, ig_steps=ig_steps, permutations=permutations,
                                        ig_positions=ig_positions or None, progress=progress,
                                        cancelled=lambda: self.cancel_upto >= request).to_dict()
-            self._seconds_per_token[key] = (time.perf_counter() - t0) / max(1, cost["token_passes"])
+            self._seconds_per_token[key] = (time.perf_counter() - t0) / max(1, plan["token_passes"])
             texts = self._ap._tokens(model, window)
             for k in ("attention", "input_x_gradient", "integrated_gradients"):
                 ex[k] = np.asarray(ex[k], dtype=np.float32)
@@ -183,12 +203,14 @@ class InsightClient(QObject):
     explain_ready = Signal(object)
     explain_started = Signal(int, object)
     explain_progress = Signal(int, int, int, float)
+    explain_planned = Signal(int, object)
     knockout_ready = Signal(object)
     induction_ready = Signal(object)
     cost_ready = Signal(object)
     failed = Signal(int, str)
 
     _explain = Signal(int, int, object, str, int, object, int, int, int, int)
+    _plan_explain = Signal(int, int, object, str, int, int, int)
     _knockout = Signal(int, int, object, str, object, str, int)
     _induction = Signal(int, int, str)
     _cost = Signal(int, int)
@@ -200,10 +222,11 @@ class InsightClient(QObject):
         self.probe.moveToThread(probe.thread())
         self._request = 0
         self._explain.connect(self.probe.explain)
+        self._plan_explain.connect(self.probe.plan_explain)
         self._knockout.connect(self.probe.knockout)
         self._induction.connect(self.probe.induction)
         self._cost.connect(self.probe.cost)
-        for name in ("explain_ready", "explain_started", "explain_progress", "knockout_ready", "induction_ready",
+        for name in ("explain_ready", "explain_started", "explain_progress", "explain_planned", "knockout_ready", "induction_ready",
                      "cost_ready", "failed"):
             getattr(self.probe, name).connect(getattr(self, name))
 
@@ -219,6 +242,14 @@ class InsightClient(QObject):
         r = self._next()
         self._explain.emit(r, conv_id, list(history), system or "", layer, head, position, ig_steps, permutations,
                            ig_positions)
+        return r
+
+    def plan_explain(self, conv_id: int, history: list, system: str, position: int = -1,
+                     ig_steps: int = runtime.IG_STEPS, permutations: int = 32) -> int:
+        """Ask what :meth:`explain` would take (:attr:`explain_planned`; nothing is run but,
+        once per model, one forward to time this machine)."""
+        r = self._next()
+        self._plan_explain.emit(r, conv_id, list(history), system or "", position, ig_steps, permutations)
         return r
 
     def cancel_explain(self, request: int) -> None:

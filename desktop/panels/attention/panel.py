@@ -223,6 +223,7 @@ class AttentionPanel(QWidget):
         super().showEvent(event)
         self._update_active()
         self._schedule()
+        self.insight.schedule_plan()   # Explain's estimate, if that view shows
 
     def hideEvent(self, event) -> None:  # noqa: N802
         super().hideEvent(event)
