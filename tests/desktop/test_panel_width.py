@@ -86,3 +86,18 @@ def test_the_kv_legend_and_chart_are_never_cut_off(qtbot, make_window, width, tm
     assert item.minimumWidth() <= kv.plot.width() + 0.5, (dock.width(), item.minimumWidth(), kv.plot.width())
     assert kv.legend.columnCount == (2 if width >= 320 else 1)
     dock.grab().save(str(tmp_path / f"kv-{width}.png"))
+
+
+def test_the_head_choice_is_not_cut_when_the_panel_showed_before_the_model(qtbot, make_window, tmp_path):
+    # Seen on a real display: the attention panel, open (behind the KV panel's tab) while the
+    # model loaded, kept the head box as wide as its empty self: "Mean of hea".
+    w = make_window(load=False)
+    sized(qtbot, w, 1100, 720)
+    panel = open_attention(qtbot, w).widget()
+    with qtbot.waitSignal(w.engine.model_loaded, timeout=5000):
+        w.load_model("fake.gguf")
+    qtbot.waitUntil(lambda: panel.head.count() > 2, timeout=2000)
+    qtbot.wait(50)
+    text = panel.head.fontMetrics().horizontalAdvance("Mean of heads")
+    panel.grab().save(str(tmp_path / "attention-after-load.png"))
+    assert panel.head.width() >= panel.head.sizeHint().width() and panel.head.sizeHint().width() > text + 16

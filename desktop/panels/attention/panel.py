@@ -66,6 +66,8 @@ class AttentionPanel(QWidget):
         self.layer = QSpinBox()
         self.layer.setPrefix("Layer ")
         self.head = QComboBox()
+        # Its items come with the model: sized once at first show, an empty box stayed "Mean of hea".
+        self.head.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.export_png_button = QToolButton()
         self.export_png_button.setText("PNG…")
         self.export_png_button.setToolTip("Export the current view as a PNG image")
