@@ -86,8 +86,9 @@ class ChatPage(QWidget):
             return
         parts = []
         if messages:
-            parts.append(f"The model no longer sees the first {messages} message{'s' if messages != 1 else ''} "
-                         "(faded): the rolling overflow policy evicted them from its KV cache.")
+            which, them = ("first message", "it") if messages == 1 else (f"first {messages} messages", "them")
+            parts.append(f"The model no longer sees the {which} (faded): the rolling overflow policy evicted "
+                         f"{them} from its KV cache.")
         parts.append("It keeps the system prompt." if system_kept else
                      f"It has lost the system prompt after its first {sinks} tokens: the prompt is longer than half "
                      "the context. Shorten it or raise the context length in Edit > Settings.")

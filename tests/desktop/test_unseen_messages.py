@@ -69,3 +69,11 @@ def test_a_lost_system_prompt_is_said(qtbot, make_window):
         assert text.startswith("It has lost the system prompt after its first 4 tokens")
     finally:
         RollingSession.system_kept = True
+
+
+def test_one_evicted_message_reads_as_one(qtbot, make_window):
+    # Seen on a real display: "The model no longer sees the first 1 message (faded): ... evicted them".
+    w = make_window()
+    w.page.show_unseen(1)
+    assert w.page.unseen_banner.text().startswith(
+        "The model no longer sees the first message (faded): the rolling overflow policy evicted it from its KV cache.")
