@@ -71,7 +71,7 @@ class ExplainView(QWidget):
 
     run_requested = Signal()
     cancel_requested = Signal()
-    COLUMNS = ("context token", "attention", "input ×\ngradient", "integrated\ngradients")   # two lines: narrow
+    COLUMNS = ("token", "attention", "input ×\ngradient", "integrated\ngradients")   # narrow: fits a 265 px panel
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
