@@ -294,14 +294,16 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self.chat.placeholder = ASK
         self.stack.setCurrentIndex(0)
         self.settings.set("model/source", self._model_source)
+        self.model_changed.emit(info)      # the panels take the new model first,
+        self._show_context_of(self._conv_id)   # then the open conversation's figures,
+        # and then the message: sized against the fields as they now are (shown before them, a
+        # restart's "Loaded SmolLM2-135M-Instruct.Q4_1 in" lost its time behind the last reply's figures)
         if info.get("remote"):
             self.status.showMessage(f"Connected to {info['device'].removeprefix('server ')}", 5000)
         else:
             self.status.showMessage(f"Loaded {info['name']} in {info.get('load_seconds', 0):.1f} s", 5000)
         if info.get("notices"):  # a device fallback, a plain chat format (desktop.worker.EngineWorker.load_model)
             self.show_error(" ".join(info["notices"]))
-        self.model_changed.emit(info)      # the panels take the new model first,
-        self._show_context_of(self._conv_id)   # then the open conversation's figures
         self._sync()
         self.input.setFocus()
 

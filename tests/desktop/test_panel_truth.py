@@ -185,3 +185,28 @@ def test_the_chart_lines_keep_their_width_at_device_pixel_ratio_2(qtbot, monkeyp
                          panel.theory["float32"].opts["pen"].widthF(), panel.context_line.pen.widthF()]
         assert panel.theory["float32"].opts["pen"].style() == Qt.PenStyle.DashLine
     assert widths[1.0] == [3, 2, 1, 1.5] and widths[2.0] == [6, 4, 2, 3]
+
+
+def test_the_loaded_message_is_whole_after_the_fields_take_the_conversations_figures(qtbot, make_window):
+    """Seen on a real display at 1100x720 after a restart: "Loaded SmolLM2-135M-Instruct.Q4_1 in" (the time
+    cut off): the message was sized before the fields took the open conversation's last-reply figures."""
+    def long_name(source, device):
+        m = fake_load(source, device)
+        m.name = "SmolLM2-135M-Instruct.Q4_1"
+        return m
+
+    def worker():
+        return EngineWorker(load_fn=long_name, session_fn=fake_session_factory(None, 0.002, None))
+
+    w = make_window(worker=worker())
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        w.submit("hello " * 40)
+    w.close()
+    again = make_window(worker=worker(), load=False)   # a restart: the last conversation opens, then the model loads
+    again.resize(1100, 720)
+    qtbot.waitUntil(lambda: again.width() == 1100, timeout=2000)
+    with qtbot.waitSignal(again.engine.model_loaded, timeout=5000):
+        again.load_model("fake.gguf")
+    qtbot.wait(50)
+    text = again.status.currentMessage()
+    assert text.startswith("Loaded ") and text.endswith(" s") and _message_fits(again.status, text), text
