@@ -2,8 +2,8 @@
 too much, before any reader builds it in memory. Stdlib only (no numpy, torch, gguf).
 
 Readers build every metadata array element as Python objects. gguf-py's ``GGUFReader``
-(transformers' tensor path) makes numpy views per element: measured on the AMD EPYC Zen
-3 (2 cores, shared), ~720 bytes and ~25 us per number and ~1,600 bytes per string
+(transformers' tensor path) makes numpy views per element: measured on the Intel Xeon
+(2 vCPUs, shared), ~720 bytes and ~25 us per number and ~1,600 bytes per string
 (``tests/models/test_safety_gguf.py`` measures it again); four arrays of 2^20 bytes (a
 4 MB file) cost 3.2 GB and 255 s before this scan bounded them (issue 28). transformers'
 own metadata reader (config, tokenizer) turns numeric arrays into Python lists and keeps

@@ -98,7 +98,7 @@ def weights_bytes(cfg: ModelConfig, weights_dtype: str | torch.dtype, compute: s
 # ---- what the process holds beside weights and KV cache (issue 30, item 4) ---------------------------
 #: Resident bytes a loaded tokenizer adds per vocabulary entry (its vocabulary, merges, scores and
 #: added tokens, in Rust and Python). Measured with scripts/memory_stages.py (anonymous RSS
-#: across ``load_model`` less the weights, which are a mapped file; AMD EPYC Zen 3, torch 2.13):
+#: across ``load_model`` less the weights, which are a mapped file; Intel Xeon, torch 2.13):
 #: Gemma 3 270M's 262,144 entries 324.6 MB (1,238 B each), SmolLM2's 49,152 entries 19.0 MB
 #: (387 B each). The larger is used: an upper figure for vocabularies like SmolLM2's.
 TOKENIZER_BYTES_PER_ENTRY = 1_240

@@ -13,7 +13,7 @@ ask two questions of the attention weights behind a prediction:
    option); their sum approaches ``logp(x) - logp(b)`` (completeness) as ``steps``
    grows. Only the last ``positions`` context tokens move (:data:`IG_POSITIONS`; the
    others keep their embeddings and get importance 0), and tau is taken over them: on
-   the default model, a 328-token chat's last reply token (AMD EPYC Zen 3), moving all
+   the default model, a 328-token chat's last reply token (Intel Xeon), moving all
    327 tokens left an error of -66.6 of a 3.9 change with 16 midpoint steps, 16 tokens
    -1.7 of 12.6 (13 %); 32 tokens with 8 Gauss-Legendre nodes 2.6 of 11.7 (22 %), with
    16 nodes -0.20 of 11.7 (1.7 %, inside the 10 % the panel accepts). Not on every chat: on

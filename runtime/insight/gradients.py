@@ -82,7 +82,7 @@ def _embeddings(model: Model, ids: torch.Tensor) -> torch.Tensor:
 
 #: Bytes the integrated-gradient steps of one batch may keep for their backward pass (the
 #: batch is as many steps as fit; one at least). 16 steps at once over 328 tokens of the
-#: default model took the app from 650 MiB to 5.4 GiB (AMD EPYC Zen 3).
+#: default model took the app from 650 MiB to 5.4 GiB (Intel Xeon).
 IG_BUDGET_BYTES = 512 * 2**20
 
 
@@ -117,7 +117,7 @@ def pass_bytes(model: Model, tokens: int) -> int:
     residual stream and five of the MLP per token, float32) and the attention weights (heads x
     tokens x tokens, twice), plus the LM head widened to float32 for a moment. Fitted to the
     default model: 328 tokens, one step at a time, peaked 1,067 MiB above the loaded model
-    (AMD EPYC Zen 3); this gives 1,007."""
+    (Intel Xeon); this gives 1,007."""
     c = model.config
     per_token = 4 * (14 * c.hidden_size + 5 * c.intermediate_size + 4 * c.n_heads * c.head_dim)
     head = 4 * c.vocab_size * c.hidden_size

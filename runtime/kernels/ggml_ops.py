@@ -9,7 +9,7 @@ whose data pointer is the weight's), computed on a persistent ggml threadpool. P
 only the activations' and the output's pointers and row count are written into the
 graph's structs. ggml quantizes the activations per block (to Q8_0, Q8_1 or Q8_K, the
 type's ``vec_dot_type``), as llama.cpp does: relative error about 0.5 % against float64
-on the default model's matrices (AMD EPYC Zen 3), where the weights' own rounding is ~8 %.
+on the default model's matrices (Intel Xeon), where the weights' own rounding is ~8 %.
 
 Threads: each call uses ``torch.get_num_threads()`` threads, so the thread governors
 steer ggml too. ggml-python builds ggml with OpenMP, and ggml's ``libggml-cpu.so`` asks

@@ -7,7 +7,7 @@ Must not import Qt. Nothing runs at import time.
 Why: a library's matrix product picks its algorithm by shape. For one row it runs a
 matrix-vector kernel that splits each dot product over vector lanes; for several rows a
 matrix-matrix kernel that accumulates each output in another order. The two differ in the
-last bits (measured on an AMD EPYC Zen 3, 2 threads, the default model's matrices: oneDNN's
+last bits (measured on an Intel Xeon, 2 threads, the default model's matrices: oneDNN's
 inner product, one row against the same row among 2-512: up to 7.6e-6 apart; MKL's also
 between 2-15 rows and 16+, and with 2 threads between 16-33 and 64-128 rows), and a near-tie
 between two tokens then flips (llama.cpp has the same bug, ggml-org/llama.cpp#4902;

@@ -5,7 +5,7 @@ Must not import Qt.
 
 torch's fused attention (SDPA) picks its blocking by the number of queries and keys, so a
 token's output differs in the last bits between a prefill chunk and a one-token step
-(measured: up to 6e-7 on the default model's shapes, AMD EPYC Zen 3), and the reply's
+(measured: up to 6e-7 on the default model's shapes, Intel Xeon), and the reply's
 greedy tokens can then differ between a reply and its Regenerate. Here every query sees
 its keys in fixed blocks of :data:`BLOCK` positions, aligned to absolute positions:
 

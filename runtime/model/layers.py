@@ -184,8 +184,8 @@ class MLP(nn.Module):
     #: The reproducible mode (:meth:`runtime.model.decoder.Decoder.set_reproducible`): the
     #: activation composed of ops that give an element the same bits wherever it sits.
     #: torch's fused SiLU and GELU compute a thread's last few elements with scalar code that
-    #: differs from their vector code in the last bit (597 of 14,000 SiLU values, AMD EPYC
-    #: Zen 3); exp, tanh and erf run the vector code on the tail too, and +, *, / are exact.
+    #: differs from their vector code in the last bit (597 of 14,000 SiLU values, Intel Xeon
+    #: 2 vCPUs); exp, tanh and erf run the vector code on the tail too, and +, *, / are exact.
     exact: bool = False
 
     def _exact_act(self, t: torch.Tensor) -> torch.Tensor:

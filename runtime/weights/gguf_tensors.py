@@ -2,7 +2,7 @@
 ranges, read without dequantizing anything. Must not import Qt or transformers.
 
 Why not ``gguf.GGUFReader``: it turns every element of every metadata array into numpy
-views before it lists a single tensor. Measured on the AMD EPYC Zen 3 (2 cores, busy):
+views before it lists a single tensor. Measured on the Intel Xeon (2 cores, busy):
 22 s and 198 MB for the default model (49,152-token vocabulary), 79 s and 726 MB for
 Gemma 3 270M (262,144 tokens), the time of a first reply many times over. This reader
 walks the header with :mod:`runtime.weights.gguf_header`'s bounded reader (the same limits,

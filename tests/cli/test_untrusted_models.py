@@ -22,7 +22,7 @@ from tests.runtime.tiny_models import make_tiny_model
 ROOT = Path(__file__).resolve().parents[2]
 #: Peak resident memory of a refusing ``attnchat chat``/``serve`` process (torch and
 #: transformers imported; a tiny model's tokenizer loaded): 310-410 MiB measured on the
-#: AMD EPYC Zen 3. Before issue 28's fixes these runs took 3-16 GB.
+#: Intel Xeon. Before issue 28's fixes these runs took 3-16 GB.
 PEAK_CEILING_BYTES = 640 << 20
 
 #: Runs the command and reports its exit status, its output and the peak resident memory of
