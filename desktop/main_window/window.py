@@ -294,6 +294,10 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self.chat.placeholder = ASK
         self.stack.setCurrentIndex(0)
         self.settings.set("model/source", self._model_source)
+        notices = " ".join(info.get("notices") or ())  # a device fallback, a plain chat format (EngineWorker.load_model)
+        if notices:  # before model_changed: the settings' resets it brings are added after them, not lost
+            self.notice.setText(notices)
+            self.notice.show()
         self.model_changed.emit(info)      # the panels take the new model first,
         self._show_context_of(self._conv_id)   # then the open conversation's figures,
         # and then the message: sized against the fields as they now are (shown before them, a
@@ -302,8 +306,8 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
             self.status.showMessage(f"Connected to {info['device'].removeprefix('server ')}", 5000)
         else:
             self.status.showMessage(f"Loaded {info['name']} in {info.get('load_seconds', 0):.1f} s", 5000)
-        if info.get("notices"):  # a device fallback, a plain chat format (desktop.worker.EngineWorker.load_model)
-            self.show_error(" ".join(info["notices"]))
+        if notices:
+            self.status.showMessage(self.notice.text(), 10000)
         self._sync()
         self.input.setFocus()
 
