@@ -24,6 +24,12 @@ from typing import Any
 LLAMACPP_VENV = Path(__file__).resolve().parents[2] / ".venv-llamacpp"  # the repository root's (make bench-llamacpp)
 
 
+#: A process that keeps one core busy (--busy), and dies with the bench: on Linux its parent's
+#: death sends it SIGKILL (prctl PR_SET_PDEATHSIG), so a bench killed by a timeout leaves no
+#: spinning orphan (one was seen spinning for 20 minutes after a timed-out test).
+_BUSY = ("try:\n import ctypes, signal\n ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))\n"
+         "except Exception:\n pass\nwhile True: pass")
+
 def _llamacpp_python() -> str | None:
     """A Python that can import llama_cpp: ``make bench-llamacpp``'s environment, else this one."""
     bench_python = LLAMACPP_VENV / "bin" / "python"
@@ -228,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
               "--followup-tokens", str(args.followup_tokens)]
     raw: dict[str, list[dict]] = {e: [] for e in engines}
     machine["busy_processes"] = args.busy
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    hogs = [subprocess.Popen([sys.executable, "-c", _BUSY]) for _ in range(args.busy)]
     try:
         _run_engines(args, engines, common, llamacpp_python, raw)
     finally:
