@@ -306,14 +306,20 @@ def load_or_measure(
         kept.update(cpu=info["model"], torch=torch.__version__, threads=torch.get_num_threads())
         kept.setdefault("choices", {})[dtype_key] = {"decode": choice.decode, "prefill": choice.prefill,
                                                     "timings_us": choice.timings_us}
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        try:
-            tmp.write_text(json.dumps(kept, indent=1), encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError:
-            log.warning("could not keep the kernel choice", exc_info=True)
-            tmp.unlink(missing_ok=True)
+        keep_json(path, kept, "the kernel choice")
     return choice
+
+
+def keep_json(path: Path, data: dict, what: str) -> None:
+    """Write ``data`` to ``path`` as JSON whole or not at all (a pid-named temporary file, then a
+    rename: processes that measure at once never leave half a file); an OS error is logged."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        log.warning("could not keep %s", what, exc_info=True)
+        tmp.unlink(missing_ok=True)
 
 
 def machine_load() -> float | None:

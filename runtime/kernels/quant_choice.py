@@ -231,11 +231,5 @@ def load_or_measure_quant(folder, btypes, device: str | torch.device, measure_fn
         section = kept.setdefault("quant", {}) if isinstance(kept, dict) else {}
         for n, pair in choice.kernels.items():
             section[n] = {"pair": list(pair), "timings_us": choice.timings_us.get(n, {})}
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        try:
-            tmp.write_text(json.dumps(kept, indent=1), encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError:
-            log.warning("could not keep the quantized kernel choice", exc_info=True)
-            tmp.unlink(missing_ok=True)
+        float_choice.keep_json(path, kept, "the quantized kernel choice")
     return choice
