@@ -8,20 +8,19 @@ ask two questions of the attention weights behind a prediction:
    context token ``j < t`` gets an importance from the gradient on its embedding
    ``x_j``: input x gradient ``sum_c x_jc * d logp / d x_jc`` (Shrikumar et al. 2016),
    and integrated gradients (Sundararajan et al. 2017) along the straight path from a
-   baseline ``b``, ``sum_c (x - b)_jc * sum_k w_k g_jc(b + a_k (x - b))`` over ``steps``
-   Gauss-Legendre nodes ``a_k`` and weights ``w_k`` (:func:`ig_nodes`; midpoints as an
-   option); their sum approaches ``logp(x) - logp(b)`` (completeness) as ``steps``
-   grows. Only the last ``positions`` context tokens move (:data:`IG_POSITIONS`; the
-   others keep their embeddings and get importance 0), and tau is taken over them: on
-   the default model, a 328-token chat's last reply token (Intel Xeon), moving all
-   327 tokens left an error of -66.6 of a 3.9 change with 16 midpoint steps, 16 tokens
-   -1.7 of 12.6 (13 %); 32 tokens with 8 Gauss-Legendre nodes 2.6 of 11.7 (22 %), with
-   16 nodes -0.20 of 11.7 (1.7 %, inside the 10 % the panel accepts). Not on every chat: on
-   a 305-token one (two turns about the KV cache, greedy), its last reply token, 16 nodes over
-   32 tokens left 4.0 of 19.9 (20 %), over 16 tokens 3.8 of 21.4 (18 %), 32 nodes over 32
-   tokens -3.0 of 19.9 (15 %): log p along that path is rough (-21.2 at 0, -15.6 at 0.2,
-   -9.7 at 0.3, -12.4 at 0.5, -8.5 at 0.7, -1.4 at 0.8 and after), so steps converge slowly
-   and the panel says the result is rough. The baseline is the padding token's embedding
+   baseline ``b``, ``sum_c (x - b)_jc * integral_0^1 g_jc(b + a (x - b)) da``; their sum
+   is ``logp(x) - logp(b)`` (completeness). Only the last ``positions`` context tokens move
+   (:data:`IG_POSITIONS`; the others keep their embeddings, are computed once as a frozen
+   prefix, and get importance 0), and tau is taken over them. The integral: the adaptive
+   rule of :mod:`runtime.insight.integrated` (Simpson panels halved where their known error
+   is largest, until the error is within 5 %; at most :data:`IG_STEPS` passes); fixed
+   Gauss-Legendre or midpoint nodes as options (:func:`ig_nodes`). Fixed nodes were the
+   default before and missed the bound: on the default model a 305-token chat's last reply
+   token (two turns about the KV cache, greedy), 16 Gauss-Legendre nodes over 32 tokens left
+   4.0 of a 19.9 change (20 %), 32 nodes 15 %: log p along that path turns sharply (-13.4 at
+   0.665, -8.5 at 0.70, -2.7 at 0.74). The adaptive rule over 64 tokens left 0.1-2.6 % on
+   every chat measured (:mod:`runtime.insight.integrated`'s figures);
+   the panel still says when a result is outside its 10 %. The baseline is the padding token's embedding
    (else the end-of-sequence token's) at every position but the first, which keeps its
    own: a real input. The common all-zero embedding is not one for RMSNorm models
    without biases (SmolLM, Llama): zero stays zero through every block and the final
@@ -30,8 +29,8 @@ ask two questions of the attention weights behind a prediction:
    attention sink, Xiao et al. 2023); moving it moves the whole model's largest
    activations, and the path then needs many more steps (on the default model, 32
    steps left a 64 % error with it moved and 20 % with it kept, for one 12-token
-   example). It gets importance 0, as does any context token that is the baseline token. ``Explanation.ig_gap`` reports the error: raise
-   ``steps`` when it is large. Kendall's tau-b compares the ranking of the
+   example). It gets importance 0, as does any context token that is the baseline token.
+   ``Explanation.ig_gap`` reports the error: raise ``steps`` when it is large. Kendall's tau-b compares the ranking of the
    attention row with the ranking of ``|importance|`` (Jain and Wallace rank by
    magnitude).
 2. Would other weights give the same prediction? Permute the head's weights over the
@@ -42,7 +41,8 @@ ask two questions of the attention weights behind a prediction:
    here one head (or, for the layer mean, every head of that layer with the same
    permutation) of one layer of a deep decoder is permuted, so other layers and heads
    can make up for it: a small change says that this head's weights do not matter for
-   this token, not that attention in general does not.
+   this token, not that attention in general does not. Only the last query changes, so
+   the tokens before it are a frozen prefix and each permutation is a one-token pass.
 
 The gradients: :mod:`runtime.insight.gradients`.
 """
@@ -67,20 +67,27 @@ from runtime.insight.gradients import (
     check_target,
     gradient_importance,
     ig_batch,
+    integrated_gradients,
+    moved_tokens,
     pass_bytes,
+    widened_bytes,
 )
+from runtime.insight.integrated import frozen_prefix
 from runtime.insight.probe import AttentionCapture
 from runtime.loader.model import Model
 from runtime.model.attention import attention_reference
+from runtime.model.quant_layers import widened_for_gradients
 
-__all__ = ["ExplainCancelled", "Explanation", "IG_BUDGET_BYTES", "IG_POSITIONS", "IG_STEPS", "Permutation",
+__all__ = ["ExplainCancelled", "Explanation", "GRADIENT_PASS_FORWARDS", "IG_BUDGET_BYTES", "IG_POSITIONS", "IG_STEPS",
+           "IG_TYPICAL_STEPS", "Permutation", "STEP_FORWARDS",
            "baseline_token", "explain_cost", "explain_token", "gradient_importance", "ig_batch", "kendall_tau",
            "pass_bytes", "permutation_test", "reply_positions", "summary_sentence"]
 
-#: Explain's defaults: integrated gradients in this many Gauss-Legendre steps, moving the last
-#: this many context tokens (see :func:`gradient_importance`; measured: the module docstring).
-IG_STEPS = 16
-IG_POSITIONS: int | None = 32
+#: Explain's defaults: integrated gradients in at most this many gradient passes (the adaptive
+#: rule stops at its tolerance), moving the last this many context tokens (measured:
+#: :mod:`runtime.insight.integrated`).
+IG_STEPS = 97
+IG_POSITIONS: int | None = 64
 
 
 def kendall_tau(a: Sequence[float] | torch.Tensor, b: Sequence[float] | torch.Tensor) -> float:
@@ -163,8 +170,11 @@ def permutation_test(
     ctx = list(ids[:t])
     w, v = _attention_row(model, ctx, layer)  # (H, t), (Hkv, t, D)
     group = model.config.n_heads // model.config.n_kv_heads
-    with torch.inference_mode():
-        p0 = torch.softmax(model.logits(ctx, last_only=True)[0, -1].float(), -1)  # (V,)
+    # Only the last query's outputs change: the tokens before it are one frozen prefix, and each
+    # batch runs the last token alone. Row 0 of every batch is left as it is: p0 comes from the
+    # same products as the permuted rows.
+    prefix = frozen_prefix(model, torch.tensor([ctx[:-1]], device=model.device))
+    last = torch.tensor([ctx[-1:]], device=model.device)
     g = torch.Generator().manual_seed(seed)
     perms = [torch.randperm(t, generator=g) for _ in range(n)]
     # The permuted heads' outputs at the last query: (n, k, D) = permuted weights @ values.
@@ -172,21 +182,22 @@ def permutation_test(
         torch.stack([w[h][p.to(w.device)] @ v[h // group].float() for h in heads]) for p in perms
     ])
     idx = torch.tensor(heads)
-    tv, changed = [], 0
+    tv, changed, p0 = [], 0, None
     for i in range(0, n, chunk):
         passes.check()
         part = outs[i:i + chunk]  # (b, k, D)
 
         def swap(_layer: int, y: torch.Tensor, part=part) -> torch.Tensor:
-            y = y.clone()  # (b, H, t, D)
-            y[:, idx.to(y.device), -1] = part.to(y)
+            y = y.clone()  # (1 + b, H, 1, D)
+            y[1:, idx.to(y.device), -1] = part.to(y)
             return y
 
         with edited(model, swap, [layer]), torch.inference_mode():
-            logits = model.logits(torch.tensor([ctx] * part.shape[0]), last_only=True)[:, -1].float()  # (b, V)
-        p = torch.softmax(logits, -1)
-        tv += (0.5 * (p - p0).abs().sum(-1)).tolist()
-        changed += int((p.argmax(-1) != p0.argmax()).sum())
+            logits = model.decoder(last.expand(1 + part.shape[0], -1), prefix, last_only=True)[:, -1].float()
+        p = torch.softmax(logits, -1)  # (1 + b, V)
+        p0 = p[0] if p0 is None else p0
+        tv += (0.5 * (p[1:] - p0).abs().sum(-1)).tolist()
+        changed += int((p[1:].argmax(-1) != p0.argmax()).sum())
         passes.add(part.shape[0])
     return Permutation(n=n, seed=seed, tv=tv, median_tv=float(torch.tensor(tv).median()), top_changed=changed / n)
 
@@ -200,8 +211,9 @@ class Explanation:
     ``input_x_gradient`` / ``integrated_gradients``: signed importances (nats);
     ``tau_*``: Kendall's tau-b of ``attention`` against ``|importance|`` (integrated gradients:
     over the last ``ig_positions`` tokens, the ones it moved);
-    ``ig_gap``: ``sum(integrated_gradients) - (log_prob - log p(token | baseline))``, the
-    integration error (0 with exact integration).
+    ``ig_gap``: ``sum(integrated_gradients) - ig_change``, the integration error (0 with exact
+    integration), where ``ig_change`` is ``log p(token) - log p(token | baseline)`` on the path;
+    ``ig_steps``: the gradient passes integrated gradients ran.
     """
 
     position: int
@@ -219,6 +231,8 @@ class Explanation:
     permutation: Permutation
     sentence: str
     ig_positions: int = 0   # context tokens integrated gradients moved (the last ones)
+    ig_rule: str = "adaptive"   # where the steps went (runtime.insight.gradients.IG_RULES)
+    ig_change: float = 0.0   # log p(token) - log p(token | baseline) along the path (nats)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -246,61 +260,91 @@ def summary_sentence(tau_ig: float, median_tv: float, top_changed: float) -> str
 def explain_token(
     model: Model, ids: Sequence[int], target: int = -1, layer: int = 0, head: int | str = 0, *,
     ig_steps: int = IG_STEPS, permutations: int = 32, seed: int = 0, ig_positions: int | None = IG_POSITIONS,
-    progress=None, cancelled=None,
+    ig_rule: str = "adaptive", progress=None, cancelled=None,
 ) -> Explanation:
     """Both of Jain and Wallace's tests for the token ``ids[target]`` (see the module docstring).
 
-    Costs (:func:`explain_cost`): one forward and backward for input x gradient,
-    ``ig_steps + 1`` more for integrated gradients (batched within :data:`IG_BUDGET_BYTES`),
-    ``permutations`` forwards (batched), all without a KV cache. ``ig_positions``: the
-    context tokens integrated gradients move (:func:`gradient_importance`'s ``positions``).
-    ``progress(done, total)`` is called after each batch of passes; ``cancelled()`` is
-    checked before each. The memory the passes took is handed back to the system after.
+    Costs (:func:`explain_cost`): one forward and backward over the context for input x
+    gradient; integrated gradients over the last ``ig_positions`` tokens after a frozen
+    prefix (:func:`~runtime.insight.gradients.integrated_gradients`, ``ig_rule``: at most
+    ``ig_steps`` passes, batched within :data:`IG_BUDGET_BYTES`); ``permutations`` one-token
+    passes after a frozen prefix (batched). ``progress(done, total)`` is called after each
+    batch of passes; ``cancelled()`` is checked before each. The memory the passes took is
+    handed back to the system after.
 
     Raises:
-        ValueError: a target without context, a layer or head out of range, bad counts.
+        ValueError: a target without context, a layer or head out of range, bad counts or rule.
         ExplainCancelled: ``cancelled()`` turned true.
     """
     t = check_target(model, ids, target)
     heads = _heads(model, head)
     if not 0 <= layer < model.config.n_layers:
         raise ValueError(f"layer {layer} is outside 0..{model.config.n_layers - 1}")
-    passes = Passes(explain_cost(model, t, ig_steps=ig_steps, permutations=permutations)["passes"],
-                     progress, cancelled)
+    cost = explain_cost(model, t, ig_steps=ig_steps, permutations=permutations, ig_positions=ig_positions,
+                        ig_rule=ig_rule)
+    passes = Passes(cost["passes"], progress, cancelled)
     try:
         passes.check()
         w, _ = _attention_row(model, list(ids[:t]), layer)  # (H, t)
         att = w[heads].mean(0).float().cpu()  # (t,)
-        ixg, lp = gradient_importance(model, ids, t, method="input_x_gradient", _passes=passes)
-        ig, base_lp = gradient_importance(model, ids, t, method="integrated_gradients", steps=ig_steps,
-                                          positions=ig_positions, _passes=passes)
+        with widened_for_gradients(model.decoder):   # a quantized matrix widened once, not per pass
+            ixg, lp = gradient_importance(model, ids, t, method="input_x_gradient", _passes=passes)
+            ig = integrated_gradients(model, ids, t, steps=ig_steps, positions=ig_positions, rule=ig_rule,
+                                      _passes=passes)
         perm = permutation_test(model, ids, t, layer, head, n=permutations, seed=seed, _passes=passes)
     finally:
         gc.collect()   # the passes' activations and gradients: back to the system, not kept
         trim_heap()
-    moved = min(ig_positions, t - 1) if ig_positions else t - 1   # the tokens integrated gradients moved
+    moved = ig.moved
     tau_x = kendall_tau(att, torch.tensor(ixg).abs())
-    tau_ig = kendall_tau(att[-moved:], torch.tensor(ig[-moved:]).abs()) if moved >= 2 else float("nan")
+    tau_ig = (kendall_tau(att[-moved:], torch.tensor(ig.importances[-moved:]).abs()) if moved >= 2
+              else float("nan"))
     return Explanation(
         position=t, token_id=int(ids[t]), log_prob=lp, layer=layer, head=head, attention=att.tolist(),
-        input_x_gradient=ixg, integrated_gradients=ig, ig_steps=ig_steps, ig_gap=sum(ig) - (lp - base_lp),
+        input_x_gradient=ixg, integrated_gradients=ig.importances, ig_steps=ig.steps, ig_gap=ig.gap,
         tau_input_x_gradient=tau_x, tau_integrated_gradients=tau_ig, permutation=perm,
         sentence=summary_sentence(tau_ig, perm.median_tv, perm.top_changed),
-        ig_positions=moved,
+        ig_positions=moved, ig_rule=ig_rule, ig_change=ig.log_prob - ig.base_log_prob,
     )
 
 
-def explain_cost(model: Model, tokens: int, *, ig_steps: int = IG_STEPS, permutations: int = 32) -> dict:
-    """What :func:`explain_token` will do for ``tokens`` context tokens, said before it starts:
-    ``passes`` (progress steps: forward-and-backward passes, and permutation forwards),
-    ``token_passes`` (tokens through the model, a backward counted as two forwards: multiply by
-    seconds per prefilled token for the time) and ``peak_bytes`` (what the largest batch of
-    gradient passes keeps beyond the model, :func:`pass_bytes`)."""
-    batch = ig_batch(model, tokens)
-    backward = 2 + ig_steps   # input x gradient, the steps, the baseline's log-prob
-    token_passes = tokens * (3 * backward + 1 + permutations + 1)   # + the attention row and p0
-    return {"passes": backward + permutations, "token_passes": token_passes,
-            "peak_bytes": pass_bytes(model, tokens) * min(batch, ig_steps), "batch": batch}
+#: What a token costs in each kind of pass, in no-gradient forwards of one token (the unit the
+#: desktop times), measured on the default model over a 302-token context (Intel Xeon, quiet):
+#: the forward and backward over the whole context took 2.4 forwards per token, a moving token
+#: in a batch of 4-5 integrated-gradient steps 1.3 (after a frozen prefix; weights widened once).
+GRADIENT_PASS_FORWARDS = 2.5
+STEP_FORWARDS = 1.5
+#: Gradient passes the adaptive rule typically ran (43-73 on the default model's chats,
+#: :mod:`runtime.insight.integrated`): the time said first; the most is said beside it.
+IG_TYPICAL_STEPS = 60
+
+
+def explain_cost(model: Model, tokens: int, *, ig_steps: int = IG_STEPS, permutations: int = 32,
+                 ig_positions: int | None = IG_POSITIONS, ig_rule: str = "adaptive") -> dict:
+    """What :func:`explain_token` will do for ``tokens`` context tokens, said before it starts.
+
+    Returns a dict: ``passes`` (progress steps: gradient passes, at most, and permutation rows),
+    ``token_passes`` (the work in no-gradient forwards of one token, :data:`GRADIENT_PASS_FORWARDS`
+    and :data:`STEP_FORWARDS`: multiply by seconds per forwarded token for the time; the most
+    steps), ``typical_token_passes`` (the same with :data:`IG_TYPICAL_STEPS` for the adaptive
+    rule), ``peak_bytes`` (the most the passes keep beyond the model at once: quantized matrices
+    widened once, :func:`~runtime.insight.gradients.widened_bytes`, and the input x gradient pass
+    over every token or a batch of integrated-gradient steps, :func:`pass_bytes`) and ``batch``
+    (steps per batch within :data:`IG_BUDGET_BYTES`)."""
+    moved = moved_tokens(tokens, ig_positions)
+    batch = ig_batch(model, moved, keys=tokens)
+    ig_passes = ig_steps + (ig_rule != "adaptive")
+    typical = min(ig_passes, IG_TYPICAL_STEPS) if ig_rule == "adaptive" else ig_passes
+
+    def work(steps: int) -> float:
+        return (GRADIENT_PASS_FORWARDS * tokens               # input x gradient
+                + tokens                                      # the attention row
+                + STEP_FORWARDS * ((tokens - moved) + moved * steps)   # the frozen prefix, the steps
+                + tokens + permutations)                      # the permutations' prefix, one token each
+
+    peak = widened_bytes(model) + max(pass_bytes(model, tokens), pass_bytes(model, moved, tokens) * min(batch, ig_passes))
+    return {"passes": 1 + ig_passes + permutations, "token_passes": work(ig_passes),
+            "typical_token_passes": work(typical), "peak_bytes": peak, "batch": batch}
 
 
 def reply_positions(model: Model, messages: Sequence[Message], system_prompt: str | None = None) -> tuple[list[int], range]:

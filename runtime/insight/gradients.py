@@ -9,16 +9,19 @@ Must not import Qt. The formulas, the baseline and the measured defaults: see
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 
 from runtime.errors import AttnchatError
+from runtime.insight.integrated import IG_TOLERANCE, FrozenPrefix, adaptive_simpson, frozen_prefix
 from runtime.loader.model import Model
 
-__all__ = ["ExplainCancelled", "IG_BUDGET_BYTES", "IG_RULES", "baseline_token", "check_target", "gradient_importance",
-           "ig_batch", "ig_nodes", "pass_bytes", "Passes"]
+__all__ = ["ExplainCancelled", "IG_BUDGET_BYTES", "IG_RULES", "IntegratedGradients", "baseline_token", "check_target",
+           "gradient_importance", "ig_batch", "ig_nodes", "integrated_gradients", "moved_tokens", "pass_bytes", "Passes",
+           "widened_bytes"]
 
 
 def check_target(model: Model, ids: Sequence[int], target: int) -> int:
@@ -37,12 +40,13 @@ def check_target(model: Model, ids: Sequence[int], target: int) -> int:
 
 
 def _logprob_grads(model: Model, ctx: torch.Tensor, token: int, alphas: torch.Tensor, x: torch.Tensor,
-                   base: torch.Tensor):
+                   base: torch.Tensor, prefix: FrozenPrefix | None = None):
     """log p(token | b + alpha (x - b)) and its gradient on those embeddings, per alpha.
 
     Args:
-        ctx: ``(1, T)`` token ids (their embeddings are replaced; positions stay).
-        x, base: ``(T, C)`` embeddings in the compute dtype.
+        ctx: ``(1, T)`` token ids (their embeddings are replaced; positions stay); with a
+            ``prefix`` (:func:`runtime.insight.integrated.frozen_prefix`), the ids after it.
+        x, base: ``(T, C)`` embeddings in the compute dtype, of the ids in ``ctx``.
 
     Returns:
         (log-probs ``(S,)`` float32, gradients ``(S, T, C)`` float32), ``S = len(alphas)``.
@@ -57,7 +61,7 @@ def _logprob_grads(model: Model, ctx: torch.Tensor, token: int, alphas: torch.Te
     handle = model.decoder.embed.register_forward_hook(swap)
     try:
         with torch.inference_mode(False), torch.enable_grad():
-            logits = model.decoder(ctx.expand(S, -1), last_only=True)  # (S, 1, V)
+            logits = model.decoder(ctx.expand(S, -1), prefix, last_only=True)  # (S, 1, V)
             lp = torch.log_softmax(logits[:, -1].float(), dim=-1)[:, token]  # (S,)
             (g,) = torch.autograd.grad(lp.sum(), xs)
     finally:
@@ -86,20 +90,20 @@ def _embeddings(model: Model, ids: torch.Tensor) -> torch.Tensor:
 IG_BUDGET_BYTES = 512 * 2**20
 
 
-IG_RULES = ("gauss-legendre", "midpoint")
+IG_RULES = ("adaptive", "gauss-legendre", "midpoint")
 
 
 def ig_nodes(steps: int, rule: str = "gauss-legendre") -> tuple[torch.Tensor, torch.Tensor]:
-    """Where integrated gradients evaluate the gradient on the path (``alpha`` in (0, 1)) and
-    each point's weight (they sum to 1), float64.
+    """Where a fixed rule evaluates the gradient on the path (``alpha`` in (0, 1)) and each
+    point's weight (they sum to 1), float64. (``"adaptive"`` chooses its points as it goes:
+    :func:`runtime.insight.integrated.adaptive_simpson`.)
 
     ``"midpoint"``: ``alpha_k = (k + 1/2) / steps``, equal weights (Sundararajan et al. 2017's
     Riemann sum). ``"gauss-legendre"``: the Gauss-Legendre nodes and weights mapped to (0, 1),
-    exact for polynomials of degree ``2 steps - 1`` (Captum's default for the same reason:
-    a smooth path integral converges in far fewer steps).
+    exact for polynomials of degree ``2 steps - 1`` (Captum's default).
 
     Raises:
-        ValueError: an unknown rule, ``steps`` below 1.
+        ValueError: an unknown or adaptive rule, ``steps`` below 1.
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1; got {steps}")
@@ -108,25 +112,37 @@ def ig_nodes(steps: int, rule: str = "gauss-legendre") -> tuple[torch.Tensor, to
     if rule == "gauss-legendre":
         nodes, weights = np.polynomial.legendre.leggauss(steps)   # on (-1, 1)
         return torch.from_numpy((nodes + 1) / 2), torch.from_numpy(weights / 2)
-    raise ValueError(f"unknown rule {rule!r}; use one of {', '.join(IG_RULES)}")
+    raise ValueError(f"rule {rule!r} has no fixed nodes; use one of gauss-legendre, midpoint")
 
 
-def pass_bytes(model: Model, tokens: int) -> int:
-    """About how many bytes one forward-and-backward over ``tokens`` tokens takes beyond the
-    model: per layer the activations kept for the backward pass (about fourteen widths of the
-    residual stream and five of the MLP per token, float32) and the attention weights (heads x
-    tokens x tokens, twice), plus the LM head widened to float32 for a moment. Fitted to the
-    default model: 328 tokens, one step at a time, peaked 1,067 MiB above the loaded model
-    (Intel Xeon); this gives 1,007."""
+def widened_bytes(model: Model) -> int:
+    """Bytes gradient passes widen beyond the loaded model and keep: a quantized matrix (GGUF
+    blocks) becomes float32 for autograd (every layer's and the LM head's: kept for the whole
+    Explain, :func:`runtime.model.quant_layers.widened_for_gradients`); a 16-bit one is widened
+    per product and keeps nothing."""
+    from runtime.model.quant_layers import quant_layers
+
+    return sum(4 * m.out_features * m.in_features for m in quant_layers(model.decoder))
+
+
+def pass_bytes(model: Model, tokens: int, keys: int | None = None) -> int:
+    """About how many bytes one step's forward-and-backward over ``tokens`` tokens attending to
+    ``keys`` keys (default: ``tokens``) keeps for its backward pass: per layer and token about
+    eight widths of the residual stream and five of the MLP in float32; a model whose attention
+    soft-caps its scores (no fused kernel) also keeps the weights, heads x tokens x keys, twice.
+    Fitted to the default model (Intel Xeon): a batch of 2, 4 and 8 steps of 64 tokens over 302
+    keys took 217, 404 and 807 MiB (this gives 90 per step); one pass over 302 tokens about 390
+    (this gives 424). A batch of steps adds :func:`widened_bytes` once (:func:`explain_cost`)."""
     c = model.config
-    per_token = 4 * (14 * c.hidden_size + 5 * c.intermediate_size + 4 * c.n_heads * c.head_dim)
-    head = 4 * c.vocab_size * c.hidden_size
-    return c.n_layers * (tokens * per_token + 2 * 4 * c.n_heads * tokens * tokens) + head
+    keys = tokens if keys is None else keys
+    per_token = 4 * (8 * c.hidden_size + 5 * c.intermediate_size)
+    weights = 2 * 4 * c.n_heads * tokens * keys if c.attn_softcap else 0
+    return c.n_layers * (tokens * per_token + weights)
 
 
-def ig_batch(model: Model, tokens: int, budget: int = IG_BUDGET_BYTES) -> int:
+def ig_batch(model: Model, tokens: int, budget: int = IG_BUDGET_BYTES, keys: int | None = None) -> int:
     """How many integrated-gradient steps run in one batch within ``budget`` bytes (1 at least)."""
-    return max(1, budget // max(1, pass_bytes(model, tokens)))
+    return max(1, budget // max(1, pass_bytes(model, tokens, keys)))
 
 
 class ExplainCancelled(AttnchatError):
@@ -151,6 +167,99 @@ class Passes:
             self.progress(self.done, self.total)
 
 
+@dataclass(frozen=True)
+class IntegratedGradients:
+    """Integrated gradients for one token (:func:`integrated_gradients`).
+
+    ``importances``: one float per context token ``0 .. t-1`` (nats; 0 for the tokens that did
+    not move); ``log_prob``, ``base_log_prob``: ``f(1)`` and ``f(0)`` on the path; ``gap``: the
+    integration error ``sum(importances) - (log_prob - base_log_prob)``; ``steps``: the gradient
+    passes run; ``moved``: the last context tokens that moved; ``batch``: steps per batch.
+    """
+
+    importances: list[float]
+    log_prob: float
+    base_log_prob: float
+    gap: float
+    steps: int
+    moved: int
+    batch: int
+
+
+def moved_tokens(t: int, positions: int | None) -> int:
+    """How many of ``t`` context tokens integrated gradients move: the last ``positions``, never
+    the first (see :mod:`runtime.insight.explain`); None: all but the first."""
+    return min(positions, t - 1) if positions else t - 1
+
+
+def integrated_gradients(
+    model: Model, ids: Sequence[int], target: int = -1, *, steps: int = 16, positions: int | None = None,
+    rule: str = "adaptive", tolerance: float = IG_TOLERANCE, chunk: int | None = None, progress=None,
+    cancelled=None, _passes=None,
+) -> IntegratedGradients:
+    """Integrated gradients of ``log p(ids[t] | ids[:t])`` from the :func:`baseline_token`
+    baseline, over the last ``positions`` context tokens (the tokens before them are a
+    :class:`~runtime.insight.integrated.FrozenPrefix`, computed once).
+
+    Args:
+        steps: gradient passes: the most for ``"adaptive"`` (at least 3), exactly that many
+            (plus one for ``f(0)``) for a fixed rule (:func:`ig_nodes`).
+        rule: ``"adaptive"`` (:func:`~runtime.insight.integrated.adaptive_simpson`, stops at
+            ``tolerance``), ``"gauss-legendre"`` or ``"midpoint"``.
+        chunk: steps per batch (memory: ``chunk`` x :func:`pass_bytes`); None: as many as
+            :data:`IG_BUDGET_BYTES` holds (:func:`ig_batch`).
+        progress, cancelled: as :func:`gradient_importance`.
+
+    Raises:
+        ValueError: a target without context, an unknown rule, too few steps.
+        ExplainCancelled: ``cancelled()`` turned true.
+    """
+    t = check_target(model, ids, target)
+    if rule not in IG_RULES:
+        raise ValueError(f"unknown rule {rule!r}; use one of {', '.join(IG_RULES)}")
+    if steps < (3 if rule == "adaptive" else 1):
+        raise ValueError(f"steps must be at least {3 if rule == 'adaptive' else 1} for the {rule} rule; got {steps}")
+    passes = _passes or Passes(steps + (rule != "adaptive"), progress, cancelled)
+    ctx = torch.tensor([list(ids[:t])], dtype=torch.long, device=model.device)  # (1, t)
+    moved = moved_tokens(t, positions)
+    keep = t - moved
+    x = _embeddings(model, ctx)  # (t, C)
+    base_ids = torch.full_like(ctx, baseline_token(model))
+    base_ids[:, :keep] = ctx[:, :keep]
+    base = _embeddings(model, base_ids)
+    passes.check()
+    prefix = frozen_prefix(model, ctx[:, :keep], x[:keep])
+    tail, xt, bt = ctx[:, keep:], x[keep:], base[keep:]
+    dx = (xt - bt).float()  # (moved, C)
+    token = int(ids[t])
+    batch = chunk or ig_batch(model, moved, IG_BUDGET_BYTES, keys=t)   # the budget read now: tests lower it
+
+    def evaluate(alphas: list[float]) -> tuple[list[float], torch.Tensor]:
+        lp, g = _logprob_grads(model, tail, token, torch.tensor(alphas, dtype=torch.float64), xt, bt, prefix)
+        return lp.tolist(), (g * dx).sum(-1)   # (S,), (S, moved): each token's directional gradient
+
+    if rule == "adaptive":
+        used_before = passes.done
+        got, f0, f1, gap, n = adaptive_simpson(evaluate, steps, batch, tolerance, passes.check, passes.add)
+        if passes.done - used_before < steps:   # the budget left unused: progress reaches its end
+            passes.check()
+            passes.add(steps - (passes.done - used_before))
+    else:
+        alphas, weights = ig_nodes(steps, rule)
+        got = torch.zeros(moved)
+        for i in range(0, steps, batch):
+            passes.check()
+            _, d = evaluate(alphas[i:i + batch].tolist())
+            got += (d * weights[i:i + batch].view(-1, 1).to(d)).sum(0)
+            passes.add(len(alphas[i:i + batch]))
+        passes.check()
+        (f0, f1), _ = evaluate([0.0, 1.0])
+        passes.add(1)
+        gap, n = float(got.sum()) - (f1 - f0), steps + 1
+    importances = [0.0] * keep + got.tolist()
+    return IntegratedGradients(importances, float(f1), float(f0), float(gap), n, moved, batch)
+
+
 def gradient_importance(
     model: Model, ids: Sequence[int], target: int = -1, *, method: str = "input_x_gradient", steps: int = 16,
     chunk: int | None = None, positions: int | None = None, rule: str = "gauss-legendre", progress=None,
@@ -160,16 +269,8 @@ def gradient_importance(
 
     Args:
         ids: token ids of one sequence; ``target`` indexes the token explained (negative: from the end).
-        method: ``"input_x_gradient"`` or ``"integrated_gradients"`` (from the :func:`baseline_token`
-            baseline, ``steps`` midpoint steps).
-        steps: integration steps (integrated gradients only).
-        rule: where the steps go on the path and how they are weighed (:func:`ig_nodes`).
-        chunk: steps run in one batched forward (memory: ``chunk`` x :func:`pass_bytes`); None:
-            as many as :data:`IG_BUDGET_BYTES` holds (:func:`ig_batch`).
-        positions: integrated gradients move only the last ``positions`` context tokens from the
-            baseline (the others keep their embeddings and get importance 0); None: all but the
-            first. Fewer tokens moving make a smoother path: the sum meets ``logp(x) - logp(b)``
-            with fewer steps.
+        method: ``"input_x_gradient"`` or ``"integrated_gradients"`` (:func:`integrated_gradients`,
+            with ``steps``, ``rule``, ``chunk`` and ``positions``).
         progress: ``(done, total)`` passes, after each batch; ``cancelled``: ``() -> bool``,
             checked before each batch.
 
@@ -178,38 +279,20 @@ def gradient_importance(
         integrated gradients the baseline's log-prob).
 
     Raises:
-        ValueError: a target without context, an unknown method, ``steps`` below 1.
+        ValueError: a target without context, an unknown method or rule, too few steps.
         ExplainCancelled: ``cancelled()`` turned true.
     """
     t = check_target(model, ids, target)
-    if method not in ("input_x_gradient", "integrated_gradients"):
+    if method == "integrated_gradients":
+        r = integrated_gradients(model, ids, t, steps=steps, positions=positions, rule=rule, chunk=chunk,
+                                 progress=progress, cancelled=cancelled, _passes=_passes)
+        return r.importances, r.base_log_prob
+    if method != "input_x_gradient":
         raise ValueError(f"unknown method {method!r}; use input_x_gradient or integrated_gradients")
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1; got {steps}")
-    passes = _passes or Passes(1 if method == "input_x_gradient" else steps + 1, progress, cancelled)
-    dev = model.device
-    ctx = torch.tensor([list(ids[:t])], dtype=torch.long, device=dev)  # (1, t)
+    passes = _passes or Passes(1, progress, cancelled)
+    ctx = torch.tensor([list(ids[:t])], dtype=torch.long, device=model.device)  # (1, t)
     x = _embeddings(model, ctx)  # (t, C)
-    token = int(ids[t])
-    if method == "input_x_gradient":
-        passes.check()
-        lp, g = _logprob_grads(model, ctx, token, torch.ones(1), x, torch.zeros_like(x))
-        passes.add(1)
-        return (x.float() * g[0]).sum(-1).tolist(), float(lp[0])
-    base_ids = torch.full_like(ctx, baseline_token(model))
-    keep = t - min(positions, t - 1) if positions else 1   # the first token always stays: see the module docstring
-    base_ids[:, :keep] = ctx[:, :keep]
-    base = _embeddings(model, base_ids)
-    alphas, weights = ig_nodes(steps, rule)
-    total = torch.zeros_like(x, dtype=torch.float32)
-    chunk = chunk or ig_batch(model, t)
-    for i in range(0, steps, chunk):
-        passes.check()
-        _, g = _logprob_grads(model, ctx, token, alphas[i:i + chunk], x, base)
-        total += (g * weights[i:i + chunk].view(-1, 1, 1).to(g)).sum(0)
-        del g
-        passes.add(len(alphas[i:i + chunk]))
     passes.check()
-    base_lp, _ = _logprob_grads(model, ctx, token, torch.zeros(1), x, base)
+    lp, g = _logprob_grads(model, ctx, int(ids[t]), torch.ones(1), x, torch.zeros_like(x))
     passes.add(1)
-    return ((x - base).float() * total).sum(-1).tolist(), float(base_lp[0])
+    return (x.float() * g[0]).sum(-1).tolist(), float(lp[0])

@@ -128,7 +128,8 @@ class InsightController(QObject):
             return None
         v = t.explain
         self._plan_request = self.client.plan_explain(conv, history, main.generation().get("system_prompt") or "",
-                                                      v.position.value(), v.steps.value(), v.perms.value())
+                                                      v.position.value(), v.steps.value(), v.perms.value(),
+                                                      v.window.value())
         return self._plan_request
 
     def explain(self) -> int | None:

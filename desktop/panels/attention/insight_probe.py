@@ -59,6 +59,7 @@ class InsightProbe(QObject):
         #: (:meth:`InsightClient.cancel_explain`); a running one stops before its next batch of passes.
         self.cancel_upto = 0
         self._seconds_per_token: dict[str, float] = {}   # model path -> seconds per token pass (measured)
+        self._timed_by_forward: set[str] = set()   # model paths whose rate is one forward's, not a run's
 
     def _target(self, model, conv_id: int, history: list, system: str, position: int) -> tuple[list[int], int]:
         """The conversation's ids and the chosen token's position (``-1``: the newest reply token)."""
@@ -86,29 +87,36 @@ class InsightProbe(QObject):
             log.exception("insight request failed")
             self.failed.emit(request, f"the insight view failed ({type(e).__name__}: {e}); see the log for details")
 
-    def _plan(self, model, window: list[int], ig_steps: int, permutations: int) -> dict:
+    def _plan(self, model, window: list[int], ig_steps: int, permutations: int, ig_positions: int) -> dict:
         """What Explain will take for the token ending ``window``: ``tokens``, ``passes``,
-        ``token_passes``, ``peak_bytes`` and ``seconds`` (token passes x this machine's seconds per
-        token pass: measured by the last run, else by one forward now, ~1 % of the work)."""
+        ``token_passes``, ``peak_bytes``, ``seconds`` (typical) and ``most_seconds`` (token passes x this
+        machine's seconds per forwarded token: measured by the last run, else by one forward now, ~2 % of
+        the work) and ``basis`` (which of the two)."""
         n = len(window) - 1
-        cost = runtime.explain_cost(model, n, ig_steps=ig_steps, permutations=permutations)
+        cost = runtime.explain_cost(model, n, ig_steps=ig_steps, permutations=permutations, ig_positions=ig_positions)
         key = str(model.path)
+        basis = "this machine: measured by the last Explain"
         if key not in self._seconds_per_token:
             started = time.perf_counter()
             runtime.top_and_probs(model, window, n)
             self._seconds_per_token[key] = (time.perf_counter() - started) / max(1, n)
-        return {"tokens": n, "passes": cost["passes"], "token_passes": cost["token_passes"],
-                "peak_bytes": cost["peak_bytes"], "seconds": cost["token_passes"] * self._seconds_per_token[key]}
+            self._timed_by_forward.add(key)
+        if key in self._timed_by_forward:
+            basis = "this machine: one forward timed now"
+        rate = self._seconds_per_token[key]
+        return {"tokens": n, "passes": cost["passes"], "token_passes": cost["token_passes"], "basis": basis,
+                "peak_bytes": cost["peak_bytes"], "seconds": cost["typical_token_passes"] * rate,
+                "most_seconds": cost["token_passes"] * rate}
 
-    @Slot(int, int, object, str, int, int, int)
+    @Slot(int, int, object, str, int, int, int, int)
     def plan_explain(self, request: int, conv_id: int, history: list, system: str, position: int, ig_steps: int,
-                     permutations: int) -> None:
+                     permutations: int, ig_positions: int) -> None:
         """What an Explain of this token would take, said before it starts (:attr:`explain_planned`)."""
         def go():
             model = self._ap._model()
             ids, t = self._target(model, conv_id, history, system, position)
             window = ids[max(0, t - MAX_EXPLAIN_TOKENS):t + 1]
-            self.explain_planned.emit(request, self._plan(model, window, ig_steps, permutations))
+            self.explain_planned.emit(request, self._plan(model, window, ig_steps, permutations, ig_positions))
         self._run(request, go)
 
     @Slot(int, int, object, str, int, object, int, int, int, int)
@@ -122,27 +130,26 @@ class InsightProbe(QObject):
             offset = max(0, t - MAX_EXPLAIN_TOKENS)
             window = ids[offset:t + 1]
             n = len(window) - 1
-            plan = self._plan(model, window, ig_steps, permutations)
+            plan = self._plan(model, window, ig_steps, permutations, ig_positions)
             self.explain_started.emit(request, plan)
             key = str(model.path)
             last = [0.0]
-            backward = 2 + ig_steps
-
-            total_work = 3 * backward + permutations
+            share = _work_share(n, ig_steps, permutations, ig_positions)
 
             def progress(done: int, total: int) -> None:
                 now = time.perf_counter()
                 if done == total or now - last[0] >= 0.2:
                     last[0] = now
-                    # A gradient pass costs about three forwards: the work done, for the time left.
-                    work = 3 * min(done, backward) + max(0, done - backward)
-                    self.explain_progress.emit(request, done, total, work / total_work)
+                    self.explain_progress.emit(request, done, total, share(done))
 
             t0 = time.perf_counter()
             ex = runtime.explain_token(model, window, n, layer, head, ig_steps=ig_steps, permutations=permutations,
                                        ig_positions=ig_positions or None, progress=progress,
                                        cancelled=lambda: self.cancel_upto >= request).to_dict()
-            self._seconds_per_token[key] = (time.perf_counter() - t0) / max(1, plan["token_passes"])
+            done = runtime.explain_cost(model, n, ig_steps=ex["ig_steps"], permutations=permutations,
+                                        ig_positions=ig_positions)   # the work the run did (steps it took)
+            self._seconds_per_token[key] = (time.perf_counter() - t0) / max(1, done["token_passes"])
+            self._timed_by_forward.discard(key)
             texts = self._ap._tokens(model, window)
             for k in ("attention", "input_x_gradient", "integrated_gradients"):
                 ex[k] = np.asarray(ex[k], dtype=np.float32)
@@ -194,6 +201,21 @@ class InsightProbe(QObject):
         self._run(request, go)
 
 
+def _work_share(tokens: int, steps: int, permutations: int, positions: int):
+    """``done passes -> share of the work done`` (0..1) for the time left: the input x gradient
+    pass, then the integrated-gradient steps, then the permutations, each weighed as
+    :func:`runtime.explain_cost` weighs them (the adaptive rule's unused steps are skipped at once)."""
+    moved = min(positions, tokens - 1) if positions else tokens - 1
+    first = runtime.GRADIENT_PASS_FORWARDS * tokens + tokens + runtime.STEP_FORWARDS * (tokens - moved)
+    step, perm = runtime.STEP_FORWARDS * moved, (tokens + permutations) / max(1, permutations)
+    total = first + steps * step + permutations * perm
+
+    def share(done: int) -> float:
+        work = min(done, 1) * first + min(max(done - 1, 0), steps) * step + max(done - 1 - steps, 0) * perm
+        return min(1.0, work / total)
+    return share
+
+
 class InsightClient(QObject):
     """The GUI side: owns an :class:`InsightProbe` on the engine's thread, queues requests.
 
@@ -210,7 +232,7 @@ class InsightClient(QObject):
     failed = Signal(int, str)
 
     _explain = Signal(int, int, object, str, int, object, int, int, int, int)
-    _plan_explain = Signal(int, int, object, str, int, int, int)
+    _plan_explain = Signal(int, int, object, str, int, int, int, int)
     _knockout = Signal(int, int, object, str, object, str, int)
     _induction = Signal(int, int, str)
     _cost = Signal(int, int)
@@ -245,11 +267,12 @@ class InsightClient(QObject):
         return r
 
     def plan_explain(self, conv_id: int, history: list, system: str, position: int = -1,
-                     ig_steps: int = runtime.IG_STEPS, permutations: int = 32) -> int:
+                     ig_steps: int = runtime.IG_STEPS, permutations: int = 32,
+                     ig_positions: int = runtime.IG_POSITIONS or 0) -> int:
         """Ask what :meth:`explain` would take (:attr:`explain_planned`; nothing is run but,
         once per model, one forward to time this machine)."""
         r = self._next()
-        self._plan_explain.emit(r, conv_id, list(history), system or "", position, ig_steps, permutations)
+        self._plan_explain.emit(r, conv_id, list(history), system or "", position, ig_steps, permutations, ig_positions)
         return r
 
     def cancel_explain(self, request: int) -> None:
