@@ -128,14 +128,18 @@ def widened_bytes(model: Model) -> int:
 def pass_bytes(model: Model, tokens: int, keys: int | None = None) -> int:
     """About how many bytes one step's forward-and-backward over ``tokens`` tokens attending to
     ``keys`` keys (default: ``tokens``) keeps for its backward pass: per layer and token about
-    eight widths of the residual stream and five of the MLP in float32; a model whose attention
-    soft-caps its scores (no fused kernel) also keeps the weights, heads x tokens x keys, twice.
-    Fitted to the default model (Intel Xeon): a batch of 2, 4 and 8 steps of 64 tokens over 302
-    keys took 217, 404 and 807 MiB (this gives 90 per step); one pass over 302 tokens about 390
-    (this gives 424). A batch of steps adds :func:`widened_bytes` once (:func:`explain_cost`)."""
+    eight widths of the residual stream (two more with Gemma's norms after attention and the
+    MLP), five of the MLP and two of the query, key and value projections, in float32; a model
+    whose attention soft-caps its scores (no fused kernel) also keeps the weights, heads x
+    tokens x keys, twice. Measured (Intel Xeon): the default model, a batch of 2, 4 and 8 steps
+    of 64 tokens over 302 keys 217, 404 and 807 MiB (this gives 104 per step), one pass over
+    302 tokens about 390 (this gives 491); Gemma 3 270M, 7 steps of 64 over 260 keys about 100
+    per step (this gives 87), one pass over 260 tokens about 600 (this gives 352: that pass is
+    said low for Gemma). A batch of steps adds :func:`widened_bytes` once (:func:`explain_cost`)."""
     c = model.config
     keys = tokens if keys is None else keys
-    per_token = 4 * (8 * c.hidden_size + 5 * c.intermediate_size)
+    qkv = (c.n_heads + 2 * c.n_kv_heads) * c.head_dim
+    per_token = 4 * ((10 if c.sandwich_norms else 8) * c.hidden_size + 5 * c.intermediate_size + 2 * qkv)
     weights = 2 * 4 * c.n_heads * tokens * keys if c.attn_softcap else 0
     return c.n_layers * (tokens * per_token + weights)
 

@@ -80,8 +80,14 @@ class QuantLinear(nn.Module):
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The whole matrix ``(out, in)`` widened to ``dtype`` (a fresh tensor: for views that
-        need the numbers, such as gradients, not for products)."""
-        return torch.cat([qk.widen(p, dtype) for p in self.parts]).to(self.device)
+        need the numbers, such as gradients, not for products). Each part is widened into its
+        rows of one buffer: no second copy at the peak (Gemma 3's head is 671 MB in float32)."""
+        out = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
+        row = 0
+        for p in self.parts:
+            qk.widen(p, torch.float32, out=out[row:row + p.rows])
+            row += p.rows
+        return (out if dtype == torch.float32 else out.to(dtype)).to(self.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and x.requires_grad:  # attribution: an ordinary linear layer to autograd
