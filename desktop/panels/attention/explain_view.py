@@ -13,8 +13,8 @@ import html
 import numpy as np
 from PySide6.QtCore import QElapsedTimer, Qt, Signal
 from PySide6.QtWidgets import (
-    QAbstractItemView, QHeaderView, QProgressBar, QPushButton, QSpinBox, QTableWidget, QTableWidgetItem, QVBoxLayout,
-    QWidget,
+    QAbstractItemView, QFrame, QHeaderView, QProgressBar, QPushButton, QScrollArea, QSpinBox, QTableWidget,
+    QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
 from desktop.flow_layout import flow_row, labelled
@@ -72,6 +72,7 @@ class ExplainView(QWidget):
     run_requested = Signal()
     cancel_requested = Signal()
     COLUMNS = ("token", "attention", "input ×\ngradient", "integrated\ngradients")   # narrow: fits a 265 px panel
+    TABLE_ROWS = 7
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -114,7 +115,20 @@ class ExplainView(QWidget):
         self.table = _table(self.COLUMNS)
         self.sentence = rich_label("", small=True)
         row = flow_row(labelled("Token", self.position), self.steps, self.window, self.perms, self.run, self.cancel)
-        lay = QVBoxLayout(self)
+        # A result's texts took the height at 720 px (two table rows showed): the table keeps
+        # TABLE_ROWS rows and the view scrolls instead.
+        t = self.table
+        t.setMinimumHeight(t.horizontalHeader().sizeHint().height() + self.TABLE_ROWS * t.verticalHeader().defaultSectionSize()
+                           + 2 * t.frameWidth() + 8)
+        body = QWidget()
+        self.scroll = QScrollArea()
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(self.scroll)
+        lay = QVBoxLayout(body)
         lay.setContentsMargins(6, 6, 6, 6)
         lay.addLayout(row)
         lay.addWidget(self.progress)
@@ -122,6 +136,7 @@ class ExplainView(QWidget):
         lay.addWidget(self.summary)
         lay.addWidget(self.table, 1)
         lay.addWidget(self.sentence)
+        self.scroll.setWidget(body)
         self.run.clicked.connect(self.run_requested)
         self.cancel.clicked.connect(self.cancel_requested)
         self._expected = 0.0   # seconds the running Explain was expected to take
