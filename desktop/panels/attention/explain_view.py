@@ -71,7 +71,12 @@ class ExplainView(QWidget):
 
     run_requested = Signal()
     cancel_requested = Signal()
-    COLUMNS = ("token", "attention", "input ×\ngradient", "integrated\ngradients")   # narrow: fits a 265 px panel
+    # Short headers (each explained by its tooltip): the view's scroll bar and the table's leave a
+    # 265 px panel about 230 px, and longer ones squeezed the token column to "#...".
+    COLUMNS = ("token", "attn", "in × grad", "IG")
+    COLUMN_TIPS = ("The context token (#position and text)", "Attention weight of the chosen head (or the mean) "
+                   "at the query that predicts the token", "Input × gradient (nats)",
+                   "Integrated gradients (nats; 0 for tokens that did not move)")
     TABLE_ROWS = 7
 
     def __init__(self, parent: QWidget | None = None):
@@ -113,6 +118,8 @@ class ExplainView(QWidget):
         self.summary = rich_label("Choose a layer and a head (or the mean), then Explain: is the newest reply token "
                                   "explained by where that head looks? (Jain and Wallace 2019)")
         self.table = _table(self.COLUMNS)
+        for c, tip in enumerate(self.COLUMN_TIPS):
+            self.table.horizontalHeaderItem(c).setToolTip(tip)
         self.sentence = rich_label("", small=True)
         row = flow_row(labelled("Token", self.position), self.steps, self.window, self.perms, self.run, self.cancel)
         # A result's texts took the height at 720 px (two table rows showed): the table keeps
