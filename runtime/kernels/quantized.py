@@ -168,8 +168,22 @@ def _f16_prepare(w: QuantWeight, device: torch.device):
     return W
 
 
+#: Take the kernels' device branches (torch's own ops on the operands' device: no oneDNN, no
+#: per-thread scratch buffer) on CPU tensors too: what a GPU runs, set by the tests to check
+#: that path here (as ``runtime.model.quant_layers.QuantEmbedding.torch_decode`` does).
+torch_ops: bool = False
+
+
+def _cpu_branch(t: torch.Tensor) -> bool:
+    """Whether a kernel takes its CPU branch for operands on ``t``'s device (not with :data:`torch_ops`)."""
+    return t.device.type == "cpu" and not torch_ops
+
+
 def _f16_run(x: torch.Tensor, W: torch.Tensor, w: QuantWeight) -> torch.Tensor:
-    if x.shape[0] == 1 or W.device.type != "cpu":
+    """float32 ``x (M, cols) @ W.T`` for ``W`` float16 ``(rows, cols)``: torch's float16 product for
+    one row or off the CPU (activations rounded to float16), oneDNN's float32 one on the widened
+    rows for several on the CPU."""
+    if x.shape[0] == 1 or not _cpu_branch(W):
         return F.linear(x.to(torch.float16), W).to(torch.float32)
     from runtime.kernels import cpu
 
@@ -200,15 +214,17 @@ def _float_product(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
 def _widen_run(x: torch.Tensor, form, w: QuantWeight) -> torch.Tensor:
     """Dequantize a block of rows at a time into the scratch buffer, a float32 product each."""
     x = x.float()
+    on_cpu = _cpu_branch(x)
     step = max(1, SCRATCH_ELEMENTS // w.cols)
-    if step >= w.rows and x.device.type == "cpu":
+    if step >= w.rows and on_cpu:
         return _float_product(x, widen(w, out=_scratch_rows(w.rows, w.cols)))
     out = x.new_empty((x.shape[0], w.rows), dtype=torch.float32)
     for r0 in range(0, w.rows, step):
         r = slice(r0, min(r0 + step, w.rows))
-        n = r.stop - r0
-        W = widen(w, rows=r, out=_scratch_rows(n, w.cols)) if x.device.type == "cpu" else widen(w, rows=r).to(x.device)
-        out[:, r] = _float_product(x, W) if x.device.type == "cpu" else F.linear(x, W)
+        if on_cpu:
+            out[:, r] = _float_product(x, widen(w, rows=r, out=_scratch_rows(r.stop - r0, w.cols)))
+        else:  # a device: each block widened on the host, copied over, torch's float32 product there
+            out[:, r] = F.linear(x, widen(w, rows=r).to(x.device))
     return out
 
 

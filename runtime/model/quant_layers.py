@@ -137,16 +137,16 @@ class QuantEmbedding(nn.Module):
     def nbytes(self) -> int:
         return self.weight_q.file_bytes + self.weight_q.extra_bytes
 
+    #: Decode rows with torch ops even on the CPU, from a copy of the blocks (what a GPU runs;
+    #: set by the tests to check that path here).
+    torch_decode: bool = False
+
     def to_device(self, device: torch.device | str) -> None:
         """Keep the blocks on ``device`` (off the CPU a lookup decodes rows with torch ops there:
-        what a CUDA graph can capture)."""
+        what a CUDA graph can capture). Blocks already there stay as they are (on the CPU: the
+        file's memory map, no copy); with :attr:`torch_decode` a CPU copy stands in for a device's."""
         self.device = torch.device(device)
-        if self.device.type != "cpu" and self.weight_q.raw.device != self.device:
-            self.weight_q.raw = self.weight_q.raw.to(self.device)
-
-    #: Decode rows with torch ops even on the CPU (what a GPU runs; set by the tests to
-    #: check that path here).
-    torch_decode: bool = False
+        self.weight_q.raw = self.weight_q.raw.to(self.device, copy=self.torch_decode)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.device.type != "cpu" or self.torch_decode:

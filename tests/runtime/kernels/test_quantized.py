@@ -101,6 +101,29 @@ def test_tinygemm_on_cuda(weights, name):
     assert ((y - ref).norm() / ref.norm()).item() < 0.01
 
 
+@pytest.mark.parametrize("kernel", ["f16", "widen"])
+def test_device_branches_on_the_cpu(weights, kernel, monkeypatch):
+    """What a GPU runs (``torch_ops``: torch's own products, no oneDNN, no scratch buffer) on
+    CPU tensors: several rows, the widening a block of 3 rows at a time (plus a remainder)."""
+    from runtime.kernels import quantized
+
+    for name, w in weights.items():  # 128 to 512 rows: each ends with a shorter block
+        x = torch.randn(5, w.cols, generator=torch.Generator().manual_seed(5))
+        monkeypatch.setattr(quantized, "SCRATCH_ELEMENTS", 3 * w.cols)
+        cpu = quant_linear(x, w, kernel)
+        monkeypatch.setattr(quantized, "torch_ops", True)
+        dev = quant_linear(x, w, kernel)
+        monkeypatch.setattr(quantized, "torch_ops", False)
+        ref = x.double() @ dequantize(w.raw, w.btype).double().T
+        assert ((dev.double() - ref).norm() / ref.norm()).item() < BOUNDS[kernel], name
+        if kernel == "f16":  # float16 activations and products, as on the GPU
+            W16 = quantized.prepared(w, "f16")
+            torch.testing.assert_close(dev, torch.nn.functional.linear(x.half(), W16).float(), rtol=0, atol=0)
+            torch.testing.assert_close(dev, cpu, rtol=2e-3, atol=2e-3 * ref.abs().max().item())
+        else:  # both float32 products of the same widened rows
+            torch.testing.assert_close(dev, cpu, rtol=1e-5, atol=1e-5)
+
+
 def test_embedding_lookup_dequantizes_only_its_rows(weights):
     w = weights["Q6_K"]
     ids = torch.tensor([[3, 0, 3], [7, 1, 2]])

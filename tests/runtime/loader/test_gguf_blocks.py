@@ -126,6 +126,29 @@ def test_the_gpu_paths_on_the_cpu(tiny, monkeypatch):
     assert choice.kernels["Q4_K"] == ("int4pack-cuda", "int4pack-cuda") and choice.kernels["Q8_0"] == ("f16", "f16")
 
 
+def test_embedding_blocks_to_a_device_on_the_cpu(tiny_file, monkeypatch):
+    """``to_device`` keeps the CPU's blocks (the file's memory map) as they are; with
+    ``torch_decode`` it copies them as a move to a GPU does, and the rows decoded from the
+    copy by torch ops equal ggml's / torch's from the file."""
+    from runtime.weights.gguf_tensors import read_gguf_tensors
+    from runtime.weights.quant_types import block_type
+    from runtime.weights.quant_weight import QuantWeight
+
+    g = read_gguf_tensors(tiny_file)
+    info, raw = g.tensors["token_embd.weight"], g.raw("token_embd.weight")
+    embed = QuantEmbedding(QuantWeight(raw, block_type(info.ggml_type), *info.shape))
+    ids = torch.tensor([[3, 17, 250], [0, 1, 319]])
+    with torch.inference_mode():
+        rows = embed(ids)
+        embed.to_device("cpu")
+        assert embed.weight_q.raw is raw
+        monkeypatch.setattr(QuantEmbedding, "torch_decode", True)
+        embed.to_device("cpu")
+        moved = embed.weight_q.raw
+        assert moved.data_ptr() != raw.data_ptr() and torch.equal(moved, raw)
+        torch.testing.assert_close(embed(ids), rows, rtol=0, atol=0)
+
+
 def test_explain_sees_an_ordinary_linear_layer(tiny):
     """Gradients (the attribution view) go through the dequantized matrices."""
     q, _ = tiny
