@@ -55,6 +55,7 @@ from runtime.insight.attention_view import (
     LayerAttention,
     context_ids,
     conversation_ids,
+    held_context,
     kept_share,
     token_strings,
 )
@@ -93,7 +94,7 @@ __all__ = [
     "ABLATION_MODES", "InductionAblation", "ablated", "induction_ablation", "parse_heads", "top_and_probs",
     "AttentionStepTime", "attention_step_seconds", "scores_per_head", "Explanation", "ExplainCancelled", "explain_cost", "explain_token", "IG_POSITIONS", "IG_STEPS", "GRADIENT_PASS_FORWARDS", "STEP_FORWARDS", "kendall_tau",
     "reply_positions", "FormulaByHand", "formula_by_hand",
-    "LayerAttention", "FormulaSteps", "context_ids", "conversation_ids", "kept_share", "token_strings", "read_config", "gguf_blocks_bytes", "ChatSession", "GenerationSettings", "OVERFLOW_POLICIES", "Event",
+    "LayerAttention", "FormulaSteps", "context_ids", "conversation_ids", "held_context", "kept_share", "token_strings", "read_config", "gguf_blocks_bytes", "ChatSession", "GenerationSettings", "OVERFLOW_POLICIES", "Event",
     "PrefillProgress", "TextPiece", "StatsUpdate", "Finish", "TurnStats",
     "AttnchatError", "CacheLimitError", "ChatTemplateError", "ContextOverflowError", "DeviceError",
     "ModelLoadError", "UnsupportedModelError",

@@ -22,7 +22,8 @@ from runtime.generate.chat_format import Message, encode_messages
 from runtime.loader.model import Model
 from runtime.model.attention import attention_reference
 
-__all__ = ["FormulaSteps", "HEAD_REDUCTIONS", "LayerAttention", "context_ids", "conversation_ids", "kept_share",
+__all__ = ["FormulaSteps", "HEAD_REDUCTIONS", "LayerAttention", "context_ids", "conversation_ids", "held_context",
+           "kept_share",
            "layer_qkv", "token_strings"]
 
 #: What ``head`` may be besides a head index: the mean or the max over the heads of a layer.
@@ -217,6 +218,31 @@ def context_ids(session) -> list[int]:
     the newest token attends to; after a rolling eviction, the kept tokens only)."""
     # The session keeps the logical stream and the logical position of each cache slot.
     return session.cached_token_ids
+
+
+def held_context(conversation: Sequence[int], held: Sequence[int], t: int) -> list[int] | None:
+    """Positions (into ``conversation``) of the context the model had for ``conversation[t]``
+    when its cache held ``held`` (:func:`context_ids` after the last reply), or None when that
+    context is simply ``conversation[:t]``.
+
+    Rolling overflow keeps the first tokens (the sinks) and the newest window; truncate-middle
+    keeps the start and the latest turns: ``held`` is then a prefix of the conversation and one
+    later contiguous run of it. The context for ``t`` is that prefix and the conversation from
+    the run's start up to ``t``. None also when ``held`` has another shape (a cache policy's
+    per-head subsets; a template that renders the stored text differently) or ``t`` comes before
+    the run (the cache held another context when it was written): the caller falls back to the
+    whole conversation.
+    """
+    n = min(len(held), len(conversation))
+    p = next((i for i in range(n) if held[i] != conversation[i]), n)   # the common prefix
+    if p == len(held) or p == 0:
+        return None   # nothing dropped (or nothing in common): the conversation itself
+    run = list(held[p:])
+    first = run[0]
+    for a in range(len(conversation) - len(run), p, -1):   # the newest match: rolling keeps the newest
+        if conversation[a] == first and list(conversation[a:a + len(run)]) == run:
+            return list(range(p)) + list(range(a, t)) if a <= t else None
+    return None
 
 
 def kept_share(session) -> torch.Tensor | None:

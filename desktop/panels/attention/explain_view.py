@@ -65,6 +65,21 @@ def _mib(n) -> str:
     return f"{n / 1024:.1f} GiB" if n >= 1024 else f"{n:,.0f} MiB"
 
 
+def _positions(r: dict) -> list[int]:
+    """Each context token's position in the conversation (not consecutive after the KV cache
+    dropped tokens)."""
+    return list(r.get("positions") or range(r["offset"], r["offset"] + len(r["tokens"])))
+
+
+def _dropped(r: dict) -> str:
+    """Said when the KV cache no longer held some of the context (rolling, truncate-middle)."""
+    n = int(r.get("dropped") or 0)
+    if not n:
+        return ""
+    return (f" (as the KV cache held them: {n:,} earlier token{'s' if n != 1 else ''} had been dropped, "
+            f"so the model did not see {'them' if n != 1 else 'it'})")
+
+
 class ExplainView(QWidget):
     """Attention beside gradient importance for one token, Kendall's tau, the permutation test;
     while it runs, what it will take, its progress and Cancel."""
@@ -207,7 +222,8 @@ class ExplainView(QWidget):
         self.result = r
         att, ixg, ig = (np.asarray(r[k], dtype=np.float32) for k in ("attention", "input_x_gradient", "integrated_gradients"))
         order = np.argsort(-att)  # heaviest attention first
-        rows = [(f"#{r['offset'] + j} {display_token(r['tokens'][j])}", f"{att[j]:.3f}", f"{ixg[j]:+.3f}", f"{ig[j]:+.3f}")
+        pos = _positions(r)
+        rows = [(f"#{pos[j]} {display_token(r['tokens'][j])}", f"{att[j]:.3f}", f"{ixg[j]:+.3f}", f"{ig[j]:+.3f}")
                 for j in order]
         _fill(self.table, rows)
         p = r["permutation"]
@@ -216,7 +232,8 @@ class ExplainView(QWidget):
         rough = abs(r["ig_gap"]) > 0.1 * max(1.0, abs(change))
         self.summary.setText(
             f"Token #{r['position']} {quote(r['token'])} "
-            f"(log p = {r['log_prob']:.2f}), layer {r['layer']}, {head}, {len(att)} context tokens. "
+            f"(log p = {r['log_prob']:.2f}), layer {r['layer']}, {head}, {len(att)} context tokens"
+            f"{_dropped(r)}. "
             f"Kendall's τ of attention against |importance|: <b>{r['tau_integrated_gradients']:+.2f}</b> "
             f"(integrated gradients over the last {r.get('ig_positions', len(att))} tokens, {r['ig_steps']} passes; "
             f"integration error {r['ig_gap']:+.2f} of {change:+.2f}"
@@ -233,7 +250,7 @@ class ExplainView(QWidget):
         p = r["permutation"]
         return {"attention": r["attention"], "input_x_gradient": r["input_x_gradient"],
                 "integrated_gradients": r["integrated_gradients"], "tokens": np.asarray(r["tokens"]),
-                "positions": np.arange(r["offset"], r["offset"] + len(r["tokens"])), "position": r["position"],
+                "positions": np.asarray(_positions(r)), "position": r["position"],
                 "layer": r["layer"], "head": str(r["head"]), "tau_input_x_gradient": r["tau_input_x_gradient"],
                 "tau_integrated_gradients": r["tau_integrated_gradients"], "ig_steps": r["ig_steps"],
                 "ig_gap": r["ig_gap"], "permutation_tv": p["tv"], "median_tv": p["median_tv"],

@@ -34,8 +34,9 @@ class InsightProbe(QObject):
 
     Signals (every result dict carries its ``request`` id):
         explain_ready: ``runtime.Explanation`` as a dict, plus ``tokens`` (the context's
-            texts), ``token`` (the chosen token's text), ``offset`` (the window's first
-            position in the conversation).
+            texts), ``token`` (the chosen token's text), ``positions`` (each context token's
+            position in the conversation; ``offset``: the first), ``dropped`` (tokens before
+            the chosen one the KV cache no longer held, so the model did not see them).
         knockout_ready: ``{"heads", "mode", "position", "token", "before", "after"}``;
             ``before``/``after``: ``{"prob", "top": [(text, prob)]}``.
         induction_ready: ``runtime.InductionAblation`` as a dict.
@@ -74,6 +75,19 @@ class InsightProbe(QObject):
         if not 1 <= t < len(ids):
             raise ValueError(f"token #{position} is outside 1..{len(ids) - 1} of this conversation")
         return ids, t
+
+    def _window(self, model, conv_id: int, history: list, system: str, position: int):
+        """What Explain reads for the chosen token: ``(window, t, positions, dropped)``: the
+        context's ids then the token's (``window``), the token's position in the conversation,
+        each context token's position, and how many tokens before it the KV cache had dropped
+        (rolling, truncate-middle: the model never saw them, so neither does Explain; the context
+        is also cut to the last :data:`MAX_EXPLAIN_TOKENS`)."""
+        ids, t = self._target(model, conv_id, history, system, position)
+        held = self._ap.held_ids(conv_id, model)
+        positions = runtime.held_context(ids, held, t) if held else None
+        dropped = 0 if positions is None else t - len(positions)
+        positions = (positions if positions is not None else list(range(t)))[-MAX_EXPLAIN_TOKENS:]
+        return [ids[p] for p in positions] + [ids[t]], t, positions, dropped
 
     def _run(self, request: int, fn) -> None:
         try:
@@ -117,8 +131,7 @@ class InsightProbe(QObject):
         """What an Explain of this token would take, said before it starts (:attr:`explain_planned`)."""
         def go():
             model = self._ap._model()
-            ids, t = self._target(model, conv_id, history, system, position)
-            window = ids[max(0, t - MAX_EXPLAIN_TOKENS):t + 1]
+            window = self._window(model, conv_id, history, system, position)[0]
             self.explain_planned.emit(request, self._plan(model, window, ig_steps, permutations, ig_positions))
         self._run(request, go)
 
@@ -129,9 +142,7 @@ class InsightProbe(QObject):
             if self.cancel_upto >= request:
                 raise runtime.ExplainCancelled("cancelled before it started")
             model = self._ap._model()
-            ids, t = self._target(model, conv_id, history, system, position)
-            offset = max(0, t - MAX_EXPLAIN_TOKENS)
-            window = ids[offset:t + 1]
+            window, t, positions, dropped = self._window(model, conv_id, history, system, position)
             n = len(window) - 1
             plan = self._plan(model, window, ig_steps, permutations, ig_positions)
             self.explain_started.emit(request, plan)
@@ -157,8 +168,8 @@ class InsightProbe(QObject):
             for k in ("attention", "input_x_gradient", "integrated_gradients"):
                 ex[k] = np.asarray(ex[k], dtype=np.float32)
             ex["permutation"]["tv"] = np.asarray(ex["permutation"]["tv"], dtype=np.float32)
-            ex.update(request=request, conv_id=conv_id, tokens=texts[:-1], token=texts[-1], offset=offset,
-                      position=t, total=len(ids))
+            ex.update(request=request, conv_id=conv_id, tokens=texts[:-1], token=texts[-1], offset=positions[0],
+                      positions=positions, dropped=dropped, position=t)
             self.explain_ready.emit(ex)
         self._run(request, go)
 

@@ -101,6 +101,11 @@ class AttentionProbe(QObject):
         """The token ids the conversation's KV cache held after its last reply (empty: none seen)."""
         return list(self._contexts.get(conv_id, ("", []))[1])
 
+    def held_ids(self, conv_id: int, model) -> list[int]:
+        """:meth:`last_context` if ``model`` wrote it (empty otherwise)."""
+        model_path, ids = self._contexts.get(conv_id, ("", []))
+        return list(ids) if model_path == str(model.path) else []
+
     # ---- live capture (the engine thread, inside a reply) --------------------------------
     def wrap(self, conv_id: int, session, events: Iterator) -> Iterator:
         """Yield ``events`` unchanged; while active, capture the newest token's attention."""
