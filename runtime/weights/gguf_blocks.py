@@ -63,6 +63,24 @@ def runs_from_blocks(g: GGUFTensors) -> bool:
     return any(BY_ID[i.ggml_type].quantized for i in matrices)
 
 
+def drop_stale_conversions(cached: Path | None) -> int:
+    """Delete float copies of a quantized GGUF's weights that earlier versions kept in its cache
+    folder (``decoder-v*.safetensors``: 544 MB to 1 GB for Gemma 3 270M Q4_K_M): a file that runs
+    from its blocks never reads them. Returns the bytes freed (a file that cannot be deleted is
+    left, logged)."""
+    freed = 0
+    for f in sorted(cached.glob("decoder-v*.safetensors")) if cached is not None and cached.is_dir() else []:
+        try:
+            size = f.stat().st_size
+            f.unlink()
+            freed += size
+        except OSError:
+            log.warning("could not delete the stale converted weights %s", f, exc_info=True)
+    if freed:
+        log.info("deleted %.0f MB of float weights an earlier version kept in %s", freed / 1e6, cached)
+    return freed
+
+
 def config_and_tokenizer(path: Path, g: GGUFTensors) -> tuple[ModelConfig, object]:
     """The model's config and tokenizer: from the cache folder when it has them, else built
     from the file (our header reader for the config, transformers' own GGUF tokenizer path)
@@ -75,6 +93,7 @@ def config_and_tokenizer(path: Path, g: GGUFTensors) -> tuple[ModelConfig, objec
     from runtime.weights import gguf_config
 
     cached = gguf_cache_dir(path)
+    drop_stale_conversions(cached)
     cfg, tokenizer = _read_cached_fast(cached)
     if cfg is not None:
         return cfg, tokenizer

@@ -207,3 +207,20 @@ def test_default_model_from_its_blocks(default_model_file, default_model):
                         "Gutenberg combined movable metal type, oil-based ink and a wooden screw press. " * 3)
         dq, df = _decode(q, text, len(text) - 8), _decode(default_model, text, len(text) - 8)
     assert (dq.argmax(-1) == df.argmax(-1)).float().mean() >= 0.95
+
+
+def test_float_copies_an_earlier_version_kept_are_deleted(tiny_file, cache_dir, monkeypatch):
+    """Earlier versions converted every GGUF to float and kept it (544 MB-1 GB for Gemma 3 270M):
+    a file that runs from its blocks never reads those, so loading it deletes them."""
+    from runtime.weights.gguf import gguf_cache_dir
+
+    monkeypatch.setenv("ATTNCHAT_CACHE_DIR", str(cache_dir))
+    folder = gguf_cache_dir(tiny_file)
+    folder.mkdir(parents=True, exist_ok=True)
+    stale = [folder / "decoder-v1-float32.safetensors", folder / "decoder-v1-float16.safetensors"]
+    for f in stale:
+        f.write_bytes(b"\0" * 4096)
+    kept = sorted(p.name for p in folder.iterdir() if p not in stale)
+    g = load_model(tiny_file, device="cpu")
+    assert g.dtype == "Q4_K_M" and not any(f.exists() for f in stale)
+    assert sorted(p.name for p in folder.iterdir()) == kept   # config and tokenizer stay
