@@ -1,6 +1,8 @@
 """Device and dtype choice. Must not import Qt; probes nothing at import time."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from runtime.dtypes import WEIGHT_DTYPES, parse_weight_dtype  # noqa: F401  (re-exported)
@@ -194,14 +196,23 @@ def trim_heap() -> bool:
         True when trimmed; False where the C library has no ``malloc_trim`` (macOS, musl,
         Windows).
     """
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim():
+    """The C library's ``malloc_trim`` or None, looked up once (``find_library`` may run
+    ``ldconfig``: the server trims after every reply that freed memory)."""
     import ctypes
     import ctypes.util
 
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):
-        return False
+        return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    trim(0)
-    return True
+    return trim

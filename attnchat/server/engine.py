@@ -11,8 +11,6 @@ longest earlier prompt it extends and reuses its cache as :mod:`attnchat.server.
 from __future__ import annotations
 
 import collections
-import ctypes
-import functools
 import itertools
 import logging
 import threading
@@ -33,6 +31,7 @@ from runtime import (
     TurnStats,
 )
 from attnchat.server.reuse import Owner
+from runtime.device import trim_heap
 from runtime.generate.context import common_prefix_length
 
 log = logging.getLogger("attnchat.serve")
@@ -44,7 +43,10 @@ HISTORY = 16
 POOL_BYTES = 256 << 20
 
 #: A reply whose prefill passed this many tokens left megabytes of freed activations in
-#: the C heap: give them back to the OS after it (:func:`_give_back_heap`).
+#: the C heap: give them back to the OS after it (:func:`runtime.device.trim_heap`). Without
+#: it one long request kept the server's RSS up for good (600 -> 1,169 MiB, issue 17); after
+#: a 2,000-token prompt on the default model it took 80 ms, RSS 646 -> 558 MiB (AMD EPYC
+#: Zen 3, shared, loaded). It runs on the engine thread after the reply has been sent.
 TRIM_AFTER_PREFILL = 256
 
 #: Requests that may wait behind the running one; more are refused (the server answers 429).
@@ -303,7 +305,7 @@ class Engine:
                 s.cache.release()
                 self._owner(s).turns = []
         if (freed or prefilled > TRIM_AFTER_PREFILL) and self.model.device.type == "cpu":
-            _give_back_heap()
+            trim_heap()
         return freed
 
     def memory(self) -> dict[str, int]:
@@ -430,23 +432,3 @@ class Engine:
         except Exception:  # the client's loop is gone (shutdown): nobody to tell
             log.debug("dropped %r for %s", item, job.id, exc_info=True)
 
-
-@functools.lru_cache(maxsize=1)
-def _libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (macOS, Windows, musl): nothing to trim
-        return None
-
-
-def _give_back_heap() -> None:
-    """Return the C heap's free pages to the OS (glibc's ``malloc_trim(0)``).
-
-    torch's CPU tensors come from malloc; freed ones stay mapped in the process, so one
-    long request kept the server's RSS up for good (600 -> 1,169 MiB, issue 17). Measured
-    on the default model after a 2,000-token prompt (AMD EPYC Zen 3, shared, loaded): 80 ms,
-    RSS 646 -> 558 MiB. Runs on the engine thread after the reply has been sent.
-    """
-    libc = _libc()
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)

@@ -1,6 +1,6 @@
 """The settings dialog: context and cache limits with a memory planner, generation defaults,
 device and model options. :mod:`desktop.settings.controller` opens it; the checks it runs
-are :mod:`desktop.settings.checks`.
+are :mod:`desktop.settings.checks`, what its choices say :mod:`desktop.settings.labels`.
 
 Values live in :class:`desktop.settings.values.Settings` (QSettings). What applies when:
 
@@ -28,67 +28,11 @@ from PySide6.QtWidgets import (
 
 import runtime
 from desktop.settings.checks import MIB, MODEL_OPTIONS, WEIGHT_DTYPES, has_shape, validate
+from desktop.settings.labels import POLICY_TEXT, cache_policy_hint, cache_policy_label, weight_dtype_label
 from desktop.settings.memory_planner import MemoryPlanner, resolve_device
 from desktop.settings.values import DEFAULTS, Settings
 
 __all__ = ["SettingsDialog"]
-
-
-def _dtype_label(name: str) -> str:
-    """``"float16 — 100.0 % same tokens, Paris ✓"`` from runtime's measured figures."""
-    q = runtime.WEIGHT_DTYPE_QUALITY.get(name)
-    if q is None:
-        return name
-    mark = "\u2713" if q["paris"] else "\u2717"
-    return f"{name} \u2014 {q['agreement'] * 100:.1f}\u00a0% same tokens, Paris {mark}"
-
-
-POLICY_TEXT = {
-    "stop": "stop: end the reply when the context is full",
-    "truncate-middle": "truncate-middle: drop the oldest turns, keep the system prompt",
-    "rolling": "rolling: keep the system prompt and a window of the newest",
-}
-
-CACHE_POLICY_TEXT = {
-    "none": "none: keep every token (the context limit ends the conversation)",
-    "sinks-window": "sinks + window (StreamingLLM)",
-    "h2o": "H2O: the most attended tokens + the newest",
-    "snapkv": "SnapKV: what the newest 64 queries look at",
-    "tova": "TOVA: what the newest token looks at",
-    "key-norm": "key norm: the keys with the smallest norm",
-}
-
-
-def cache_policy_label(policy: str, measured: dict | None = None) -> str:
-    """``"H2O: ... — 50 %: 2/10 needles, NLL +0.31 · 25 %: ..."``: the policy and what
-    ``attnchat cache-eval`` measured for it on the default model (``runtime.CACHE_POLICY_FIGURES``)."""
-    measured = runtime.CACHE_POLICY_FIGURES if measured is None else measured
-    text = CACHE_POLICY_TEXT.get(policy, policy)
-    if policy == "none" and measured.get("full"):
-        found, trials = measured["full"]
-        return f"{text} \u2014 {found}/{trials} needles"
-    figures = (measured.get("policies") or {}).get(policy)
-    if not figures:
-        return text
-    parts = [f"{share:.0%}: {found}/{trials} needles, NLL {delta:+.2f}"
-             for share, (found, trials, delta) in sorted(figures.items(), reverse=True)]
-    return f"{text} \u2014 " + " \u00b7 ".join(parts)
-
-
-def cache_policy_hint(policy: str, measured: dict | None = None) -> str:
-    """The hint under the cache policy: the chosen one's measured figures in words, and what a
-    policy does."""
-    measured = runtime.CACHE_POLICY_FIGURES if measured is None else measured
-    what = ("With a policy the cache keeps its budget and evicts the rest; the conversation goes on to the "
-            "context length, and the model no longer sees what was evicted.")
-    if not measured:
-        return what
-    where = (f"{measured['model']} on {measured['machine']} (attnchat cache-eval, docs/cache-policies.md): "
-             "needles found in a long conversation, and the change in the NLL of a held-out text, at each "
-             "budget (share of the tokens read).")
-    label = cache_policy_label(policy, measured)
-    figures = label.split(" \u2014 ", 1)[1] if " \u2014 " in label else ""
-    return (f"Measured: {figures}. " if figures else "") + where + " " + what
 
 
 class _Field(QWidget):
@@ -313,7 +257,7 @@ class SettingsDialog(QDialog):
         form = self._form(page)
         self._add(form, "model/device", "Device", self._combo(list(self.devices)))
         self._add(form, "model/weight_dtype", "Weight dtype",
-                  self._combo([("auto", "auto (a GGUF's own blocks, else float16)")] + [(d, _dtype_label(d)) for d in WEIGHT_DTYPES[1:]]),
+                  self._combo([("auto", "auto (a GGUF's own blocks, else float16)")] + [(d, weight_dtype_label(d)) for d in WEIGHT_DTYPES[1:]]),
                   "Beside each: how often it picks the same next token as float32 weights (measured on "
                   "English text with the default model) and whether it answers the Paris question. "
                   "On the CPU float16 weights compute in float32 (twice float32's decode speed); on a GPU "

@@ -24,29 +24,14 @@ A bounded buffer (not a ring) keeps keys in position order, so attention and the
 attention view read a plain slice, and a crop back a few tokens stays possible as long
 as the buffer still holds the window before the crop point (:meth:`KVCache.crop_point`).
 
-Eviction by attention (:mod:`runtime.cache.eviction`, applied by
-:mod:`runtime.cache.evictor`): a policy may drop tokens from the full-attention layers
-(:meth:`KVCache.keep`), per KV head. ``length`` stays the conversation's true length (the
-next token's position: keys keep the rotation they were cached with and later queries use
-their true positions), while each full layer then holds ``length - evicted`` slots
-(:meth:`KVCache.held`) whose positions are in ``pos`` (ascending per head). Sliding
-layers are never evicted by a policy (their window already bounds them, and their
-attention masks by slot distance). The evictions are remembered, so :meth:`crop_point`
-returns only points whose cache state can be restored exactly.
-
-Byte counts are per layer (``layer_bytes_per_token``, one figure for every layer today;
-a per-layer storage dtype would change only that method).
+Three mixins keep this module about the buffers: the byte figures
+(:mod:`runtime.cache.accounting`), an int8 cache's storage (:mod:`runtime.cache.kv_quant`)
+and the slots a policy evicted (:mod:`runtime.cache.kv_evict`: ``length`` stays the
+conversation's true length, each full layer then holds :meth:`KVCache.held` slots).
 
 Every buffer operation runs under ``torch.inference_mode``; the buffers themselves are
 normal tensors (no autograd history, writable from any caller), since a compiled decode
 step cannot write into views of inference tensors.
-
-An ``int8`` cache stores each key and value vector (one token, one KV head: ``D``
-numbers) as ``D`` int8 codes and one float32 scale (:mod:`runtime.quantize`: symmetric,
-``max|x| / 127``), as llama.cpp's ``q8_0`` cache does with a scale per 32 numbers. It is
-quantized on write (:meth:`KVCache.update`) and dequantized on read into one layer's
-scratch buffer, so attention sees the compute dtype. Default model: 12,240 bytes per
-token instead of 46,080 (float32). The static decode step runs such a cache eagerly.
 """
 from __future__ import annotations
 
@@ -224,13 +209,7 @@ class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
             )
         for i in sorted(grow):
             try:
-                # Zero-filled: the static decode step attends over the whole buffer and
-                # masks the unused slots, and a masked slot holding NaN would still poison
-                # the output (weight 0 x NaN).
-                # Normal tensors, not inference tensors: a compiled decode step
-                # (torch.compile) cannot take views of inference tensors it writes to.
-                with torch.inference_mode(False):
-                    new = [self._zeros(grow[i], scale) for scale in (False, False, True, True)[: len(self._planes())]]
+                new = [self._zeros(grow[i], scale) for scale in (False, False, True, True)[: len(self._planes())]]
             except (torch.OutOfMemoryError, RuntimeError) as e:  # RuntimeError: CPU allocator
                 # Layers grown before this one keep their bigger buffers: only the slots
                 # in use are read, so the cache stays consistent.
@@ -246,10 +225,7 @@ class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
                 else:
                     plane.append(buf)
             if self.pos[i] is not None:
-                with torch.inference_mode(False):
-                    pos = torch.zeros((*self.pos[i].shape[:2], grow[i]), dtype=torch.long, device=self.device)
-                pos[:, :, :n].copy_(self.pos[i][:, :, :n])
-                self.pos[i] = pos
+                self.pos[i] = _resized(self.pos[i], grow[i], n)
         self._read_k = self._read_v = None  # re-made at the new size on the next read
 
     def _planes(self) -> tuple[list[torch.Tensor], ...]:
@@ -257,9 +233,12 @@ class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
         return (self.k, self.v, self.k_scale, self.v_scale) if self.quantized else (self.k, self.v)
 
     def _zeros(self, tokens: int, scale: bool) -> torch.Tensor:
-        """A zeroed ``(B, Hkv, tokens, D)`` buffer, or ``(B, Hkv, tokens, 1)`` float32 scales."""
+        """A zeroed ``(B, Hkv, tokens, D)`` buffer, or ``(B, Hkv, tokens, 1)`` float32 scales: a
+        normal tensor (see the module). Zero-filled: the static decode step attends over the
+        whole buffer and masks the unused slots, and a masked NaN still poisons (0 x NaN)."""
         shape = (self.batch, self.n_kv_heads, tokens, 1 if scale else self.head_dim)
-        return torch.zeros(shape, dtype=torch.float32 if scale else self.dtype, device=self.device)
+        with torch.inference_mode(False):
+            return torch.zeros(shape, dtype=torch.float32 if scale else self.dtype, device=self.device)
 
     def _drop_before(self, layer: int, pos: int) -> None:
         """Sliding layer: forget positions before ``pos``, moving the rest to slot 0."""
@@ -361,9 +340,7 @@ class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
             ValueError: ``n`` outside ``0 .. length``, or a sliding layer that no longer
                 holds the window before ``n`` (ask :meth:`crop_point` first).
         """
-        if not 0 <= n <= self.length:
-            raise ValueError(f"crop({n}) outside 0..{self.length}")
-        if self.crop_point(n) != n:
+        if self.crop_point(n) != n:  # crop_point refuses an n outside 0..length
             raise ValueError(
                 f"crop({n}): the sliding-window layers no longer hold the tokens before {n}; crop to 0 and prefill again"
             )
@@ -435,13 +412,8 @@ class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
             if cap >= self.k[i].shape[2]:
                 continue
             for plane in (*self._planes(), self.pos):
-                if plane[i] is None:
-                    continue
-                buf = plane[i]
-                with torch.inference_mode(False):  # normal tensors, as reserve() makes them
-                    small = torch.zeros((*buf.shape[:2], cap, *buf.shape[3:]), dtype=buf.dtype, device=buf.device)
-                small[:, :, :held].copy_(buf[:, :, :held])
-                plane[i] = small
+                if plane[i] is not None:
+                    plane[i] = _resized(plane[i], cap, held)
         self._read_k = self._read_v = None  # sized for the largest layer: re-made on the next read
         return before - self.allocated_bytes
 
@@ -449,12 +421,19 @@ class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
         """Free the buffers (``length = capacity = 0``)."""
         self.k, self.v, self.k_scale, self.v_scale = [], [], [], []
         self._read_k = self._read_v = None
-        self.length = 0
-        self.start = [0] * self.n_layers
-        self._forget_evictions()
+        self.reset()
 
     def __repr__(self) -> str:
         return (
             f"KVCache(layers={self.n_layers}, kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
             f"length={self.length}, capacity={self.capacity}, dtype={dtype_name(self.dtype)})"
         )
+
+
+def _resized(buf: torch.Tensor, tokens: int, n: int) -> torch.Tensor:
+    """``buf`` ``(B, Hkv, slots, ...)`` reallocated at ``tokens`` slots (zeroed; a normal tensor,
+    see the module), its first ``n`` slots copied over."""
+    with torch.inference_mode(False):
+        out = torch.zeros((*buf.shape[:2], tokens, *buf.shape[3:]), dtype=buf.dtype, device=buf.device)
+    out[:, :, :n].copy_(buf[:, :, :n])
+    return out

@@ -9,7 +9,10 @@ in place, per KV head, in every plane (keys, values, an int8 cache's scales, pos
 Keys stay as they were cached: rotated at their own positions. A query at position ``p``
 rotated at ``p`` then sees the same ``q . k`` as in a full cache (RoPE scores depend on
 ``p - p_k`` only), so no re-rotation is needed, and the conversation keeps its true
-positions (``length``). The ``rolling`` overflow policy instead renumbers positions
+positions (``length``): each full layer then holds ``length - evicted`` slots
+(:meth:`KVCache.held`) whose positions are in ``pos``. Sliding layers are never evicted by a
+policy (their window already bounds them, and their attention masks by slot distance).
+The ``rolling`` overflow policy instead renumbers positions
 (:meth:`KVCache.evict` plus a re-rotation); a cache does one or the other.
 
 Which crop points are exact after evictions: eviction ``e`` ran when the cache was

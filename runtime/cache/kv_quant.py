@@ -4,6 +4,13 @@ Must not import Qt. Its own module only to keep ``kv_cache.py`` readable: these 
 run on a :class:`~runtime.cache.kv_cache.KVCache` whose ``dtype`` is quantized
 (``k`` / ``v`` hold int8 codes ``(B, Hkv, capacity_i, D)``, ``k_scale`` / ``v_scale``
 float32 scales ``(B, Hkv, capacity_i, 1)``, :mod:`runtime.quantize`).
+
+Each key and value vector (one token, one KV head: ``D`` numbers) is stored as ``D`` int8
+codes and one float32 scale (symmetric, ``max|x| / 127``), as llama.cpp's ``q8_0`` cache
+does with a scale per 32 numbers. It is quantized on write (:meth:`KVCache.update`) and
+dequantized on read into one layer's scratch buffer, so attention sees the compute dtype.
+Default model: 12,240 bytes per token instead of 46,080 (float32). The static decode step
+runs such a cache eagerly.
 """
 from __future__ import annotations
 

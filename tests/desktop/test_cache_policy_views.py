@@ -14,7 +14,8 @@ import runtime
 from desktop.panels.attention.probe import AttentionProbe
 from desktop.panels.attention.views import LiveView
 from desktop.panels.kv.panel import KVPanel
-from desktop.settings.dialog import SettingsDialog, cache_policy_hint, cache_policy_label
+from desktop.settings.dialog import SettingsDialog
+from desktop.settings.labels import cache_policy_hint, cache_policy_label
 from desktop.settings.values import Settings
 from desktop.worker.generation_settings import generation_settings
 

@@ -66,7 +66,7 @@ def test_an_idle_session_keeps_only_the_cache_it_needs(tmp_path, monkeypatch):
     from attnchat.server import engine as serve_engine
 
     trims: list[int] = []
-    monkeypatch.setattr(serve_engine, "_give_back_heap", lambda: trims.append(1))
+    monkeypatch.setattr(serve_engine, "trim_heap", lambda: trims.append(1))
     model = load_model(make_tiny_model(tmp_path, "llama", max_positions=1024), device="cpu", dtype="float32")
     engine = Engine(model, settings=GenerationSettings(context_limit=1024), sessions=1, pool_bytes=1 << 30)
     try:
