@@ -49,6 +49,8 @@ STRING, ARRAY = 8, 9
 #: tens of metadata keys.
 MAX_KEYS = 4_096
 MAX_TENSORS = 100_000
+#: Bytes of a metadata key's or a tensor's name (real ones are short dotted paths).
+MAX_NAME_BYTES = 1024
 #: Tokens (and their scores and types) of a vocabulary.
 MAX_VOCAB = 300_000
 #: The most items any one array may hold (merges are the longest).
@@ -132,6 +134,37 @@ class _Reader:
 
     def u64(self) -> int:
         return _U64.unpack(self.take(8))[0]
+
+    def preamble(self) -> None:
+        """Read the header's start into ``stats``: magic ``GGUF``, version (2 or 3), the tensor
+        and metadata key counts (at most :data:`MAX_TENSORS`, :data:`MAX_KEYS`).
+
+        Raises:
+            GGUFHeaderError: another magic or version, or a count past its limit.
+        """
+        if self.take(4) != b"GGUF":
+            raise GGUFHeaderError("no GGUF header")
+        s = self.stats
+        s.version = self.u32()
+        if s.version not in (2, 3):
+            raise GGUFHeaderError(f"GGUF version {s.version} is not supported (2 or 3)")
+        s.tensors, s.keys = self.u64(), self.u64()
+        if s.tensors > MAX_TENSORS:
+            raise GGUFHeaderError(f"it declares {s.tensors:,} tensors (the limit is {MAX_TENSORS:,})")
+        if s.keys > MAX_KEYS:
+            raise GGUFHeaderError(f"it declares {s.keys:,} metadata keys (the limit is {MAX_KEYS:,})")
+
+    def name(self, what: str) -> str:
+        """A metadata key's or a tensor's name (u64 length + UTF-8, undecodable bytes replaced);
+        ``what`` names it in the error (``"tensor 3"``).
+
+        Raises:
+            GGUFHeaderError: a name over :data:`MAX_NAME_BYTES` bytes.
+        """
+        n = self.u64()
+        if n > MAX_NAME_BYTES:
+            raise GGUFHeaderError(f"{what} has a name of {n:,} bytes")
+        return self.take(n).decode("utf-8", "replace")
 
     def skip(self, n: int, what: str) -> None:
         self.stats.metadata_bytes += n
@@ -256,21 +289,9 @@ def scan_header(path: str | Path, stats: HeaderStats | None = None) -> HeaderSta
     lengths: dict[str, int] = {}
     with open(path, "rb", buffering=0) as f:
         r = _Reader(f, stats)
-        if r.take(4) != b"GGUF":
-            raise GGUFHeaderError("no GGUF header")
-        stats.version = r.u32()
-        if stats.version not in (2, 3):
-            raise GGUFHeaderError(f"GGUF version {stats.version} is not supported (2 or 3)")
-        stats.tensors, stats.keys = r.u64(), r.u64()
-        if stats.tensors > MAX_TENSORS:
-            raise GGUFHeaderError(f"it declares {stats.tensors:,} tensors (the limit is {MAX_TENSORS:,})")
-        if stats.keys > MAX_KEYS:
-            raise GGUFHeaderError(f"it declares {stats.keys:,} metadata keys (the limit is {MAX_KEYS:,})")
+        r.preamble()
         for i in range(stats.keys):
-            n = r.u64()
-            if n > 1024:
-                raise GGUFHeaderError(f"metadata key {i} has a name of {n:,} bytes")
-            key = r.take(n).decode("utf-8", "replace")
+            key = r.name(f"metadata key {i}")
             kind, what = r.u32(), f"'{key}'"
             if kind != ARRAY:
                 r.value(kind, what)

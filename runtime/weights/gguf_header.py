@@ -8,6 +8,7 @@ from models.safety.gguf_scan import (  # noqa: F401
     MAX_ARRAY_ITEMS,
     MAX_KEYS,
     MAX_METADATA_BYTES,
+    MAX_NAME_BYTES,
     MAX_OTHER_ARRAY_ITEMS,
     MAX_OTHER_ITEMS,
     MAX_READER_BYTES,

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from runtime.weights.gguf_header import (
-    ARRAY, MAX_ARRAY_ITEMS, MAX_KEYS, MAX_METADATA_BYTES, MAX_STRING_BYTES, MAX_TENSORS, MAX_TOTAL_ITEMS,
-    SCALAR_BYTES, STRING, GGUFHeaderError, HeaderStats, _Reader,
+    ARRAY, MAX_ARRAY_ITEMS, MAX_METADATA_BYTES, MAX_STRING_BYTES, MAX_TOTAL_ITEMS, SCALAR_BYTES, STRING,
+    GGUFHeaderError, HeaderStats, _Reader,
 )
 
 #: struct formats of the scalar metadata types (GGUF type id -> format).
@@ -102,15 +102,22 @@ class GGUFTensors:
 _ARRAY_DTYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
 
 
-def _array(r: _Reader, what: str, stats: HeaderStats):
-    """An array read whole (a tokenizer's tokens, types, merges): strings as ``list[str]``,
-    numbers as a numpy array. Bounded as every other value."""
-    item, count = r.u32(), r.u64()
+def _array_header(r: _Reader, what: str, stats: HeaderStats) -> tuple[int, int]:
+    """(item type, count) of the array starting here, its count checked against
+    :data:`MAX_ARRAY_ITEMS` and added to the items of every array (:data:`MAX_TOTAL_ITEMS`)."""
+    item, count = r.array_header()
     if count > MAX_ARRAY_ITEMS:
         raise GGUFHeaderError(f"{what} is an array of {count:,} items (the limit is {MAX_ARRAY_ITEMS:,})")
     stats.items += count
     if stats.items > MAX_TOTAL_ITEMS:
         raise GGUFHeaderError(f"its metadata arrays hold over {MAX_TOTAL_ITEMS:,} items (at {what})")
+    return item, count
+
+
+def _array(r: _Reader, what: str, stats: HeaderStats):
+    """An array read whole (a tokenizer's tokens, types, merges): strings as ``list[str]``,
+    numbers as a numpy array. Bounded as every other value."""
+    item, count = _array_header(r, what, stats)
     if item in _ARRAY_DTYPES:
         n = count * SCALAR_BYTES[item]
         stats.metadata_bytes += n
@@ -150,19 +157,8 @@ def _value(r: _Reader, kind: int, what: str, stats: HeaderStats):
             raise GGUFHeaderError(f"its metadata passes {MAX_METADATA_BYTES >> 20} MiB (at {what})")
         return text.decode("utf-8", "replace")
     if kind == ARRAY:
-        item, count = r.u32(), r.u64()
-        if count > MAX_ARRAY_ITEMS:
-            raise GGUFHeaderError(f"{what} is an array of {count:,} items (the limit is {MAX_ARRAY_ITEMS:,})")
-        stats.items += count
-        if stats.items > MAX_TOTAL_ITEMS:
-            raise GGUFHeaderError(f"its metadata arrays hold over {MAX_TOTAL_ITEMS:,} items (at {what})")
-        if item in SCALAR_BYTES:
-            r.skip(count * SCALAR_BYTES[item], what)
-        elif item == STRING:
-            r.strings(count, what)
-        else:
-            for _ in range(count):
-                r.value(item, what, 1)
+        item, count = _array_header(r, what, stats)
+        r.array_items(item, count, what)
         return ("array", item, count)
     raise GGUFHeaderError(f"{what} has an unknown value type {kind}")
 
@@ -182,22 +178,10 @@ def read_gguf_tensors(path: str | Path, arrays: tuple[str, ...] = ()) -> GGUFTen
     stats = HeaderStats()
     with open(path, "rb", buffering=0) as f:
         r = _Reader(f, stats)
-        if r.take(4) != b"GGUF":
-            raise GGUFHeaderError("no GGUF header")
-        stats.version = r.u32()
-        if stats.version not in (2, 3):
-            raise GGUFHeaderError(f"GGUF version {stats.version} is not supported (2 or 3)")
-        stats.tensors, stats.keys = r.u64(), r.u64()
-        if stats.tensors > MAX_TENSORS:
-            raise GGUFHeaderError(f"it declares {stats.tensors:,} tensors (the limit is {MAX_TENSORS:,})")
-        if stats.keys > MAX_KEYS:
-            raise GGUFHeaderError(f"it declares {stats.keys:,} metadata keys (the limit is {MAX_KEYS:,})")
+        r.preamble()
         metadata: dict[str, object] = {}
         for i in range(stats.keys):
-            n = r.u64()
-            if n > 1024:
-                raise GGUFHeaderError(f"metadata key {i} has a name of {n:,} bytes")
-            key = r.take(n).decode("utf-8", "replace")
+            key = r.name(f"metadata key {i}")
             kind = r.u32()
             if kind == ARRAY and key in arrays:
                 metadata[key] = _array(r, f"'{key}'", stats)
@@ -205,10 +189,7 @@ def read_gguf_tensors(path: str | Path, arrays: tuple[str, ...] = ()) -> GGUFTen
                 metadata[key] = _value(r, kind, f"'{key}'", stats)
         raw_infos = []
         for i in range(stats.tensors):
-            n = r.u64()
-            if n > 1024:
-                raise GGUFHeaderError(f"tensor {i} has a name of {n:,} bytes")
-            name = r.take(n).decode("utf-8", "replace")
+            name = r.name(f"tensor {i}")
             n_dims = r.u32()
             if not 1 <= n_dims <= MAX_DIMS:
                 raise GGUFHeaderError(f"tensor {name!r} has {n_dims} dimensions")

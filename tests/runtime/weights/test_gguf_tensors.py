@@ -2,12 +2,14 @@
 against gguf-py's GGUFReader on tiny generated files."""
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 import torch
 from gguf import GGUFReader
 
-from runtime.weights.gguf_header import GGUFHeaderError
+from runtime.weights.gguf_header import GGUFHeaderError, scan_header
 from runtime.weights.gguf_tensors import read_gguf_tensors
 from runtime.weights.gguf_write import tokenizer_metadata
 from tests.runtime.tiny_gguf import EVERY_TYPE, make_tiny_gguf
@@ -67,3 +69,29 @@ def test_truncated_file_is_refused(tiny, tmp_path):
     cut.write_bytes(data[:200])
     with pytest.raises(GGUFHeaderError, match="truncated"):
         read_gguf_tensors(cut)
+
+
+def _header(magic: bytes = b"GGUF", version: int = 3, tensors: int = 0, keys: int = 0, name: int = 0) -> bytes:
+    return magic + struct.pack("<IQQ", version, tensors, keys) + struct.pack("<Q", name) + bytes(64)
+
+
+@pytest.mark.parametrize("head, words", [
+    (_header(magic=b"GGUX"), "no GGUF header"),
+    (_header(version=4), "GGUF version 4 is not supported (2 or 3)"),
+    (_header(tensors=100_001), "it declares 100,001 tensors (the limit is 100,000)"),
+    (_header(keys=4_097), "it declares 4,097 metadata keys (the limit is 4,096)"),
+    (_header(keys=1, name=2_000), "metadata key 0 has a name of 2,000 bytes"),
+    (_header(tensors=1, name=5_000), "tensor 0 has a name of 5,000 bytes"),
+])
+def test_header_refused_as_the_scan_refuses_it(tmp_path, head, words):
+    """The tensor reader walks the header's start with the scan's own reader (models.safety.gguf_scan):
+    the same refusal, word for word (the scan reads no tensor names)."""
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(head)
+    with pytest.raises(GGUFHeaderError) as e:
+        read_gguf_tensors(path)
+    assert str(e.value) == words
+    if not words.startswith("tensor 0"):
+        with pytest.raises(GGUFHeaderError) as e:
+            scan_header(path)
+        assert str(e.value) == words
