@@ -23,6 +23,7 @@ from collections import defaultdict
 
 import torch
 
+from runtime.kernels.choice import best_time_us
 from runtime.kernels.quantized import QUANT_KERNELS, candidates, prepared, quant_linear
 from runtime.weights.gguf_tensors import read_gguf_tensors
 from runtime.weights.quant_types import block_type
@@ -41,15 +42,6 @@ def token_matrices(path) -> list[tuple[str, QuantWeight]]:
     info = g.tensors[head]
     out.append((head, QuantWeight(g.raw(head), block_type(info.ggml_type), *info.shape)))
     return out
-
-
-def best_us(fn, reps: int) -> float:
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e6
 
 
 def measure_file(path: str, rounds: int) -> dict:
@@ -79,11 +71,9 @@ def measure_file(path: str, rounds: int) -> dict:
         for _ in range(rounds):  # interleaved: each round times every kernel once
             for k in names:
                 for M, x in xs.items():
-                    us = best_us(lambda: quant_linear(x, w, k), 5 if M == 1 else 2)
+                    us = best_time_us(lambda: quant_linear(x, w, k), 5 if M == 1 else 2)
                     e = entry["kernels"][k]
                     e[f"us_{M}"] = min(e[f"us_{M}"], round(us, 1))
-            for k in names:  # forms kept only during the rounds (memory)
-                pass
         for k in names:
             w.prepared.pop(k, None)
         per_matrix[f"{tname} {rows}x{cols}"] = entry
@@ -110,8 +100,8 @@ def measure_file(path: str, rounds: int) -> dict:
 
         one()
         extra = sum(w.extra_bytes for w, _ in plan)
-        whole[k] = {"ms_per_token_1": round(best_us(one, rounds) / 1e3, 2),
-                    "ms_per_token_64": round(best_us(sixty_four, 2) / 1e3 / 64, 3),
+        whole[k] = {"ms_per_token_1": round(best_time_us(one, rounds) / 1e3, 2),
+                    "ms_per_token_64": round(best_time_us(sixty_four, 2) / 1e3 / 64, 3),
                     "extra_bytes": extra, "fallback": sorted({f"{kk} for {w.btype.name}" for w, kk in plan if kk != k})}
         for w, kk in plan:
             w.prepared.clear()

@@ -187,7 +187,12 @@ def machine_key() -> str:
 
 
 # ---- measuring ----------------------------------------------------------------------------------
-def _time_us(fn: Callable[[], object], reps: int) -> float:
+def best_time_us(fn: Callable[[], object], reps: int, *, warm_up: bool = False) -> float:
+    """The fastest of ``reps`` calls of ``fn`` in microseconds of wall time (the fastest:
+    other programs only ever slow a run down); ``warm_up``: one untimed call first (a
+    kernel's lazily made form or prepacking, the first touch of its pages)."""
+    if warm_up:
+        fn()
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -241,8 +246,7 @@ def measure(
                         total = 0.0
                         for ref, count in mats:
                             x = torch.randn(1, rows, ref.weight.shape[1])
-                            kernel(x, ref, None)  # warm-up (and prepacking)
-                            total += _time_us(lambda: kernel(x, ref, None), reps) * count / rows
+                            total += best_time_us(lambda: kernel(x, ref, None), reps, warm_up=True) * count / rows
             except (RuntimeError, NotImplementedError, AttributeError) as e:
                 log.info("kernel %s unavailable here: %s", name, e)
                 continue
@@ -260,14 +264,12 @@ def _time_stream_us(kernel: Callable, refs: list[WeightRef], reps: int) -> float
         n = ref.weight.shape[1]
         if n not in xs:
             xs[n] = torch.randn(1, 1, n)
-    for ref in refs:
-        kernel(xs[ref.weight.shape[1]], ref, None)
 
     def one_token():
         for ref in refs:
             kernel(xs[ref.weight.shape[1]], ref, None)
 
-    return _time_us(one_token, reps)
+    return best_time_us(one_token, reps, warm_up=True)
 
 
 def load_or_measure(

@@ -6,12 +6,14 @@ package (the kernels read weights by their attributes: :mod:`runtime.kernels.qua
 """
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
+from runtime.kernels import choice as float_choice
 from runtime.kernels.quantized import QUANT_KERNELS, BlockType, QuantWeight, _four_bit, quant_linear
 
 log = logging.getLogger(__name__)
@@ -97,18 +99,6 @@ def default_quant_choice(btypes, device: str | torch.device = "cpu") -> QuantCho
     return QuantChoice({t.name: kernel_pairs(t, device)[0] for t in sorted(btypes, key=lambda t: t.name)})
 
 
-def _best_us(fn: Callable[[], object], reps: int) -> float:
-    import time
-
-    fn()  # warm-up (and any lazily made form)
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e6
-
-
 #: A kernel that holds a repacked copy beside the file's blocks (int4pack) must beat one
 #: that reads the blocks themselves by this factor to be chosen: memory is the point of
 #: running the file's own blocks.
@@ -163,7 +153,7 @@ def measure_quant(weights: list[QuantWeight], device: str | torch.device = "cpu"
                         for w in ws:
                             quant_linear(xs[w.cols], w, k, device=device)
                     try:
-                        per["decode"][k] = round(_best_us(token, reps), 1)
+                        per["decode"][k] = round(float_choice.best_time_us(token, reps, warm_up=True), 1)
                     except (RuntimeError, NotImplementedError) as e:
                         log.info("quantized kernel %s unusable for %s: %s", k, tname, e)
             decode = _fastest(per["decode"], decodes)
@@ -177,7 +167,8 @@ def measure_quant(weights: list[QuantWeight], device: str | torch.device = "cpu"
                     total = 0.0
                     for (rows, cols), same in shapes.items():
                         x = torch.randn(prefill_rows, cols, device=device)
-                        total += _best_us(lambda w=same[0], x=x, k=k: quant_linear(x, w, k, device=device), reps) * len(same)
+                        run = functools.partial(quant_linear, x, same[0], k, device=device)
+                        total += float_choice.best_time_us(run, reps, warm_up=True) * len(same)
                     per["prefill"][k] = round(total / prefill_rows, 1)
             prefill = _fastest(per["prefill"], prefills)
             chosen[tname] = (decode, prefill)
@@ -199,8 +190,6 @@ def load_or_measure_quant(folder, btypes, device: str | torch.device, measure_fn
     """
     import json
     import os
-
-    from runtime.kernels import choice as float_choice
 
     names = sorted({t.name for t in btypes})
     mode = os.environ.get("ATTNCHAT_KERNELS", "")

@@ -191,3 +191,14 @@ def test_the_compiled_steps_onednn_op_computes_the_linear_product():
     x, w = torch.randn(1, 1, 48), torch.randn(40, 48)
     torch.testing.assert_close(torch.ops.attnchat.onednn_linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
     register_compiled_op()  # a second probe does not define the op again
+
+
+@pytest.mark.parametrize("warm_up, calls", [(False, 3), (True, 4)])
+def test_best_time_is_the_fastest_call(monkeypatch, warm_up, calls):
+    """One timer for the float kernels, the quantized ones and scripts/measure_quant_kernels.py:
+    the fastest of ``reps`` timed calls in microseconds, a warm-up call untimed."""
+    ticks = iter([0.0, 5e-6, 1.0, 1.0 + 2e-6, 2.0, 2.0 + 7e-6])  # three calls: 5, 2, 7 us
+    monkeypatch.setattr(kernels.time, "perf_counter", lambda: next(ticks))
+    ran = []
+    assert kernels.best_time_us(lambda: ran.append(1), 3, warm_up=warm_up) == pytest.approx(2.0)
+    assert len(ran) == calls
