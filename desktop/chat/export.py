@@ -11,6 +11,7 @@ Plain data in, text out: no Qt, no torch.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict
 from typing import Iterable
 
@@ -28,6 +29,28 @@ SETTING_NAMES = {
 #: Values that mean "off" or "the default", said in words.
 _WORDS = {("seed", -1): "random", ("context", 0): "the model's maximum", ("cache_limit_mib", 0): "none",
           ("top_k", 0): "off", ("cache_dtype", "auto"): "auto (the compute dtype)"}
+
+
+_FENCE = re.compile(r"(`{3,}|~{3,})(.*)")
+
+
+def _closed_fences(text: str) -> str:
+    """``text`` with a code fence it leaves open closed at its end (a reply stopped, or cut at
+    its length limit, inside a code block): in the exported file an open fence ran on over
+    every section after it. Fences are found at any indentation (small models indent a list
+    item's fences); a text whose fences all close is left as written."""
+    open_marks = None
+    for line in text.split("\n"):
+        m = _FENCE.match(line.lstrip(" "))
+        if m is None:
+            continue
+        marks, rest = m.group(1), m.group(2)
+        if open_marks is None:
+            if not (marks[0] == "`" and "`" in rest):   # an info string holds no backtick
+                open_marks = marks
+        elif marks[0] == open_marks[0] and len(marks) >= len(open_marks) and not rest.strip():
+            open_marks = None
+    return text if open_marks is None else f"{text}\n{open_marks}"
 
 
 def _settings_of(messages) -> list[dict | None]:
@@ -77,7 +100,7 @@ def conversation_markdown(conv, messages) -> str:
                 parts.append(f"_Settings changed for the next reply: {describe_settings(settings, changed)}_\n")
         if settings:
             last = settings
-        parts.append(f"## {NAMES.get(m.role, m.role)}\n\n{m.content.rstrip()}\n")
+        parts.append(f"## {NAMES.get(m.role, m.role)}\n\n{_closed_fences(m.content.rstrip())}\n")
     return "\n".join(parts)
 
 
