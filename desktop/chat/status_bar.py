@@ -4,15 +4,58 @@ Must not import torch or runtime; it reads the plain dicts the engine worker emi
 """
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import QLabel, QProgressBar, QSizeGrip, QStatusBar, QWidget
 
-__all__ = ["ChatStatusBar", "PREFILL_BAR_MIN_TOKENS"]
+__all__ = ["ChatStatusBar", "PREFILL_BAR_MIN_TOKENS", "StatusField"]
 
 #: Qt's QWIDGETSIZE_MAX: no maximum width.
 QWIDGETSIZE_MAX = (1 << 24) - 1
 #: Prompts shorter than this prefill in a blink: no progress bar for them (tokens).
 PREFILL_BAR_MIN_TOKENS = 256
+
+
+#: The narrowest a permanent field gets when the fields do not fit beside each other (pixels).
+FIELD_MIN_WIDTH = 120
+
+
+class StatusField(QLabel):
+    """A permanent field of the status bar that gives way: narrower than its text it shows the
+    text's start and "…" (the whole text in its tooltip), so the fields' widths never add up to
+    a minimum width that makes the window wider (beside the serve toggle's "Serving at …"
+    label, which keeps its address whole, they grew it by 111 px)."""
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt API
+        hint = super().minimumSizeHint()
+        return QSize(min(hint.width(), FIELD_MIN_WIDTH), hint.height())
+
+    def setText(self, text: str) -> None:  # noqa: N802 - Qt API
+        super().setText(text)
+        self._sync_tip()
+
+    def setToolTip(self, tip: str) -> None:  # noqa: N802 - Qt API
+        self._tip = tip
+        self._sync_tip()
+
+    def _sync_tip(self) -> None:
+        tip, text = getattr(self, "_tip", ""), self.text()
+        cut = self.width() < self.sizeHint().width() and text and text not in tip
+        super().setToolTip((f"{text}\n{tip}" if tip else text) if cut else tip)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt API
+        super().resizeEvent(event)
+        self._sync_tip()
+
+    def paintEvent(self, event) -> None:  # noqa: N802 - Qt API
+        rect = self.contentsRect()
+        if self.width() >= self.sizeHint().width() or self.textFormat() == Qt.TextFormat.RichText:
+            super().paintEvent(event)
+            return
+        text = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, rect.width())
+        painter = QPainter(self)
+        self.style().drawItemText(painter, rect, int(self.alignment()), self.palette(), self.isEnabled(), text,
+                                  self.foregroundRole())
 
 
 class ChatStatusBar(QStatusBar):
@@ -21,12 +64,12 @@ class ChatStatusBar(QStatusBar):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setObjectName("statusBar")
-        self.model_label = QLabel("No model")
+        self.model_label = StatusField("No model")
         self.model_label.setObjectName("modelLabel")
-        self.device_label = QLabel("")
-        self.context_label = QLabel("")
+        self.device_label = StatusField("")
+        self.context_label = StatusField("")
         self.context_label.setToolTip("Tokens in the KV cache / the context limit")
-        self.speed_label = QLabel("")
+        self.speed_label = StatusField("")
         self.speed_label.setToolTip("Time to first token and decode speed of the last reply")
         self._permanent: list[QWidget] = []
         self.prefill = QProgressBar()
