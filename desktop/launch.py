@@ -68,6 +68,7 @@ def main(args: argparse.Namespace) -> int:
     window.download_requested.connect(lambda: offer_download(window))
     previous_hook = sys.excepthook
     sys.excepthook = lambda *exc: report_unexpected(window, *exc)
+    window.fit_to_screen()   # a new user's default size, within a small screen with its title bar
     window.show()
     start_model(window, getattr(args, "model", None))
     try:

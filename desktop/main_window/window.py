@@ -12,8 +12,8 @@ import logging
 import sqlite3
 from typing import Callable
 
-from PySide6.QtCore import QCoreApplication, QEvent, Qt, Signal
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtCore import QCoreApplication, QEvent, QRect, Qt, Signal
+from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox, QSplitter, QStackedWidget, QWidget
 
 import models
@@ -39,6 +39,9 @@ PANEL_SLOTS = {"kvCachePanel": "KV-cache memory", "attentionPanel": "Attention"}
 
 #: A dock panel's starting width at least (px): its charts and tabs stay readable.
 PANEL_MIN_WIDTH = 270
+#: Room left around a new window for the window manager's frame (title bar, borders), which
+#: is unknown before the window is shown (pixels: width, height).
+FRAME_ROOM = (16, 48)
 
 
 class MainWindow(ConversationActions, ReplyActions, QMainWindow):
@@ -196,9 +199,26 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         en.error.connect(self.show_error)
         en.finished.connect(self._on_finished)
 
+    def fit_to_screen(self, room: QRect | None = None) -> None:
+        """Shrink a new user's window (the default 1,100 x 720) to fit ``room`` (the screen's
+        available area) with its frame: on a 720 px screen the title bar pushed the status bar
+        below the screen's edge. A restored geometry is already fitted (Qt's restoreGeometry)."""
+        if self.restored_geometry:
+            return
+        if room is None:
+            screen = self.screen() or QGuiApplication.primaryScreen()
+            if screen is None:
+                return
+            room = screen.availableGeometry()
+        w, h = min(self.width(), room.width() - FRAME_ROOM[0]), min(self.height(), room.height() - FRAME_ROOM[1])
+        if (w, h) != (self.width(), self.height()):
+            self.resize(max(w, self.minimumWidth()), max(h, self.minimumHeight()))
+
     def _restore(self) -> None:
         s = self.settings
-        if not s.get("window/geometry").isEmpty():
+        #: True when the window took a saved geometry (not a new user's default size).
+        self.restored_geometry = not s.get("window/geometry").isEmpty()
+        if self.restored_geometry:
             self.restoreGeometry(s.get("window/geometry"))
         if not s.get("window/state").isEmpty():
             self.restoreState(s.get("window/state"))
