@@ -35,6 +35,9 @@ LABELS = {"copy": "Copy", "edit": "Edit", "regenerate": "Regenerate", "stop": "�
 COPIED = "Copied ✓"
 #: The header's note on a message the model no longer sees (rolling overflow evicted it).
 UNSEEN_NOTE = "evicted: the model no longer sees this"
+#: The same note when no cache of the conversation exists now (a restart, other cache settings):
+#: it says what the last reply saw; the next message reads the conversation again.
+STALE_UNSEEN_NOTE = "evicted: the last reply did not see this"
 
 
 @dataclass(frozen=True)
@@ -208,7 +211,7 @@ class MessageDelegate(QStyledItemDelegate):
                 return f"Reading the prompt… {100 * done // max(1, total)}%"
             return "Writing…"
         if index.row() < getattr(self._view(), "unseen", 0):
-            return UNSEEN_NOTE
+            return STALE_UNSEEN_NOTE if getattr(self._view(), "unseen_stale", False) else UNSEEN_NOTE
         return describe_finish(index.data(MessageListModel.FinishRole), index.data(MessageListModel.StatsRole))
 
     # ---- painting --------------------------------------------------------------------------

@@ -77,9 +77,12 @@ class ChatPage(QWidget):
         self.edit_banner.show()
 
 
-    def show_unseen(self, messages: int, system_kept: bool = True, sinks: int = 0) -> None:
+    def show_unseen(self, messages: int, system_kept: bool = True, sinks: int = 0, stale: bool = False) -> None:
         """Say what the model no longer sees: the first ``messages`` (faded in the chat) and,
-        unless ``system_kept``, the system prompt past the first ``sinks`` tokens."""
+        unless ``system_kept``, the system prompt past the first ``sinks`` tokens. ``stale``: no
+        cache of the conversation exists now (a restart, other cache settings), so this is what
+        the last reply saw, and the next message reads the conversation again."""
+        self.chat.unseen_stale = stale
         self.chat.unseen = messages
         if not messages and system_kept:
             self.unseen_banner.hide()
@@ -87,11 +90,20 @@ class ChatPage(QWidget):
         parts = []
         if messages:
             which, them = ("first message", "it") if messages == 1 else (f"first {messages} messages", "them")
-            parts.append(f"The model no longer sees the {which} (faded): the rolling overflow policy evicted "
-                         f"{them} from its KV cache.")
-        parts.append("It keeps the system prompt." if system_kept else
-                     f"It has lost the system prompt after its first {sinks} tokens: the prompt is longer than half "
-                     "the context. Shorten it or raise the context length in Edit > Settings.")
+            if stale:
+                parts.append(f"The last reply did not see the {which} (faded): the rolling overflow policy had "
+                             f"evicted {them} from its KV cache.")
+            else:
+                parts.append(f"The model no longer sees the {which} (faded): the rolling overflow policy evicted "
+                             f"{them} from its KV cache.")
+        if stale:
+            parts.append("It kept the system prompt." if system_kept else
+                         f"It had lost the system prompt after its first {sinks} tokens.")
+            parts.append("Your next message reads the conversation again with the current settings.")
+        else:
+            parts.append("It keeps the system prompt." if system_kept else
+                         f"It has lost the system prompt after its first {sinks} tokens: the prompt is longer than "
+                         "half the context. Shorten it or raise the context length in Edit > Settings.")
         self.unseen_banner.setText(" ".join(parts))
         self.unseen_banner.show()
 

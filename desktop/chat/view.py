@@ -54,6 +54,7 @@ class ChatView(QListView):
         self._busy = False
         self._edit_row = -1
         self._unseen = 0
+        self._unseen_stale = False
         self.flash: tuple[int, str, int] | None = None   # (row, button name, arg) that says "Copied ✓"
         self._flash_timer = QTimer(self, singleShot=True, interval=FLASH_MS)
         self._flash_timer.timeout.connect(self._end_flash)
@@ -95,6 +96,18 @@ class ChatView(QListView):
         if int(n) != self._unseen:
             self._unseen = int(n)
             self._relayout()   # their header notes change
+
+    @property
+    def unseen_stale(self) -> bool:
+        """True when :attr:`unseen` is the last reply's view and no cache of the conversation
+        exists now (a restart, other cache settings): their notes say so."""
+        return self._unseen_stale
+
+    @unseen_stale.setter
+    def unseen_stale(self, on: bool) -> None:
+        if bool(on) != self._unseen_stale:
+            self._unseen_stale = bool(on)
+            self._relayout()
 
     @property
     def edit_row(self) -> int:

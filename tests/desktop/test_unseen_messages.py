@@ -2,7 +2,7 @@
 banner says so (and whether the system prompt is kept), and the KV readout names the sinks."""
 from __future__ import annotations
 
-from desktop.chat.delegate import UNSEEN_NOTE
+from desktop.chat.delegate import STALE_UNSEEN_NOTE, UNSEEN_NOTE
 from desktop.worker import EngineWorker
 from runtime import Finish, Message, TextPiece, TurnStats
 from tests.desktop.fakes import FakeSession, fake_load
@@ -77,3 +77,23 @@ def test_one_evicted_message_reads_as_one(qtbot, make_window):
     w.page.show_unseen(1)
     assert w.page.unseen_banner.text().startswith(
         "The model no longer sees the first message (faded): the rolling overflow policy evicted it from its KV cache.")
+
+
+def test_after_a_restart_the_fade_is_the_last_replys_not_the_models(qtbot, make_window):
+    """Seen on a real display (1100x720, Intel Xeon) after a restart with other settings (context
+    8,192, truncate-middle): "The model no longer sees the first message (faded)" stayed, though
+    no cache existed and the next message reads the whole conversation again."""
+    w = make_window(worker=EngineWorker(load_fn=fake_load, session_fn=lambda m, s, g: RollingSession(g)))
+    w.settings.set("generation/overflow", "rolling")
+    for text in ("first question", "second question", "third question"):
+        send(qtbot, w, text)
+    conv = w.current_conversation
+    w.settings.set("generation/context", 4096)   # other cache settings: no cache of it now (as after a restart)
+    w.new_conversation()
+    w.open_conversation(conv)
+    banner = w.page.unseen_banner
+    assert w.chat.unseen == 3 and banner.isVisible()   # still faded: the last reply did not see them
+    assert banner.text().startswith("The last reply did not see the first 3 messages (faded)")
+    assert "Your next message reads the conversation again with the current settings." in banner.text()
+    assert "no longer sees" not in banner.text() and UNSEEN_NOTE not in notes(w)
+    assert notes(w)[:3] == [STALE_UNSEEN_NOTE] * 3
