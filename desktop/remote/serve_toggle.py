@@ -42,11 +42,13 @@ KEEP_LINES = 40
 
 
 def serve_command(model_path: str, device: str = "auto", *, context: int = 0, cache_dtype: str = "auto",
-                  weight_dtype: str = "auto", reproducible: bool = False) -> tuple[str, list[str]]:
+                  weight_dtype: str = "auto", reproducible: bool = False, cache_policy: str = "none",
+                  cache_budget: str = "") -> tuple[str, list[str]]:
     """``(program, arguments)`` that serve ``model_path`` on a free loopback port, with the
     window's ``context`` (tokens; 0: the model's maximum), KV ``cache_dtype``,
-    ``weight_dtype`` (``"auto"``: the server's own choice, the same rule as the window's) and
-    ``reproducible`` greedy replies (on the CPU)."""
+    ``weight_dtype`` (``"auto"``: the server's own choice, the same rule as the window's),
+    ``reproducible`` greedy replies (on the CPU) and ``cache_policy`` with its ``cache_budget``
+    (``"512"`` tokens or ``"24MiB"``, as ``attnchat serve --cache-budget`` reads it)."""
     args = ["serve", "--model", model_path, "--host", "127.0.0.1", "--port", "0", "--device", device or "auto"]
     if context and int(context) > 0:
         args += ["--context", str(int(context))]
@@ -56,6 +58,8 @@ def serve_command(model_path: str, device: str = "auto", *, context: int = 0, ca
         args += ["--dtype", weight_dtype]
     if reproducible:
         args += ["--reproducible"]
+    if cache_policy and cache_policy != "none":
+        args += ["--cache-policy", cache_policy, "--cache-budget", cache_budget]
     if getattr(sys, "frozen", False):  # the packaged app is its own command line
         return sys.executable, args
     return sys.executable, ["-m", "attnchat", *args]
@@ -292,14 +296,21 @@ class ServeToggle(QObject):
 
     def options(self) -> dict:
         """The window's settings the server gets: the context a reply gets here (the memory
-        limit's cap included), the KV-cache dtype and the weight dtype."""
+        limit's cap included), the KV-cache dtype, the weight dtype and the cache policy (with
+        its budget; none adds nothing)."""
         w = self.window
         gen = w.generation()
-        return {"context": int(w.context_limit() or 0), "cache_dtype": str(gen.get("cache_dtype") or "auto"),
-                "weight_dtype": str(w.settings.get("model/weight_dtype") or "auto"),
-                # the window's model runs it only on the CPU (the server's would refuse it elsewhere)
-                "reproducible": w.settings.get("model/reproducible") == "on"
-                and str((w.engine.model or {}).get("device") or "cpu").startswith("cpu")}
+        out = {"context": int(w.context_limit() or 0), "cache_dtype": str(gen.get("cache_dtype") or "auto"),
+               "weight_dtype": str(w.settings.get("model/weight_dtype") or "auto"),
+               # the window's model runs it only on the CPU (the server's would refuse it elsewhere)
+               "reproducible": w.settings.get("model/reproducible") == "on"
+               and str((w.engine.model or {}).get("device") or "cpu").startswith("cpu")}
+        policy = str(gen.get("cache_policy") or "none")
+        if policy != "none":
+            budget = float(gen.get("cache_budget") or 0.0)
+            in_mib = str(gen.get("cache_budget_unit") or "tokens") == "MiB"
+            out.update(cache_policy=policy, cache_budget=f"{budget:g}MiB" if in_mib else str(int(budget)))
+        return out
 
     def _sync(self) -> None:
         running = self.server.running
@@ -332,6 +343,9 @@ def describe_options(options: dict) -> str:
         parts.append(f"{weights} weights")
     if options.get("reproducible"):
         parts.append("reproducible greedy replies")
+    policy, budget = options.get("cache_policy") or "none", str(options.get("cache_budget") or "")
+    if policy != "none":
+        parts.append(f"{policy} cache policy ({budget.replace('MiB', ' MiB') if 'MiB' in budget else budget + ' tokens'})")
     return ", ".join(parts)
 
 

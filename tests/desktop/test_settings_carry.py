@@ -117,3 +117,22 @@ def test_save_dialogs_start_in_the_documents_folder(qtbot, make_window, document
     # It started in the current directory.
     assert asked[0] == os.path.join(str(folder), "Hello.md")
     assert os.path.dirname(asked[1]) == str(folder) and asked[1].endswith(".png")
+
+
+@pytest.mark.parametrize("unit, budget, flag, said", [("tokens", 512.0, "512", "h2o cache policy (512 tokens)"),
+                                                      ("MiB", 1.5, "1.5MiB", "h2o cache policy (1.5 MiB)")])
+def test_the_server_gets_the_windows_cache_policy(qtbot, make_window, unit, budget, flag, said):
+    """Seen on a real display: with a cache policy set (Edit > Settings > Cache policy), the
+    toggle's server kept every token (its default, none): the policy is a cache setting too."""
+    w = make_window()
+    for key, value in (("generation/cache_policy", "h2o"), ("generation/cache_budget", budget),
+                       ("generation/cache_budget_unit", unit)):
+        w.settings.set(key, value)
+    options = w.serve_toggle.options()
+    assert options["cache_policy"] == "h2o" and options["cache_budget"] == flag
+    _, args = serve_command("/m/fake.gguf", "cpu", **options)
+    assert args[args.index("--cache-policy") + 1] == "h2o" and args[args.index("--cache-budget") + 1] == flag
+    assert said in w.serve_toggle.settings_action.text()
+    w.settings.set("generation/cache_policy", "none")   # none: nothing added
+    assert "cache_policy" not in w.serve_toggle.options()
+    assert "--cache-policy" not in serve_command("/m/fake.gguf", "cpu", **w.serve_toggle.options())[1]
