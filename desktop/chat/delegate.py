@@ -24,7 +24,7 @@ from PySide6.QtWidgets import QListView, QStyle, QStyledItemDelegate, QStyleOpti
 from desktop.chat.markdown import Rendered, build_document, code_tint, mix
 from desktop.chat.messages import MessageListModel, describe_finish
 
-__all__ = ["Button", "Header", "MessageDelegate", "MARKDOWN_LIMIT", "UNSEEN_NOTE"]
+__all__ = ["Button", "DROPPED_NOTE", "Header", "MessageDelegate", "MARKDOWN_LIMIT", "UNSEEN_NOTE"]
 
 #: Past this many characters a message is shown as plain text: Markdown layout of a
 #: huge paste costs more than it is worth (and a paste is rarely Markdown).
@@ -38,6 +38,9 @@ UNSEEN_NOTE = "evicted: the model no longer sees this"
 #: The same note when no cache of the conversation exists now (a restart, other cache settings):
 #: it says what the last reply saw; the next message reads the conversation again.
 STALE_UNSEEN_NOTE = "evicted: the last reply did not see this"
+#: The notes when truncate-middle left the message out of the prompt (not a cache eviction).
+DROPPED_NOTE = "left out: the model no longer sees this"
+STALE_DROPPED_NOTE = "left out: the last reply did not see this"
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,10 @@ class MessageDelegate(QStyledItemDelegate):
                 return f"Reading the prompt… {100 * done // max(1, total)}%"
             return "Writing…"
         if index.row() < getattr(self._view(), "unseen", 0):
-            return STALE_UNSEEN_NOTE if getattr(self._view(), "unseen_stale", False) else UNSEEN_NOTE
+            stale = getattr(self._view(), "unseen_stale", False)
+            if getattr(self._view(), "unseen_policy", "rolling") == "truncate-middle":
+                return STALE_DROPPED_NOTE if stale else DROPPED_NOTE
+            return STALE_UNSEEN_NOTE if stale else UNSEEN_NOTE
         return describe_finish(index.data(MessageListModel.FinishRole), index.data(MessageListModel.StatsRole))
 
     # ---- painting --------------------------------------------------------------------------

@@ -18,7 +18,8 @@ def describe_finish(reason: str | None, stats: dict | None) -> str:
     notes = {"cancelled": "stopped", "length": "length limit", "context": "context full", "error": "failed"}
     parts = [notes[reason]] if reason in notes else []
     if stats and stats.get("completion_tokens"):
-        parts.append(f"{stats['completion_tokens']} tokens")
+        n = int(stats["completion_tokens"])
+        parts.append(f"{n:,} token{'s' if n != 1 else ''}")
         if stats.get("decode_tokens_per_s"):
             parts.append(f"{stats['decode_tokens_per_s']:.1f} tok/s")
     return " · ".join(parts)

@@ -43,7 +43,7 @@ class ChatPage(QWidget):
         # panels open the window grew by that much when Edit was clicked.
         self.edit_banner.setWordWrap(True)
         self.edit_banner.hide()
-        #: Rolling overflow: what the model no longer sees (see show_unseen).
+        #: Rolling overflow or truncate-middle: what the model no longer sees (see show_unseen).
         self.unseen_banner = QLabel()
         self.unseen_banner.setObjectName("unseenBanner")
         self.unseen_banner.setWordWrap(True)
@@ -77,12 +77,16 @@ class ChatPage(QWidget):
         self.edit_banner.show()
 
 
-    def show_unseen(self, messages: int, system_kept: bool = True, sinks: int = 0, stale: bool = False) -> None:
+    def show_unseen(self, messages: int, system_kept: bool = True, sinks: int = 0, stale: bool = False,
+                    policy: str = "rolling") -> None:
         """Say what the model no longer sees: the first ``messages`` (faded in the chat) and,
         unless ``system_kept``, the system prompt past the first ``sinks`` tokens. ``stale``: no
         cache of the conversation exists now (a restart, other cache settings), so this is what
-        the last reply saw, and the next message reads the conversation again."""
+        the last reply saw, and the next message reads the conversation again. ``policy``: the
+        overflow policy that hid them ("rolling": evicted from the KV cache; "truncate-middle":
+        left out of the prompt)."""
         self.chat.unseen_stale = stale
+        self.chat.unseen_policy = policy
         self.chat.unseen = messages
         if not messages and system_kept:
             self.unseen_banner.hide()
@@ -90,12 +94,15 @@ class ChatPage(QWidget):
         parts = []
         if messages:
             which, them = ("first message", "it") if messages == 1 else (f"first {messages} messages", "them")
-            if stale:
-                parts.append(f"The last reply did not see the {which} (faded): the rolling overflow policy had "
-                             f"evicted {them} from its KV cache.")
+            if policy == "truncate-middle":
+                why = (f"the conversation had passed the context, and truncate-middle had left {them} out of its prompt."
+                       if stale else f"the conversation passed the context, and truncate-middle left {them} out of "
+                       "the prompt (raise the context length in Edit > Settings to keep more).")
             else:
-                parts.append(f"The model no longer sees the {which} (faded): the rolling overflow policy evicted "
-                             f"{them} from its KV cache.")
+                why = (f"the rolling overflow policy had evicted {them} from its KV cache." if stale
+                       else f"the rolling overflow policy evicted {them} from its KV cache.")
+            parts.append(f"The last reply did not see the {which} (faded): {why}" if stale
+                         else f"The model no longer sees the {which} (faded): {why}")
         if stale:
             parts.append("It kept the system prompt." if system_kept else
                          f"It had lost the system prompt after its first {sinks} tokens.")

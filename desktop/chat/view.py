@@ -55,6 +55,9 @@ class ChatView(QListView):
         self._edit_row = -1
         self._unseen = 0
         self._unseen_stale = False
+        #: Which overflow policy hid the :attr:`unseen` messages: "rolling" (evicted from the KV
+        #: cache) or "truncate-middle" (left out of the prompt): their notes say which.
+        self.unseen_policy = "rolling"
         self.flash: tuple[int, str, int] | None = None   # (row, button name, arg) that says "Copied ✓"
         self._flash_timer = QTimer(self, singleShot=True, interval=FLASH_MS)
         self._flash_timer.timeout.connect(self._end_flash)

@@ -123,9 +123,10 @@ class ConversationActions:
         self._show_unseen({} if stats.get("other_model") else stats)
 
     def _show_unseen(self, stats: dict) -> None:
-        """Fade the messages the last reply's model no longer saw (rolling overflow) and say so."""
+        """Fade the messages the last reply's model no longer saw (rolling overflow, truncate-middle) and say so."""
         self.page.show_unseen(int(stats.get("unseen_messages") or 0), bool(stats.get("system_kept", True)),
-                              int(stats.get("sink_tokens") or 0), stale=bool(stats.get("stale")))
+                              int(stats.get("sink_tokens") or 0), stale=bool(stats.get("stale")),
+                              policy=stats.get("unseen_policy") or "rolling")
 
     def cache_key(self) -> tuple:
         """What a conversation's cache depends on: the loaded model and the cache settings (a

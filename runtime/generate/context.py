@@ -160,8 +160,9 @@ def drop_oldest_turns(encode: Encode, messages: Sequence[Message], target: int, 
 
 def trim_conversation(encode: Encode, messages: Sequence[Message], target: int, tail: Sequence[int] = (), *,
                       count: Count | None = None, cancelled: Callable[[], bool] | None = None
-                      ) -> tuple[list[int], int]:
-    """:func:`drop_oldest_turns` and the tokens it dropped from the whole conversation.
+                      ) -> tuple[list[int], int, int]:
+    """:func:`drop_oldest_turns`, the tokens it dropped from the whole conversation, and the
+    index of the first message it kept (0: none dropped).
 
     The count is exact when the conversation is rendered whole (up to
     :data:`RENDER_WHOLE_FACTOR` times ``target``, or without ``count``); past that, the
@@ -177,17 +178,19 @@ def trim_conversation(encode: Encode, messages: Sequence[Message], target: int, 
         ids = encode(messages)
         whole = len(ids)
         if whole + len(tail) <= target:
-            return list(ids) + list(tail), 0
+            return list(ids) + list(tail), 0, 0
     start, ids = _trim(encode, messages, target, tail, count=count, cancelled=cancelled, guess=guess)
     kept = len(ids) - len(tail)
     if whole is None:
         whole = kept + sum(guess[1][:start])
-    return ids, whole - kept
+    return ids, whole - kept, start
 
 
 def fit_prompt(encode: Encode, messages: Sequence[Message], *, limit: int, reserve: int, policy: str,
-               count: Count | None = None, cancelled: Callable[[], bool] | None = None) -> tuple[list[int], int]:
-    """The prompt ids for ``messages`` under ``policy``, and how many tokens were dropped.
+               count: Count | None = None, cancelled: Callable[[], bool] | None = None) -> tuple[list[int], int, int]:
+    """The prompt ids for ``messages`` under ``policy``, how many tokens were dropped, and the
+    index of the first message kept (truncate-middle drops whole messages from the start; 0:
+    none dropped).
 
     Args:
         encode: renders messages (the system prompt added) to token ids.
@@ -213,12 +216,12 @@ def fit_prompt(encode: Encode, messages: Sequence[Message], *, limit: int, reser
             prompt_tokens=len(alone), context_limit=limit,
         )
     if policy != "truncate-middle":
-        return encode(messages), 0
-    ids, dropped = trim_conversation(encode, messages, max(limit - reserve, len(alone) + 1),
-                                     count=count, cancelled=cancelled)
+        return encode(messages), 0, 0
+    ids, dropped, first = trim_conversation(encode, messages, max(limit - reserve, len(alone) + 1),
+                                            count=count, cancelled=cancelled)
     if len(ids) >= limit:
-        ids, dropped = alone, dropped + len(ids) - len(alone)
-    return ids, dropped
+        ids, dropped, first = alone, dropped + len(ids) - len(alone), len(messages) - 1
+    return ids, dropped, first
 
 
 def rolling_window(limit: int, sink_tokens: int) -> int:

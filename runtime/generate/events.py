@@ -130,11 +130,14 @@ class TurnStats:
     decode_threads: int = 0
     max_threads: int = 0
     #: Rolling overflow: the tokens kept at the start (the sinks: the system prompt's with
-    #: ``keep_system_prompt``), whether the system prompt is among them, and how many of the
-    #: conversation's messages (from the first) the model no longer sees at all (evicted).
+    #: ``keep_system_prompt``) and whether the system prompt is among them. Rolling and
+    #: truncate-middle: how many of the conversation's messages (from the first) the model no
+    #: longer sees at all (evicted from the cache; left out of the prompt), and which of the two
+    #: (``unseen_policy``: "rolling", "truncate-middle", or "" when none).
     sink_tokens: int = 0
     system_kept: bool = True
     unseen_messages: int = 0
+    unseen_policy: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -79,6 +79,7 @@ class ChatSession(SessionCache):
         self._slots: list[int] = []
         self._cancel = threading.Event()
         self._sinks = self.settings.sink_tokens   # the rolling policy's sinks for the reply in progress
+        self._first_kept = 0   # truncate-middle: the first message the prompt kept
         self._system_tokens: dict[tuple, int] = {}
         self.last_logits: torch.Tensor | None = None  # logits that chose the first reply token
         self.last_stats: TurnStats | None = None
@@ -220,14 +221,14 @@ class ChatSession(SessionCache):
         self.last_logits = None
         reserve = min(st.max_new_tokens, self.context_limit // 2)
         try:
-            prompt, dropped = fit_prompt(self._encode, self.messages, limit=self.context_limit,
-                                         reserve=reserve, policy=st.overflow,
-                                         count=token_counter(self.model.tokenizer), cancelled=self._cancel.is_set)
+            prompt, dropped, self._first_kept = fit_prompt(
+                self._encode, self.messages, limit=self.context_limit, reserve=reserve, policy=st.overflow,
+                count=token_counter(self.model.tokenizer), cancelled=self._cancel.is_set)
         except ContextOverflowError:
             self.messages[:] = before  # a message that can never fit leaves no trace
             raise
         except PromptCancelled:  # stopped while a long conversation was being trimmed
-            prompt, dropped = None, 0
+            prompt, dropped, self._first_kept = None, 0, 0
         if prompt is not None and not prompt:  # a template and tokenizer that give no token (issue 28)
             self.messages[:] = before
             raise ChatTemplateError("the model's chat template and tokenizer turned this conversation into no "
@@ -337,6 +338,9 @@ class ChatSession(SessionCache):
             self._feed([generated[-1]], last_only=True)
         if st.overflow == "rolling":
             stats.unseen_messages = self._unseen_messages()
+        elif st.overflow == "truncate-middle":   # the messages left out of the prompt
+            stats.unseen_messages = sum(1 for m in self.messages[:self._first_kept] if m.role != TEXT_ROLE)
+        stats.unseen_policy = st.overflow if stats.unseen_messages else ""
         self.last_stats = self._snapshot(stats)
         yield Finish(reason, text, self.last_stats, tuple(generated))
 

@@ -158,9 +158,9 @@ class SessionCache:
         remaining = self.settings.max_new_tokens - len(generated)
         target = limit - max(1, min(remaining, limit // 4))
         try:
-            ids, dropped = trim_conversation(self._encode, self.messages, target, tail=generated,
-                                             count=token_counter(self.model.tokenizer),
-                                             cancelled=self._cancel.is_set)
+            ids, dropped, self._first_kept = trim_conversation(self._encode, self.messages, target, tail=generated,
+                                                               count=token_counter(self.model.tokenizer),
+                                                               cancelled=self._cancel.is_set)
         except PromptCancelled:
             raise _Stop("cancelled") from None
         if len(ids) > limit:

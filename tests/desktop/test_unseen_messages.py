@@ -97,3 +97,29 @@ def test_after_a_restart_the_fade_is_the_last_replys_not_the_models(qtbot, make_
     assert "Your next message reads the conversation again with the current settings." in banner.text()
     assert "no longer sees" not in banner.text() and UNSEEN_NOTE not in notes(w)
     assert notes(w)[:3] == [STALE_UNSEEN_NOTE] * 3
+
+
+class TruncatingSession(RollingSession):
+    """The same figures as truncate-middle reports them: the first messages left out of the prompt."""
+
+    def _generate(self):
+        for ev in super()._generate():
+            if isinstance(ev, Finish):
+                ev.stats.unseen_policy, ev.stats.sink_tokens = "truncate-middle", 0
+            yield ev
+
+
+def test_messages_truncate_middle_left_out_are_faded_and_said(qtbot, make_window, tmp_path):
+    """Under truncate-middle (the default overflow) the dropped turns stayed shown in full with no
+    sign the model no longer saw them (only rolling was reported)."""
+    from desktop.chat.delegate import DROPPED_NOTE
+
+    w = make_window(worker=EngineWorker(load_fn=fake_load, session_fn=lambda m, s, g: TruncatingSession(g)))
+    for text in ("first question", "second question", "third question"):
+        send(qtbot, w, text)
+    assert w.chat.unseen == 3 and notes(w)[:3] == [DROPPED_NOTE] * 3 and DROPPED_NOTE not in notes(w)[3:]
+    banner = w.page.unseen_banner.text()
+    assert banner.startswith("The model no longer sees the first 3 messages (faded): the conversation passed the "
+                             "context, and truncate-middle left them out of the prompt")
+    assert "evicted" not in banner and UNSEEN_NOTE not in notes(w)
+    w.grab().save(str(tmp_path / "truncated.png"))

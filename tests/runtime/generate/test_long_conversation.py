@@ -63,8 +63,8 @@ def _kept(budget: int) -> int:
 def test_ten_thousand_messages_render_little_more_than_what_is_kept():
     msgs = _letters(10_001)
     enc = Encoder()
-    ids, dropped = fit_prompt(enc, msgs, limit=8192, reserve=1024, policy="truncate-middle", count=_words)
-    assert len(ids) == 3 + 3 * _kept(8192 - 1024)
+    ids, dropped, first = fit_prompt(enc, msgs, limit=8192, reserve=1024, policy="truncate-middle", count=_words)
+    assert len(ids) == 3 + 3 * _kept(8192 - 1024) and first == 10_001 - _kept(8192 - 1024)
     assert dropped == 3 + 3 * 10_001 - len(ids)
     # The old way rendered ~8,600 conversations (~43 million messages).
     assert enc.calls <= 12 and enc.rendered <= 4 * _kept(8192 - 1024), (enc.calls, enc.rendered)
@@ -90,8 +90,9 @@ def test_the_same_turns_are_kept_as_one_at_a_time(seed, estimated):
     noisy = lambda texts: [max(0, n + rng.randint(-2, 2)) for n in _words(texts)]  # noqa: E731
     count = noisy if estimated else None
     want = _one_turn_at_a_time(Encoder(), msgs, target, tail)
-    ids, dropped = trim_conversation(Encoder(), msgs, target, tail, count=count)
+    ids, dropped, first = trim_conversation(Encoder(), msgs, target, tail, count=count)
     assert ids == want
+    assert ids == (list(Encoder()(msgs[first:])) + tail if first else ids)   # the first message kept
     exact = len(Encoder()(msgs)) - (len(ids) - len(tail))
     if not estimated or dropped == 0:
         assert dropped == exact

@@ -174,6 +174,10 @@ def test_truncate_middle_counts_each_dropped_token_once(tiny_llama):
     assert s.cache.length == sizes[2] + 100
     assert t.stats.dropped_tokens == sizes[0] - sizes[2]
     assert max(t.cache_lengths) <= CONTEXT
+    # The four earlier messages were left out (two before the reply, two while it ran): said, so
+    # the chat can fade them as it does for rolling.
+    assert (t.stats.unseen_messages, t.stats.unseen_policy) == (4, "truncate-middle")
+    assert (s.last_stats.unseen_messages, s.last_stats.unseen_policy) == (4, "truncate-middle")
 
 
 # ---- the policy arithmetic (runtime.generate.context), no model -------------------------------------
@@ -188,9 +192,9 @@ def test_fit_prompt_drops_whole_turns_only_under_truncate_middle():
     msgs = [Message("user", "a " * 10), Message("assistant", "b " * 10), Message("user", "c " * 5)]
     assert len(_words(msgs)) == 3 + 12 + 12 + 7 == 34
     for policy in ("stop", "rolling"):
-        assert fit_prompt(_words, msgs, limit=30, reserve=10, policy=policy) == ([0] * 34, 0)
-    ids, dropped = fit_prompt(_words, msgs, limit=30, reserve=10, policy="truncate-middle")
-    assert (len(ids), dropped) == (10, 24)  # the first user message and its reply went together
+        assert fit_prompt(_words, msgs, limit=30, reserve=10, policy=policy) == ([0] * 34, 0, 0)
+    ids, dropped, first = fit_prompt(_words, msgs, limit=30, reserve=10, policy="truncate-middle")
+    assert (len(ids), dropped, first) == (10, 24, 2)  # the first user message and its reply went together
     # Fits with room for the reply: nothing dropped.
     assert fit_prompt(_words, msgs, limit=44, reserve=10, policy="truncate-middle")[1] == 0
     assert fit_prompt(_words, msgs, limit=44, reserve=11, policy="truncate-middle")[1] == 24

@@ -61,5 +61,5 @@ def test_rolling_keeps_the_system_prompt_and_says_what_the_model_no_longer_sees(
         assert kept[:n_system] == stream[:n_system]
     assert kept[:4] == stream[:4] and len(stream) > 128 * 2   # long past the window
     # The first messages are out of the window: counted, and consistent with the cache.
-    assert 1 <= last.unseen_messages < len(s.messages)
+    assert 1 <= last.unseen_messages < len(s.messages) and last.unseen_policy == "rolling"
     assert [f.stats.unseen_messages for f in finishes] == sorted(f.stats.unseen_messages for f in finishes)
