@@ -56,7 +56,7 @@ def widen(w: QuantWeight, dtype: torch.dtype = torch.float32, rows: slice | None
     from runtime.kernels import ggml_ops
 
     raw = w.raw if rows is None else w.raw[rows]
-    if not (w.btype.quantized and raw.device.type == "cpu" and ggml_ops.available()):
+    if not (w.btype.quantized and _cpu_branch(raw) and ggml_ops.available()):
         return w.dequantized(dtype, rows, out)
     buf = out if out is not None else torch.empty(raw.shape[0], w.cols, dtype=torch.float32)
     ggml_ops.to_float(raw if raw.is_contiguous() else raw.contiguous(), w.btype.ggml_type, buf)
@@ -70,7 +70,7 @@ def lookup(w: QuantWeight, ids: torch.Tensor) -> torch.Tensor:
     rows = w.raw.index_select(0, flat)
     from runtime.kernels import ggml_ops
 
-    if w.btype.quantized and rows.device.type == "cpu" and ggml_ops.available():
+    if w.btype.quantized and _cpu_branch(rows) and ggml_ops.available():
         out = torch.empty(flat.numel(), w.cols, dtype=torch.float32)
         ggml_ops.to_float(rows, w.btype.ggml_type, out)
     else:
@@ -168,9 +168,10 @@ def _f16_prepare(w: QuantWeight, device: torch.device):
     return W
 
 
-#: Take the kernels' device branches (torch's own ops on the operands' device: no oneDNN, no
-#: per-thread scratch buffer) on CPU tensors too: what a GPU runs, set by the tests to check
-#: that path here (as ``runtime.model.quant_layers.QuantEmbedding.torch_decode`` does).
+#: Take the kernels' device branches (torch's own ops on the operands' device: no ggml, no
+#: oneDNN, no per-thread scratch buffer) on CPU tensors too: what a GPU runs, set by the tests
+#: to check that path here (as ``QuantEmbedding.to_device(..., torch_decode=True)`` does).
+#: :func:`_cpu_branch` is this module's one test of a device.
 torch_ops: bool = False
 
 

@@ -153,8 +153,9 @@ class Attention(nn.Module):
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int | None, kw: dict) -> torch.Tensor:
         """Causal attention over the layer's keys (slot 0 at position ``first``; None after a cache
-        policy's evictions): the fast path, or the reproducible mode's row-invariant one."""
-        if self.kernels.rows and first is not None and q.dtype == torch.float32 and q.device.type == "cpu":
+        policy's evictions): the fast path, or the reproducible mode's row-invariant one (set only
+        on the CPU: :func:`runtime.loader.load.load_model` refuses it elsewhere)."""
+        if self.kernels.rows and first is not None and q.dtype == torch.float32:
             return attention_rows(q, k.to(q.dtype), v.to(q.dtype), first=first, **kw)
         return attention(q, k, v, causal=True, kernels=self.kernels, **kw)
 

@@ -126,6 +126,7 @@ class QuantEmbedding(nn.Module):
         self.weight_q = weight
         self.num_embeddings, self.embedding_dim = weight.rows, weight.cols
         self.device = torch.device("cpu")
+        self.torch_decode = False   # decode rows with torch ops (off the CPU: to_device)
         self._key = qk.weight_key(weight)
         self.head = QuantLinear([weight])
         qk.compiled_lookup()  # defined now: torch.compile cannot define an op while tracing
@@ -137,19 +138,17 @@ class QuantEmbedding(nn.Module):
     def nbytes(self) -> int:
         return self.weight_q.file_bytes + self.weight_q.extra_bytes
 
-    #: Decode rows with torch ops even on the CPU, from a copy of the blocks (what a GPU runs;
-    #: set by the tests to check that path here).
-    torch_decode: bool = False
-
-    def to_device(self, device: torch.device | str) -> None:
+    def to_device(self, device: torch.device | str, *, torch_decode: bool = False) -> None:
         """Keep the blocks on ``device`` (off the CPU a lookup decodes rows with torch ops there:
         what a CUDA graph can capture). Blocks already there stay as they are (on the CPU: the
-        file's memory map, no copy); with :attr:`torch_decode` a CPU copy stands in for a device's."""
+        file's memory map, no copy). ``torch_decode``: decode with torch ops from a copy of the
+        blocks on the CPU too, what a GPU runs (the tests pass it to check that path here)."""
         self.device = torch.device(device)
-        self.weight_q.raw = self.weight_q.raw.to(self.device, copy=self.torch_decode)
+        self.torch_decode = torch_decode or self.device.type != "cpu"
+        self.weight_q.raw = self.weight_q.raw.to(self.device, copy=torch_decode)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.device.type != "cpu" or self.torch_decode:
+        if self.torch_decode:   # chosen once, by to_device
             w = self.weight_q
             return w.decode(w.raw.index_select(0, ids.reshape(-1))).view(*ids.shape, self.embedding_dim)
         if torch.compiler.is_compiling():

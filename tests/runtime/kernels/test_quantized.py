@@ -221,3 +221,22 @@ def test_compiled_op_equals_eager(weights):
     x = torch.randn(1, 1, w.cols)
     with torch.inference_mode():
         torch.testing.assert_close(torch.compile(f, fullgraph=True, dynamic=False)(x), f(x), rtol=0, atol=0)
+
+
+@needs_ggml
+def test_widening_and_lookup_device_branches_on_the_cpu(weights, monkeypatch):
+    """Off the CPU (``torch_ops`` on CPU tensors) widening and row lookup decode with torch ops,
+    not ggml: bitwise the same numbers."""
+    from runtime.kernels import quantized
+
+    ids = torch.tensor([[0, 3], [5, 1]])
+    for name, w in weights.items():
+        host = quantized.widen(w), quantized.lookup(w, ids)
+        monkeypatch.setattr(quantized, "torch_ops", True)
+        calls = []
+        monkeypatch.setattr(ggml_ops, "to_float", lambda *a: calls.append(a))
+        device = quantized.widen(w), quantized.lookup(w, ids)
+        monkeypatch.undo()
+        assert not calls, name   # no ggml on the device branch
+        for a, b in zip(host, device):
+            torch.testing.assert_close(b, a, rtol=0, atol=0)

@@ -120,8 +120,11 @@ def test_the_gpu_paths_on_the_cpu(tiny, monkeypatch):
     ids = torch.tensor([[3, 17, 250]])
     with torch.inference_mode():
         cpu_rows = q.decoder.embed(ids)
-        monkeypatch.setattr(QuantEmbedding, "torch_decode", True)
-        torch.testing.assert_close(q.decoder.embed(ids), cpu_rows, rtol=0, atol=0)
+        try:
+            q.decoder.embed.to_device("cpu", torch_decode=True)
+            torch.testing.assert_close(q.decoder.embed(ids), cpu_rows, rtol=0, atol=0)
+        finally:
+            q.decoder.embed.to_device("cpu")
     choice = default_quant_choice({BLOCK_TYPES[n] for n in ("Q4_0", "Q4_K", "Q8_0", "Q6_K")}, "cuda")
     assert choice.kernels["Q4_K"] == ("int4pack-cuda", "int4pack-cuda") and choice.kernels["Q8_0"] == ("f16", "f16")
 
@@ -141,9 +144,9 @@ def test_embedding_blocks_to_a_device_on_the_cpu(tiny_file, monkeypatch):
     with torch.inference_mode():
         rows = embed(ids)
         embed.to_device("cpu")
-        assert embed.weight_q.raw is raw
-        monkeypatch.setattr(QuantEmbedding, "torch_decode", True)
-        embed.to_device("cpu")
+        assert embed.weight_q.raw is raw and not embed.torch_decode
+        embed.to_device("cpu", torch_decode=True)
+        assert embed.torch_decode
         moved = embed.weight_q.raw
         assert moved.data_ptr() != raw.data_ptr() and torch.equal(moved, raw)
         torch.testing.assert_close(embed(ids), rows, rtol=0, atol=0)
