@@ -67,12 +67,11 @@ from runtime.insight.context_cost import (
 from runtime.insight.explain import (
     IG_POSITIONS,
     IG_STEPS,
-    GRADIENT_PASS_FORWARDS,
-    STEP_FORWARDS,
     ExplainCancelled,
     Explanation,
     explain_cost,
     explain_token,
+    explain_work,
     kendall_tau,
     reply_positions,
 )
@@ -92,7 +91,7 @@ __all__ = [
     "SamplingParams", "Fit", "fit", "MemoryPlan", "plan", "plan_for_config", "kv_bytes_per_token", "cache_bytes_per_token", "count_parameters", "element_bytes",
     "free_memory_bytes", "AttentionCapture", "HeadScores", "head_scores",
     "ABLATION_MODES", "InductionAblation", "ablated", "induction_ablation", "parse_heads", "top_and_probs",
-    "AttentionStepTime", "attention_step_seconds", "scores_per_head", "Explanation", "ExplainCancelled", "explain_cost", "explain_token", "IG_POSITIONS", "IG_STEPS", "GRADIENT_PASS_FORWARDS", "STEP_FORWARDS", "kendall_tau",
+    "AttentionStepTime", "attention_step_seconds", "scores_per_head", "Explanation", "ExplainCancelled", "explain_cost", "explain_token", "explain_work", "IG_POSITIONS", "IG_STEPS", "kendall_tau",
     "reply_positions", "FormulaByHand", "formula_by_hand",
     "LayerAttention", "FormulaSteps", "context_ids", "conversation_ids", "held_context", "kept_share", "token_strings", "read_config", "gguf_blocks_bytes", "ChatSession", "GenerationSettings", "OVERFLOW_POLICIES", "Event",
     "PrefillProgress", "TextPiece", "StatsUpdate", "Finish", "TurnStats",

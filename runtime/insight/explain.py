@@ -80,7 +80,7 @@ from runtime.model.quant_layers import widened_for_gradients
 
 __all__ = ["ExplainCancelled", "Explanation", "GRADIENT_PASS_FORWARDS", "IG_BUDGET_BYTES", "IG_POSITIONS", "IG_STEPS",
            "IG_TYPICAL_STEPS", "Permutation", "STEP_FORWARDS",
-           "baseline_token", "explain_cost", "explain_token", "gradient_importance", "ig_batch", "kendall_tau",
+           "baseline_token", "explain_cost", "explain_token", "explain_work", "gradient_importance", "ig_batch", "kendall_tau",
            "pass_bytes", "permutation_test", "reply_positions", "summary_sentence"]
 
 #: Explain's defaults: integrated gradients in at most this many gradient passes (the adaptive
@@ -319,15 +319,26 @@ STEP_FORWARDS = 1.5
 IG_TYPICAL_STEPS = 60
 
 
+def explain_work(tokens: int, *, permutations: int = 32,
+                 ig_positions: int | None = IG_POSITIONS) -> tuple[float, float, float]:
+    """What each pass of :func:`explain_token` costs, in no-gradient forwards of one token
+    (:data:`GRADIENT_PASS_FORWARDS`, :data:`STEP_FORWARDS`): ``(first, step, permutation)``:
+    the input x gradient pass with the attention row and the frozen prefix, one
+    integrated-gradient step, one permutation row (its share of the permutations' prefix)."""
+    moved = moved_tokens(tokens, ig_positions)
+    first = GRADIENT_PASS_FORWARDS * tokens + tokens + STEP_FORWARDS * (tokens - moved)
+    return first, STEP_FORWARDS * moved, (tokens + permutations) / max(1, permutations)
+
+
 def explain_cost(model: Model, tokens: int, *, ig_steps: int = IG_STEPS, permutations: int = 32,
                  ig_positions: int | None = IG_POSITIONS, ig_rule: str = "adaptive") -> dict:
     """What :func:`explain_token` will do for ``tokens`` context tokens, said before it starts.
 
     Returns a dict: ``passes`` (progress steps: gradient passes, at most, and permutation rows),
-    ``token_passes`` (the work in no-gradient forwards of one token, :data:`GRADIENT_PASS_FORWARDS`
-    and :data:`STEP_FORWARDS`: multiply by seconds per forwarded token for the time; the most
-    steps), ``typical_token_passes`` (the same with :data:`IG_TYPICAL_STEPS` for the adaptive
-    rule), ``peak_bytes`` (the most the passes keep beyond the model at once: quantized matrices
+    ``token_passes`` (the work in no-gradient forwards of one token, :func:`explain_work`:
+    multiply by seconds per forwarded token for the time; the most steps),
+    ``typical_token_passes`` (the same with :data:`IG_TYPICAL_STEPS` for the adaptive rule),
+    ``peak_bytes`` (the most the passes keep beyond the model at once: quantized matrices
     widened once, :func:`~runtime.insight.gradients.widened_bytes`, and the input x gradient pass
     over every token or a batch of integrated-gradient steps, :func:`pass_bytes`) and ``batch``
     (steps per batch within :data:`IG_BUDGET_BYTES`)."""
@@ -335,16 +346,10 @@ def explain_cost(model: Model, tokens: int, *, ig_steps: int = IG_STEPS, permuta
     batch = ig_batch(model, moved, keys=tokens)
     ig_passes = ig_steps + (ig_rule != "adaptive")
     typical = min(ig_passes, IG_TYPICAL_STEPS) if ig_rule == "adaptive" else ig_passes
-
-    def work(steps: int) -> float:
-        return (GRADIENT_PASS_FORWARDS * tokens               # input x gradient
-                + tokens                                      # the attention row
-                + STEP_FORWARDS * ((tokens - moved) + moved * steps)   # the frozen prefix, the steps
-                + tokens + permutations)                      # the permutations' prefix, one token each
-
+    first, step, perm = explain_work(tokens, permutations=permutations, ig_positions=ig_positions)
     peak = widened_bytes(model) + max(pass_bytes(model, tokens), pass_bytes(model, moved, tokens) * min(batch, ig_passes))
-    return {"passes": 1 + ig_passes + permutations, "token_passes": work(ig_passes),
-            "typical_token_passes": work(typical), "peak_bytes": peak, "batch": batch}
+    return {"passes": 1 + ig_passes + permutations, "token_passes": first + step * ig_passes + perm * permutations,
+            "typical_token_passes": first + step * typical + perm * permutations, "peak_bytes": peak, "batch": batch}
 
 
 def reply_positions(model: Model, messages: Sequence[Message], system_prompt: str | None = None) -> tuple[list[int], range]:

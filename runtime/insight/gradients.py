@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from runtime.errors import AttnchatError
-from runtime.insight.integrated import IG_TOLERANCE, FrozenPrefix, adaptive_simpson, frozen_prefix
+from runtime.insight.integrated import IG_TOLERANCE, FrozenPrefix, adaptive_simpson, frozen_prefix, run_embedded
 from runtime.loader.model import Model
 
 __all__ = ["ExplainCancelled", "IG_BUDGET_BYTES", "IG_RULES", "IntegratedGradients", "baseline_token", "check_target",
@@ -54,18 +54,10 @@ def _logprob_grads(model: Model, ctx: torch.Tensor, token: int, alphas: torch.Te
     S = alphas.numel()
     a = alphas.view(S, 1, 1).to(x)
     xs = (base.unsqueeze(0) + a * (x - base).unsqueeze(0)).detach().requires_grad_(True)  # (S, T, C)
-
-    def swap(module, args, out):  # the decoder's embedding lookup gives our embeddings
-        return xs
-
-    handle = model.decoder.embed.register_forward_hook(swap)
-    try:
-        with torch.inference_mode(False), torch.enable_grad():
-            logits = model.decoder(ctx.expand(S, -1), prefix, last_only=True)  # (S, 1, V)
-            lp = torch.log_softmax(logits[:, -1].float(), dim=-1)[:, token]  # (S,)
-            (g,) = torch.autograd.grad(lp.sum(), xs)
-    finally:
-        handle.remove()
+    with torch.inference_mode(False), torch.enable_grad():
+        logits = run_embedded(model, ctx.expand(S, -1), xs, prefix)  # (S, 1, V)
+        lp = torch.log_softmax(logits[:, -1].float(), dim=-1)[:, token]  # (S,)
+        (g,) = torch.autograd.grad(lp.sum(), xs)
     return lp.detach(), g.float()
 
 

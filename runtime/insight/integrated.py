@@ -36,7 +36,7 @@ import torch
 
 from runtime.loader.model import Model
 
-__all__ = ["FrozenPrefix", "IG_TOLERANCE", "PathPoints", "adaptive_simpson", "frozen_prefix"]
+__all__ = ["FrozenPrefix", "IG_TOLERANCE", "PathPoints", "adaptive_simpson", "frozen_prefix", "run_embedded"]
 
 #: The adaptive rule stops once its panels' errors add up to at most this share of
 #: ``max(1, |f(1) - f(0)|)`` nats (the panel calls a result rough above 10 %: half of it).
@@ -63,10 +63,9 @@ class FrozenPrefix:
         self.windows: list[int | None] = [None] * n_layers   # every key kept: the window is masked in attention
         self.length = 0
         self.recording = True
-        self._pending = 0
 
     def reserve(self, T: int) -> None:
-        self._pending = T
+        pass   # nothing to make room in: update() concatenates
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         old_k, old_v = self.k[layer], self.v[layer]
@@ -89,8 +88,9 @@ class FrozenPrefix:
         self.recording = False
 
 
-def _run(model: Model, ids: torch.Tensor, embeddings: torch.Tensor, cache: FrozenPrefix) -> torch.Tensor:
-    """Logits of the last position ``(B, 1, V)`` for ``ids (B, T)`` with their embeddings replaced."""
+def run_embedded(model: Model, ids: torch.Tensor, embeddings: torch.Tensor, cache: FrozenPrefix | None) -> torch.Tensor:
+    """Logits of the last position ``(B, 1, V)`` for ``ids (B, T)`` (positions, and the keys of
+    ``cache`` before them) with the embedding lookup's output replaced by ``embeddings``."""
     handle = model.decoder.embed.register_forward_hook(lambda module, args, out: embeddings)
     try:
         return model.decoder(ids, cache, last_only=True)
@@ -116,7 +116,7 @@ def frozen_prefix(model: Model, ids: torch.Tensor, embeddings: torch.Tensor | No
                 model.decoder(part, cache, last_only=True)
         else:
             with torch.inference_mode(False), torch.enable_grad():
-                _run(model, part, embeddings[i:i + chunk].unsqueeze(0).detach().requires_grad_(True), cache)
+                run_embedded(model, part, embeddings[i:i + chunk].unsqueeze(0).detach().requires_grad_(True), cache)
     cache.freeze()
     return cache
 

@@ -7,9 +7,8 @@ import time
 
 import pytest
 
-from desktop.panels.attention.panel import INSIGHT, PANEL_NAME
-from desktop.worker import EngineWorker
 from runtime.insight import gradients as ex_mod
+from tests.desktop.test_insight import insight_after_a_reply
 
 
 @pytest.fixture(scope="module")
@@ -24,14 +23,7 @@ def test_explain_says_what_it_takes_shows_progress_and_cancels(qtbot, make_windo
     real = ex_mod._logprob_grads
     monkeypatch.setattr(ex_mod, "_logprob_grads", lambda *a: (time.sleep(0.4), real(*a))[1])   # a slow machine
     monkeypatch.setattr(ex_mod, "IG_BUDGET_BYTES", 1)   # one step per batch: progress after each
-    w = make_window(worker=EngineWorker(load_fn=lambda source, device: tiny))
-    w.generation_overrides = {"max_new_tokens": 6, "temperature": 0.0}
-    with qtbot.waitSignal(w.reply_finished, timeout=20_000):
-        w.submit("the cat sat on the mat")
-    dock = w.panels[PANEL_NAME]
-    dock.toggleViewAction().trigger()
-    panel = dock.widget()
-    panel.tabs.setCurrentIndex(INSIGHT)
+    w, panel = insight_after_a_reply(qtbot, make_window, tiny, "the cat sat on the mat")
     view, client = panel.insight.tabs.explain, panel.insight.client
     view.steps.setValue(12)
     view.perms.setValue(4)

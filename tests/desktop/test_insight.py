@@ -104,15 +104,22 @@ def test_cost_numbers_and_heads_parsing():
         parse_head_list("17", 30, 9)
 
 
-def test_insight_through_the_worker_and_export(qtbot, make_window, tiny, tmp_path):
-    w = make_window(worker=EngineWorker(load_fn=lambda source, device: tiny))
+def insight_after_a_reply(qtbot, make_window, model, text: str):
+    """A window on ``model`` (the real worker thread) after one short greedy reply to ``text``,
+    with View > Attention open on its Insight tab: ``(window, panel)``."""
+    w = make_window(worker=EngineWorker(load_fn=lambda source, device: model))
     w.generation_overrides = {"max_new_tokens": 6, "temperature": 0.0}
     with qtbot.waitSignal(w.reply_finished, timeout=20_000):
-        w.submit("the cat sat")
+        w.submit(text)
     dock = w.panels[PANEL_NAME]
     dock.toggleViewAction().trigger()
     panel = dock.widget()
     panel.tabs.setCurrentIndex(INSIGHT)
+    return w, panel
+
+
+def test_insight_through_the_worker_and_export(qtbot, make_window, tiny, tmp_path):
+    w, panel = insight_after_a_reply(qtbot, make_window, tiny, "the cat sat")
     qtbot.waitUntil(panel.isVisible, timeout=2000)
     ins, c = panel.insight, panel.insight.client
     tabs: InsightTabs = ins.tabs

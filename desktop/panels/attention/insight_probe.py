@@ -217,11 +217,9 @@ class InsightProbe(QObject):
 
 def _work_share(tokens: int, steps: int, permutations: int, positions: int):
     """``done passes -> share of the work done`` (0..1) for the time left: the input x gradient
-    pass, then the integrated-gradient steps, then the permutations, each weighed as
-    :func:`runtime.explain_cost` weighs them (the adaptive rule's unused steps are skipped at once)."""
-    moved = min(positions, tokens - 1) if positions else tokens - 1
-    first = runtime.GRADIENT_PASS_FORWARDS * tokens + tokens + runtime.STEP_FORWARDS * (tokens - moved)
-    step, perm = runtime.STEP_FORWARDS * moved, (tokens + permutations) / max(1, permutations)
+    pass, then the integrated-gradient steps, then the permutations, each weighed by
+    :func:`runtime.explain_work` (the adaptive rule's unused steps are skipped at once)."""
+    first, step, perm = runtime.explain_work(tokens, permutations=permutations, ig_positions=positions or None)
     total = first + steps * step + permutations * perm
 
     def share(done: int) -> float:
