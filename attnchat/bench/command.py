@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from models.child import python_command
+
 #: The benchmark-only environment ``make bench-llamacpp`` builds llama-cpp-python into.
 LLAMACPP_VENV = Path(__file__).resolve().parents[2] / ".venv-llamacpp"  # the repository root's (make bench-llamacpp)
 
@@ -38,13 +40,13 @@ def _llamacpp_python() -> str | None:
     return sys.executable if importlib.util.find_spec("llama_cpp") is not None else None
 
 
-def _llamacpp_env() -> dict:
-    """The llamacpp worker's environment: our package and this Python's packages (torch for
-    the worker's bookkeeping) after the benchmark environment's own."""
+def _llamacpp_paths() -> list[str]:
+    """What the llamacpp worker imports beyond its own environment: this Python's packages
+    (torch for the worker's bookkeeping), after the benchmark environment's own (our package
+    comes first through :func:`models.child.python_command`)."""
     import site
 
-    paths = [str(LLAMACPP_VENV.parent)] + site.getsitepackages()
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    return site.getsitepackages()
 
 #: The options the report records (the global ones of the app are left out).
 SETTINGS = ("model", "quick", "repeats", "engines", "dtype", "device", "random_weights", "depths", "decode_tokens",
@@ -234,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
               "--followup-tokens", str(args.followup_tokens)]
     raw: dict[str, list[dict]] = {e: [] for e in engines}
     machine["busy_processes"] = args.busy
-    hogs = [subprocess.Popen([sys.executable, "-c", _BUSY]) for _ in range(args.busy)]
+    hogs = [subprocess.Popen([sys.executable, "-I", "-c", _BUSY]) for _ in range(args.busy)]
     try:
         _run_engines(args, engines, common, llamacpp_python, raw)
     finally:
@@ -281,8 +283,9 @@ def _run_engines(args: argparse.Namespace, engines: list[str], common: list[str]
             t0 = time.perf_counter()
             worker, dtype = ENGINES[engine]
             dtype = args.dtype if dtype is True else dtype
-            python, env = (llamacpp_python, _llamacpp_env()) if worker == "llamacpp" else (sys.executable, None)
-            cmd = [python, "-m", "attnchat.bench.worker", "--engine", worker] + common
+            python, paths = (llamacpp_python, _llamacpp_paths()) if worker == "llamacpp" else (sys.executable, [])
+            cmd = python_command("attnchat.bench.worker", "--engine", worker, *common, python=python, paths=paths)
+            env = None
             cold = tempfile.mkdtemp(prefix="attnchat-bench-cache-") if args.cold and worker != "llamacpp" else None
             if cold:
                 env = dict(os.environ if env is None else env, ATTNCHAT_CACHE_DIR=cold)

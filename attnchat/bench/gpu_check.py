@@ -26,6 +26,8 @@ import subprocess
 import sys
 import time
 
+from models.child import attnchat_command
+
 os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -159,9 +161,9 @@ def main(argv=None) -> int:
     print(f"checks: {time.perf_counter() - t0:.0f} s", flush=True)
     status = 0 if all(r is not False for r in results) else 1
     if not args.no_bench:
-        cmd = [sys.executable, "-m", "attnchat", "bench", "--device", "cuda", "--quick", "--repeats", "1",
-               "--depths", "128,1024,4096,8000", "--followup-context", "4000", "--followup-tokens", "30",
-               "--json", "gpu-bench.json"]
+        cmd = attnchat_command("bench", "--device", "cuda", "--quick", "--repeats", "1",
+                               "--depths", "128,1024,4096,8000", "--followup-context", "4000", "--followup-tokens", "30",
+                               "--json", "gpu-bench.json")
         if random:
             cmd.append("--random-weights")
         status |= subprocess.call(cmd)

@@ -29,6 +29,8 @@ from PySide6.QtCore import QCoreApplication, QEvent, QObject, QProcess, QProcess
 from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import QLabel
 
+from models.child import attnchat_command
+
 __all__ = ["ModelServer", "ServeToggle", "describe_options", "install", "serve_command"]
 
 log = logging.getLogger(__name__)
@@ -60,9 +62,8 @@ def serve_command(model_path: str, device: str = "auto", *, context: int = 0, ca
         args += ["--reproducible"]
     if cache_policy and cache_policy != "none":
         args += ["--cache-policy", cache_policy, "--cache-budget", cache_budget]
-    if getattr(sys, "frozen", False):  # the packaged app is its own command line
-        return sys.executable, args
-    return sys.executable, ["-m", "attnchat", *args]
+    program, *rest = attnchat_command(*args)  # never imports from the current folder (models.child)
+    return program, rest
 
 
 class ModelServer(QObject):

@@ -33,11 +33,12 @@ import os
 import queue
 import re
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
+
+from models.child import python_command
 
 from .refused import Refused
 
@@ -85,9 +86,7 @@ class RenderStats:
 
 
 def _command() -> list[str]:
-    if getattr(sys, "frozen", False):  # the packaged app runs ``-m`` for its own modules (packaging/entry.py)
-        return [sys.executable, "-m", WORKER_MODULE]
-    return [sys.executable, "-s", "-m", WORKER_MODULE]
+    return python_command(WORKER_MODULE)
 
 
 class _Worker:
@@ -96,9 +95,6 @@ class _Worker:
     def __init__(self) -> None:
         # The child needs no secret: an escape from jinja2's sandbox would find none there.
         env = {k: v for k, v in os.environ.items() if not _SECRET_NAME.search(k)}
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
             self.proc = subprocess.Popen(_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.DEVNULL, env=env, close_fds=True)

@@ -36,7 +36,7 @@ def _fake_command(script: str):
 
 def test_the_command_serves_on_a_free_loopback_port():
     program, args = serve_command("/m/x.gguf", "cpu")
-    assert program == sys.executable and args[:3] == ["-m", "attnchat", "serve"]
+    assert program == sys.executable and args[:2] == ["-I", "-B"] and args[args.index("attnchat") + 1] == "serve"
     assert args[args.index("--host") + 1] == "127.0.0.1" and args[args.index("--port") + 1] == "0"
     assert args[args.index("--model") + 1] == "/m/x.gguf" and args[args.index("--device") + 1] == "cpu"
     # Nothing that widens what the server answers (see the guard assertions below).
