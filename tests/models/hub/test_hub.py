@@ -138,7 +138,7 @@ def test_resume_after_a_dropped_connection(hub, monkeypatch):
 
     repo = tiny_repo(hub)
     name = "Tiny-Instruct-Q8_0.gguf"
-    monkeypatch.setattr(fd.time, "sleep", lambda s: None)   # http_get waits 1 s before resuming
+    monkeypatch.setattr(fd.time, "sleep", lambda s: None)   # a retry waits 1 s before resuming
     hub.drop(REPO, name, 200_000)  # 3 whole chunks of 64 KiB written, the 4th lost with the connection
     path = models.hub.fetch_hub(f"hf.co/{REPO}/{name}")
     assert hashlib.sha256(path.read_bytes()).hexdigest() == repo.sha(name)
@@ -151,7 +151,7 @@ def test_resume_in_a_later_run_after_the_network_went_away(hub, monkeypatch):
     repo = tiny_repo(hub)
     name = "Tiny-Instruct-Q8_0.gguf"
     monkeypatch.setattr(fd.time, "sleep", lambda s: None)
-    # 2 chunks of 64 KiB, then http_get's five retries each get nothing: the network is gone.
+    # 2 chunks of 64 KiB, then five retries in a row each get nothing: the network is gone.
     hub.drop(REPO, name, 131_072, 0, 0, 0, 0, 0)
     with pytest.raises(HubError) as info:
         models.hub.fetch_hub(f"hf.co/{REPO}/{name}")
@@ -317,14 +317,14 @@ def test_disk_filling_up_midway_keeps_nothing(hub, monkeypatch):
     import errno
 
     tiny_repo(hub)
-    real_write = download._Writer.write
+    real_write = download.Writer.write
 
     def write(self, data):
         if self.done >= 128 << 10:
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(self, data)
 
-    monkeypatch.setattr(download._Writer, "write", write)
+    monkeypatch.setattr(download.Writer, "write", write)
     err = fetch_error(f"hf.co/{REPO}:Q8_0")
     assert err.kind == "disk_full" and "the disk filled up while downloading" in str(err) and "nothing was kept" in str(err)
     assert only_files(models.models_dir()) == []
