@@ -33,6 +33,7 @@ from desktop.remote.engine import RemoteEngineWorker
 from desktop.settings.values import Settings
 from desktop.settings.controller import install_settings
 from desktop.chat.store import Store
+from desktop.wheel_guard import install_wheel_guard
 from desktop.worker import Engine
 
 __all__ = ["application", "build_window", "dark_palette", "light_palette", "apply_theme", "data_dir", "start_model",
@@ -67,6 +68,7 @@ def application(headless: bool = False) -> QApplication:
         theme = os.environ.get(THEME_ENV, "").strip().lower()
         if theme in ("light", "dark"):
             apply_theme(app, theme)
+    install_wheel_guard(app)   # the wheel scrolls forms; it never turns a value under the pointer
     return app  # type: ignore[return-value]
 
 

@@ -75,6 +75,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self._editing = 0   # the id of the message being edited, or 0
         self._closed = False
         self._model_source = ""
+        self._kept_source = ""   # the source of the model a failed load keeps
         self._models_loaded = 0   # in this window; stored figures without a model key fit only the first
         # Replies the database refused (disk full): shown, and saved again before the next write.
         self._unsaved: list[dict] = []
@@ -272,6 +273,8 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         """
         if self._reply is not None:
             self.engine.stop()
+        if self.engine.model:   # what a failed load goes back to
+            self._kept_source = self._model_source
         self._model_source = source
         self.notice.hide()
         self.status.set_loading(source_label(source))
@@ -348,11 +351,18 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
                 self._show_context_of(self._conv_id)   # a new cache comes with the next reply
 
     def _on_load_failed(self, message: str) -> None:
-        self.status.set_model(None)
-        self.show_error(f"Could not load the model: {message}")
-        if not self.engine.model:
+        kept = self.engine.model   # the model loaded before, still there (Engine keeps it)
+        if kept:
+            self._model_source = self._kept_source
+            self.status.set_model(kept, self.context_limit())
+            self.chat.placeholder = ASK
+            self._show_context_of(self._conv_id)
+            self.show_error(f"Could not load the model: {message}. Still using {kept.get('name', 'the model loaded before')}.")
+        else:
+            self.status.set_model(None)
+            self.show_error(f"Could not load the model: {message}")
             self.chat.placeholder = "No model is loaded. Use File > Open model, or download the default model."
-            self.chat.viewport().update()
+        self.chat.viewport().update()
         self._sync()
 
     def _on_notice_link(self, link: str) -> None:

@@ -31,6 +31,7 @@ from desktop.settings.checks import MIB, MODEL_OPTIONS, WEIGHT_DTYPES, has_shape
 from desktop.settings.labels import POLICY_TEXT, cache_policy_hint, cache_policy_label, weight_dtype_label
 from desktop.settings.memory_planner import MemoryPlanner, resolve_device
 from desktop.settings.values import DEFAULTS, Settings
+from desktop.wheel_guard import install_wheel_guard
 
 __all__ = ["SettingsDialog"]
 
@@ -97,6 +98,7 @@ class SettingsDialog(QDialog):
     def __init__(self, settings: Settings, model: dict | None = None, *, loaded_with: dict | None = None,
                  devices: list[tuple[str, str]] | None = None, parent: QWidget | None = None):
         super().__init__(parent)
+        install_wheel_guard()   # scrolling the form never changes a setting under the pointer
         self.setObjectName("settingsDialog")
         self.setWindowTitle("Settings")
         self.settings, self.model = settings, model

@@ -21,7 +21,8 @@ class Engine(QObject):
     """The GUI side of the worker: starts its thread, queues requests, forwards results.
 
     Every request gets an id (``int``); :attr:`finished` carries it back exactly once.
-    ``busy`` is true from a request until its ``finished``.
+    ``busy`` is true from a request until its ``finished``. While a load runs :attr:`model`
+    is None; a load that fails gives back the model loaded before it (the worker keeps it).
     """
 
     model_loaded = Signal(object)
@@ -47,6 +48,7 @@ class Engine(QObject):
         self._running: set[int] = set()
         self.loading = False
         self.model: dict | None = None
+        self._previous: dict | None = None   # the model held while another loads
         self._load.connect(self.worker.load_model)
         self._send.connect(self.worker.send)
         self._regenerate.connect(self.worker.regenerate)
@@ -55,6 +57,7 @@ class Engine(QObject):
         w = self.worker
         w.model_loaded.connect(self._on_loaded)
         w.load_failed.connect(self._on_load_failed)
+        w.model_dropped.connect(self._on_dropped)
         w.prefill_progress.connect(self.prefill_progress)
         w.text_batch.connect(self.text_batch)
         w.stats.connect(self.stats)
@@ -71,6 +74,8 @@ class Engine(QObject):
 
     def load(self, source: str = "", device: str = "auto") -> None:
         self.loading = True
+        if self.model is not None:
+            self._previous = self.model
         self.model = None
         self.load_started.emit(source)
         self._load.emit(source, device)
@@ -112,12 +117,16 @@ class Engine(QObject):
 
     def _on_loaded(self, info: dict) -> None:
         self.loading = False
-        self.model = info
+        self.model, self._previous = info, None
         self.model_loaded.emit(info)
 
     def _on_load_failed(self, message: str) -> None:
         self.loading = False
+        self.model, self._previous = self._previous, None   # the worker still holds it
         self.load_failed.emit(message)
+
+    def _on_dropped(self) -> None:
+        self._previous = None
 
     def _on_finished(self, result: dict) -> None:
         self._running.discard(result["request"])

@@ -5,6 +5,7 @@ Imports runtime's public API only (no torch, no widgets).
 """
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -23,6 +24,10 @@ __all__ = ["EngineWorker"]
 log = logging.getLogger(__name__)
 
 
+class _LoadFailed(Exception):
+    """A model load failed; the message is the one line the user sees."""
+
+
 class EngineWorker(QObject):
     """Owns the model and one :class:`runtime.ChatSession` per conversation (the 4 most recent).
 
@@ -38,6 +43,7 @@ class EngineWorker(QObject):
 
     model_loaded = Signal(object)
     load_failed = Signal(str)
+    model_dropped = Signal()                 # the model loaded before is gone (a load needed its memory)
     prefill_progress = Signal(int, int)      # done, total prompt tokens
     text_batch = Signal(str)                 # new reply text since the last batch
     stats = Signal(object)                   # TurnStats.to_dict() + conv_id, request, model (model_key)
@@ -88,34 +94,33 @@ class EngineWorker(QObject):
         ``model_loaded``'s dict then carries ``device_fallback`` (the device asked for) and
         ``notices``: one-line sentences for the user (that fallback; a model without a
         chat template, which gets a plain format).
+
+        A load that fails keeps the model loaded before it (and its conversations' caches),
+        as LM Studio and GPT4All do: ``load_failed`` then says so, and the window goes on
+        with it. Out of memory while both are held, the old one is let go and the load tried
+        once more (the user asked for the new one).
         """
-        self._sessions.clear()
-        self._model = None
         fallback = None
         try:
+            model, fallback = self._load_new(source, device)
+        except MemoryError:
+            if self._model is None:
+                self.load_failed.emit(self.NO_MEMORY)
+                return
+            log.info("out of memory with two models held; unloading the old one and trying again")
+            self._drop_model()
             try:
-                model = self._load_fn(source, device)
-            except runtime.DeviceError as e:
-                if str(device or "auto").lower() == "auto":
-                    raise
-                # A settings file from another machine, or `--device cuda` without CUDA:
-                # run where we can, and say so (the command line refuses instead: exit 2).
-                log.info("device %s is not available (%s); loading on auto", device, e)
-                fallback = device
-                model = self._load_fn(source, "auto")
-        except (runtime.AttnchatError, OSError, ValueError) as e:
-            log.info("model load failed: %s", e)
-            self.load_failed.emit(first_line(e))
+                model, fallback = self._load_new(source, device)
+            except MemoryError:
+                self.load_failed.emit(self.NO_MEMORY)
+                return
+            except _LoadFailed as e:
+                self.load_failed.emit(str(e))
+                return
+        except _LoadFailed as e:
+            self.load_failed.emit(str(e))
             return
-        except Exception as e:  # noqa: BLE001 - shown in one line, traceback to the log
-            log.exception("model load failed")
-            if is_out_of_memory(e):
-                self.load_failed.emit("there is not enough memory for this model's weights; choose a smaller "
-                                      "model, a 16-bit weight dtype, or another device in Edit > Settings")
-            else:
-                self.load_failed.emit(f"the model could not be loaded ({type(e).__name__}: {first_line(e)}); "
-                                      "see the log for details")
-            return
+        self._sessions.clear()
         self._model = model
         info = model_info(model)
         self._model_key = model_key(info)
@@ -129,6 +134,44 @@ class EngineWorker(QObject):
                            "(it continues what you write).")
         info["notices"] = notices
         self.model_loaded.emit(info)
+
+    NO_MEMORY = ("there is not enough memory for this model's weights; choose a smaller "
+                 "model, a 16-bit weight dtype, or another device in Edit > Settings")
+
+    def _load_new(self, source: str, device: str) -> tuple[Any, str | None]:
+        """``(model, the device asked for when it fell back to auto, else None)``.
+
+        Raises:
+            MemoryError: out of memory (torch's OutOfMemoryError too).
+            _LoadFailed: any other failure, in one line for the user.
+        """
+        try:
+            try:
+                return self._load_fn(source, device), None
+            except runtime.DeviceError as e:
+                if str(device or "auto").lower() == "auto":
+                    raise
+                # A settings file from another machine, or `--device cuda` without CUDA:
+                # run where we can, and say so (the command line refuses instead: exit 2).
+                log.info("device %s is not available (%s); loading on auto", device, e)
+                return self._load_fn(source, "auto"), device
+        except (runtime.AttnchatError, OSError, ValueError) as e:
+            log.info("model load failed: %s", e)
+            raise _LoadFailed(first_line(e)) from e
+        except Exception as e:  # noqa: BLE001 - shown in one line, traceback to the log
+            if is_out_of_memory(e):
+                log.info("model load ran out of memory: %s", first_line(e))
+                raise MemoryError(str(e)) from e
+            log.exception("model load failed")
+            raise _LoadFailed(f"the model could not be loaded ({type(e).__name__}: {first_line(e)}); "
+                              "see the log for details") from e
+
+    def _drop_model(self) -> None:
+        self._sessions.clear()
+        self._model = None
+        self._model_key = ""
+        gc.collect()
+        self.model_dropped.emit()
 
     def token_model(self) -> str:
         """Whose tokenizer stored token ids belong to: the loaded model's path ("" for none)."""
