@@ -236,15 +236,28 @@ class Store:
             self._db.execute("DELETE FROM messages WHERE conversation_id=? AND id>=?", (conv_id, message_id))
             return self._insert(conv_id, "user", content, None, None)
 
-    def delete_last_message(self, conv_id: int, message_id: int) -> bool:
-        """Drop message ``message_id`` when it is still the conversation's last (a message
-        that got no reply because the context was full); returns whether it was dropped."""
+    def undo_send(self, conv_id: int, message_id: int, *, title: str, updated_at: float,
+                  dropped: list[StoredMessage] = ()) -> None:
+        """Take back a message the model refused (too long for the context), in one
+        transaction: message ``message_id`` goes, the messages an edit dropped (``dropped``, as
+        :meth:`messages` gave them, ids kept) come back, and the conversation's title and
+        ``updated_at`` (seconds since the epoch: its place in the list) are as given. The conversation is then as it was before the message was sent.
+
+        Raises:
+            KeyError: message ``message_id`` is no longer the conversation's last.
+        """
         with self._tx():
             row = self._db.execute("SELECT MAX(id) FROM messages WHERE conversation_id=?", (conv_id,)).fetchone()
             if row[0] != message_id:
-                return False
+                raise KeyError(f"message {message_id} is not the last of conversation {conv_id}")
             self._db.execute("DELETE FROM messages WHERE id=?", (message_id,))
-            return True
+            for m in dropped:
+                self._db.execute(
+                    "INSERT INTO messages(id, conversation_id, role, content, created_at, finish_reason, stats, "
+                    "token_ids, token_model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (m.id, conv_id, m.role, m.content, m.created_at, m.finish_reason,
+                     json.dumps(m.stats) if m.stats else None, _pack(m.token_ids), m.token_model))
+            self._db.execute("UPDATE conversations SET title=?, updated_at=? WHERE id=?", (title, updated_at, conv_id))
 
     def _drop_trailing(self, conv_id: int, roles: tuple[str, ...]) -> None:
         while True:

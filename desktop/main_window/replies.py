@@ -82,7 +82,12 @@ class ReplyActions:
         try:
             self._save_unsaved()
             conv = self._conv_id or self.new_conversation()
+            stored = self.store.messages(conv)
             history = self._history(conv, before=editing or None)
+            # What a refusal (the message cannot fit the context) puts back: see _refused.
+            was = self.store.conversation(conv)
+            undo = {"conv": conv, "text": text, "title": was.title, "updated_at": was.updated_at,
+                    "dropped": [m for m in stored if editing and m.id >= editing], "edited": editing}
             if editing:
                 msg = self.store.edit_message(conv, editing, text)
             else:
@@ -105,7 +110,7 @@ class ReplyActions:
             kind = "send"
         # The session is rebuilt from this history: the cache is reused up to the first changed token.
         request = self.engine.send(conv, history, text, self.generation())
-        self._sent = (conv, msg.id, text)
+        self._sent = dict(undo, id=msg.id)
         title = self.conversations.title(conv)
         first_edited = editing and not any(m[0] == "user" for m in history)
         if title == DEFAULT_TITLE or (first_edited and before is not None and title == auto_title(before)):
@@ -212,8 +217,9 @@ class ReplyActions:
             self._live[conv] = r["cache_key"]
             stats = dict(stats, settings=r["settings"])   # kept with the reply: exports name them
         sent, self._sent = getattr(self, "_sent", None), None
-        if reason == "context" and not text and r["kind"] in ("send", "edit") and sent and sent[0] == conv:
-            self._context_full(conv, sent[1], sent[2])
+        refused = result.get("refused") or (reason == "context" and not text)
+        if refused and r["kind"] in ("send", "edit") and sent and sent["conv"] == conv:
+            self._refused(sent, full=reason == "context")
         saved = unsaved = None
         if text and self.store.conversation(conv) is not None:
             entry = {"conv_id": conv, "kind": r["kind"], "text": text, "reason": reason, "stats": stats,
@@ -244,17 +250,33 @@ class ReplyActions:
     CONTEXT_FULL = ('The context is full: <a href="new" style="color: white">start a new chat</a>, or '
                     '<a href="overflow" style="color: white">switch the overflow policy</a> to drop the oldest turns.')
 
-    def _context_full(self, conv: int, message_id: int, text: str) -> None:
-        """No reply fits: the message goes back to the box (not stored without a reply) and the
-        banner offers the two ways on."""
+    def _refused(self, sent: dict, *, full: bool) -> None:
+        """No reply fits (the message is too long for the context, or the "stop" policy finds
+        the context full): the conversation goes back to what it was before the message (its
+        title, an edit's dropped messages) and the text goes back to the box, the edit with it.
+        ``full``: the context is full (the banner offers the two ways on); else the worker's
+        error line is already shown."""
+        conv = sent["conv"]
         try:
-            self.store.delete_last_message(conv, message_id)
-        except (sqlite3.Error, OSError):
-            log.warning("could not drop the message that got no reply", exc_info=True)
-        if not self.input.toPlainText().strip():
-            self.input.setPlainText(text)
-        self.show_error(self.CONTEXT_FULL)
-        self.status.showMessage("The context is full", 8000)
+            self.store.undo_send(conv, sent["id"], title=sent["title"], updated_at=sent["updated_at"],
+                                 dropped=sent["dropped"])
+        except (KeyError, sqlite3.Error, OSError):
+            log.warning("could not take back the message that got no reply", exc_info=True)
+        self.conversations.refresh(conv)
+        if conv == self._conv_id:
+            self.messages.set_messages(self._rows_of(conv))
+            row = next((i for i in range(self.messages.rowCount())
+                        if self.messages.message(i)["id"] == sent["edited"]), -1) if sent["edited"] else -1
+            if row >= 0:
+                self.edit_message(row)   # the edit is still open, with the text that did not fit
+                self.input.setPlainText(sent["text"])
+            elif not self.input.toPlainText().strip():
+                self.input.setPlainText(sent["text"])
+            self.input.moveCursor(self.input.textCursor().MoveOperation.End)
+        self._update_title()
+        if full:
+            self.show_error(self.CONTEXT_FULL)
+            self.status.showMessage("The context is full", 8000)
 
     @property
     def replying(self) -> bool:

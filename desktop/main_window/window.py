@@ -112,7 +112,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self.chat, self.input, self.notice, self.edit_banner = p.chat, p.input, p.notice, p.edit_banner
         self.notice.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
         self.notice.linkActivated.connect(self._on_notice_link)
-        self._sent: tuple[int, int, str] | None = None   # the last message sent: (conv, id, text)
+        self._sent: dict | None = None   # the last message sent, and what taking it back restores
         self.send_button, self.stop_button = p.send_button, p.stop_button
         self.regen_button, self.edit_button = p.regen_button, p.edit_button
         self.chat.setModel(self.messages)

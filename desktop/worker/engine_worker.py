@@ -47,7 +47,7 @@ class EngineWorker(QObject):
     prefill_progress = Signal(int, int)      # done, total prompt tokens
     text_batch = Signal(str)                 # new reply text since the last batch
     stats = Signal(object)                   # TurnStats.to_dict() + conv_id, request, model (model_key)
-    finished = Signal(object)                # request, conv_id, kind, reason, text, stats
+    finished = Signal(object)                # request, conv_id, kind, reason, text, stats (refused: too long)
     error = Signal(str)                      # one line for the user
 
     MAX_SESSIONS = 4
@@ -251,6 +251,8 @@ class EngineWorker(QObject):
             self._stream(request, conv_id, session, events, result)
         except (runtime.AttnchatError, ValueError) as e:
             log.info("generation failed: %s", e)
+            # A message that can never fit: the window takes it back (nothing was generated).
+            result["refused"] = isinstance(e, runtime.ContextOverflowError)
             self.error.emit(first_line(e))
         except Exception as e:  # noqa: BLE001 - one line for the user, the traceback to the log
             log.exception("generation failed")

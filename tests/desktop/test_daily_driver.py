@@ -79,3 +79,74 @@ def test_the_wheel_scrolls_settings_and_never_changes_a_setting_under_the_pointe
     qtbot.waitUntil(ctx.hasFocus, timeout=2000)
     _wheel(ctx, dy=120)
     assert ctx.value() == before[1] + ctx.singleStep()
+
+
+class _Refusing:
+    """A session factory whose sessions refuse a message of more than ``limit`` characters
+    (as runtime.ChatSession does one that cannot fit the context) and answer the others."""
+
+    def __init__(self, limit: int = 1000):
+        self.limit = limit
+        self.ok = fake_session_factory()
+
+    def __call__(self, model, system, settings):
+        session = self.ok(model, system, settings)
+        send = session.send
+
+        def refusing_send(text):
+            if len(text) > self.limit:
+                raise ContextOverflowError(f"the message needs {len(text) // 4} tokens with the chat template but "
+                                           "the context holds 250; shorten it or raise the context length")
+            return send(text)
+        session.send = refusing_send
+        return session
+
+
+def _submit(qtbot, w, text):
+    w.input.setPlainText(text)
+    with qtbot.waitSignal(w.reply_finished, timeout=5000) as got:
+        qtbot.keyClick(w.input, Qt.Key.Key_Return)
+    return got.args[0]
+
+
+def test_a_refused_message_stays_in_the_box_and_leaves_the_conversation_as_it_was(qtbot, make_window):
+    w = make_window(worker=EngineWorker(load_fn=fake_load, session_fn=_Refusing()))
+    paste = "\n".join(["a long paste line"] * 2000)   # 36 KB
+    result = _submit(qtbot, w, paste)
+    assert result["reason"] == "error" and result["refused"]
+    conv = w.current_conversation
+    assert w.store.messages(conv) == [] and w.messages.rowCount() == 0
+    assert w.store.conversation(conv).title == "New chat" and w.conversations.title(conv) == "New chat"
+    assert w.input.toPlainText() == paste   # nothing lost
+    assert "shorten it" in w.notice.text() and w.notice.isVisible()
+    # A conversation with turns keeps them, and its place in the list.
+    _submit(qtbot, w, "hello")
+    _submit(qtbot, w, "and again")
+    before = [(m.id, m.role, m.content) for m in w.store.messages(conv)]
+    updated = w.store.conversation(conv).updated_at
+    w.input.clear()
+    _submit(qtbot, w, paste)
+    assert [(m.id, m.role, m.content) for m in w.store.messages(conv)] == before
+    assert w.store.conversation(conv).updated_at == updated and w.store.conversation(conv).title == "hello"
+    assert w.messages.rowCount() == 4 and w.input.toPlainText() == paste
+
+
+def test_a_refused_edit_gives_back_the_messages_it_would_have_dropped(qtbot, make_window):
+    w = make_window(worker=EngineWorker(load_fn=fake_load, session_fn=_Refusing()))
+    _submit(qtbot, w, "first")
+    _submit(qtbot, w, "second")
+    conv = w.current_conversation
+    before = [(m.id, m.role, m.content, m.stats) for m in w.store.messages(conv)]
+    w.edit_message(0)   # the first message: sending the edit would drop the three after it
+    paste = "x" * 5000
+    w.input.setPlainText(paste)
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        qtbot.keyClick(w.input, Qt.Key.Key_Return)
+    assert [(m.id, m.role, m.content, m.stats) for m in w.store.messages(conv)] == before
+    assert w.messages.rowCount() == 4 and w.store.conversation(conv).title == "first"
+    # Still editing the first message, with the text that did not fit.
+    assert w.edit_banner.isVisible() and w._editing == before[0][0] and w.input.toPlainText() == paste
+    w.input.setPlainText("first, shorter")
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        qtbot.keyClick(w.input, Qt.Key.Key_Return)
+    assert [m.content for m in w.store.messages(conv)][0] == "first, shorter" and len(w.store.messages(conv)) == 2

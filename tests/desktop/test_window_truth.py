@@ -78,6 +78,6 @@ def test_a_full_context_says_so_and_stores_no_orphan_message(qtbot, make_window,
     assert w.input.toPlainText() == "and the dog"
     w.notice.linkActivated.emit("overflow")
     assert w.settings.get("generation/overflow") == "truncate-middle" and not w.notice.isVisible()
-    w._context_full(conv, -1, "x")
+    w.show_error(w.CONTEXT_FULL)
     w.notice.linkActivated.emit("new")
     assert w.current_conversation != conv and w.messages.rowCount() == 0
