@@ -30,7 +30,8 @@ from PySide6.QtGui import (
     QTextFormat, QTextOption,
 )
 
-__all__ = ["CodeBlock", "MARKDOWN_FEATURES", "Rendered", "Tidied", "build_document", "code_blocks", "code_tint", "is_prose", "tidy", "tidy_markdown"]
+__all__ = ["CodeBlock", "MARKDOWN_FEATURES", "Rendered", "Tidied", "build_document", "code_blocks", "code_tint",
+           "hard_breaks", "is_prose", "LINE_SEPARATOR", "tidy", "tidy_markdown"]
 
 #: GitHub's dialect (tables, strikethrough, task lists, autolinks) without raw HTML:
 #: ``<div>`` in a reply hid every line after it.
@@ -244,6 +245,53 @@ def tidy(text: str) -> Tidied:
     return Tidied("\n".join(out), tuple(code))
 
 
+#: A line that opens a block of its own (not a paragraph's next line): a list item, a heading,
+#: a quote, a rule or setext underline, a table row.
+_OPENS_BLOCK = re.compile(r"([-*+]|\d{1,9}[.)])( |$)|#{1,6}( |$)|>|(=+|-+|(\* *){3,}|(_ *){3,})$|\|")
+
+#: Qt lays this out as a line break inside a paragraph (QChar::LineSeparator).
+LINE_SEPARATOR = "\u2028"
+
+
+def hard_breaks(markdown: str) -> str:
+    """``markdown`` with each single newline inside a paragraph kept as a line break, outside
+    code blocks. In CommonMark a single newline is a soft break, shown as a space: a two-line
+    poem showed as one line. Chat apps (ChatGPT, LM Studio, Jan) show the lines as the model
+    wrote them. The newline becomes :data:`LINE_SEPARATOR` (not a Markdown hard break: Qt makes
+    that a new paragraph, as far from the line before as a blank line would). Copy and export
+    keep the text as written. ``markdown`` should be :func:`tidy`'s (fences closed)."""
+    if "\n" not in markdown:
+        return markdown
+    out: list[str] = []
+    fence: tuple[str, int] | None = None   # (mark, length) of the open code block
+    joinable = False                        # out[-1] is a paragraph line the next may continue
+    for line in markdown.split("\n"):
+        body = _expand(line)[1].rstrip()
+        if fence is not None:
+            if body.startswith(fence[0] * fence[1]) and not body.strip(fence[0]):
+                fence = None
+            out.append(line)
+            continue
+        opened = _fence_of(line)
+        if opened is not None:
+            fence, joinable = (opened[1][0], len(opened[1])), False
+            out.append(line)
+            continue
+        if not body:
+            out.append(line)
+            joinable = False
+            continue
+        if joinable and not _OPENS_BLOCK.match(body):
+            prev = out[-1].rstrip()
+            prev = prev[:-1] if prev.endswith("\\") and not prev.endswith("\\\\") else prev   # a hard break already
+            out[-1] = prev + LINE_SEPARATOR + body   # the paragraph's next line
+            continue
+        out.append(line)
+        starts = _LIST_ITEM.match(body)
+        joinable = not (_OPENS_BLOCK.match(body) and not starts) and "|" not in body
+    return "\n".join(out)
+
+
 @dataclass(frozen=True)
 class CodeBlock:
     """A code block of a document: its first and last block numbers and its text."""
@@ -302,7 +350,8 @@ class Rendered:
 
 def build_document(text: str, font: QFont, palette: QPalette, width: int, *, plain: bool = False,
                    code_reserve: int = 0) -> Rendered:
-    """``text`` laid out ``width`` px wide: tidied Markdown (:func:`tidy`) with tinted
+    """``text`` laid out ``width`` px wide: tidied Markdown (:func:`tidy`, single newlines kept
+    as line breaks: :func:`hard_breaks`) with tinted
     monospace code blocks, or (``plain``) the text as it is, with no code blocks. Every line
     wraps inside ``width``, a code line too (at a space, else anywhere). ``code_reserve`` px
     are kept free at the right of each code block's first line (its Copy button's place)."""
@@ -317,7 +366,7 @@ def build_document(text: str, font: QFont, palette: QPalette, width: int, *, pla
         code: list[CodeBlock] = []
     else:
         tidied = tidy(text)
-        doc.setMarkdown(tidied.markdown, MARKDOWN_FEATURES)
+        doc.setMarkdown(hard_breaks(tidied.markdown), MARKDOWN_FEATURES)
         _style_code(doc, palette)
         code = code_blocks(doc, tidied.code)
         if code_reserve > 0:

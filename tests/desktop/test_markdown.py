@@ -251,3 +251,24 @@ def test_code_inside_fences_stays_code(qapp, pieces):
             for line in filter(None, body):
                 assert line in code
     assert not any("Step" in line for line in code)   # a list item's text is never code
+
+
+def test_single_newlines_in_a_reply_are_shown_as_line_breaks(qapp):
+    """A two-line poem shows as two lines of one paragraph (not one line, not two paragraphs);
+    lists, tables, headings and code keep their Markdown meaning."""
+    from PySide6.QtGui import QFont, QPalette
+
+    from desktop.chat.markdown import LINE_SEPARATOR, build_document, hard_breaks
+
+    poem = "Roses are red,\nviolets are blue.\n\nSugar is sweet,\nand so are you."
+    doc = build_document(poem, QFont(), QPalette(), 600).doc
+    doc.documentLayout().documentSize()   # lay it out
+    blocks = [doc.findBlockByNumber(i) for i in range(doc.blockCount())]
+    assert [b.text() for b in blocks] == [f"Roses are red,{LINE_SEPARATOR}violets are blue.",
+                                          f"Sugar is sweet,{LINE_SEPARATOR}and so are you."]
+    assert [b.layout().lineCount() for b in blocks] == [2, 2]
+    assert hard_breaks("Intro:\n- a\n  more\n- b") == f"Intro:\n- a{LINE_SEPARATOR}more\n- b"
+    table = "| a | b |\n|---|---|\n| 1 | 2 |"
+    assert hard_breaks(table) == table and hard_breaks("Title\n---\nbody") == "Title\n---\nbody"
+    assert hard_breaks("```\nx = 1\ny = 2\n```\nafter\nline") == f"```\nx = 1\ny = 2\n```\nafter{LINE_SEPARATOR}line"
+    assert hard_breaks("ends in a break\\\nnext") == f"ends in a break{LINE_SEPARATOR}next"
