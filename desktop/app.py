@@ -33,7 +33,7 @@ from desktop.remote.engine import RemoteEngineWorker
 from desktop.settings.values import Settings
 from desktop.settings.controller import install_settings
 from desktop.chat.store import Store
-from desktop.wheel_guard import install_wheel_guard
+from desktop.widgets.wheel_guard import install_wheel_guard
 from desktop.worker import Engine
 
 __all__ = ["application", "build_window", "dark_palette", "light_palette", "apply_theme", "data_dir", "start_model",

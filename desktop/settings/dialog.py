@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QEvent, Signal
+from PySide6.QtCore import QCoreApplication, QEvent, QTimer, Signal
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (
-    QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QPlainTextEdit,
+    QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QLayout, QPlainTextEdit,
     QPushButton, QScrollArea, QSpinBox, QTabWidget, QVBoxLayout, QWidget,
 )
 
@@ -31,7 +31,7 @@ from desktop.settings.checks import MIB, MODEL_OPTIONS, WEIGHT_DTYPES, has_shape
 from desktop.settings.labels import POLICY_TEXT, cache_policy_hint, cache_policy_label, weight_dtype_label
 from desktop.settings.memory_planner import MemoryPlanner, resolve_device
 from desktop.settings.values import DEFAULTS, Settings
-from desktop.wheel_guard import install_wheel_guard
+from desktop.widgets.wheel_guard import install_wheel_guard
 
 __all__ = ["SettingsDialog"]
 
@@ -59,10 +59,22 @@ class _Field(QWidget):
 
     def set_error(self, reason: str | None) -> None:
         dark = self.palette().color(QPalette.ColorRole.Window).lightness() < 128
-        self.error.setStyleSheet(f"color: {'#ff7b72' if dark else '#b3261e'};")
-        self.error.setText(reason or "")
-        self.error.setVisible(bool(reason))
+        style = f"color: {'#ff7b72' if dark else '#b3261e'};"
+        if self.error.styleSheet() != style:
+            self.error.setStyleSheet(style)
+        if self.error.text() != (reason or "") or self.error.isVisibleTo(self) != bool(reason):
+            self.error.setText(reason or "")
+            self.error.setVisible(bool(reason))
+            self.updateGeometry()
         self.editor.setToolTip(reason or "")
+
+    def set_hint(self, text: str) -> None:
+        """A new hint (the cache policy's follows the choice)."""
+        if self.hint is not None and self.hint.text() != text:
+            self.hint.setText(text)
+            # The form caches this row's height for its width: a longer hint overlapped the
+            # rows below it until the dialog was resized.
+            self.updateGeometry()
 
 
 def _scrolled(page: QWidget) -> QScrollArea:
@@ -339,12 +351,31 @@ class SettingsDialog(QDialog):
             self.tabs.setTabText(i, self.tabs.tabText(i).removesuffix(" ⚠") + (" ⚠" if bad else ""))
         self.fields["generation/sink_tokens"].setEnabled(values["generation/overflow"] == "rolling")
         policy_on = values["generation/cache_policy"] != "none"
-        self.fields["generation/cache_policy"].hint.setText(cache_policy_hint(values["generation/cache_policy"]))
+        self.fields["generation/cache_policy"].set_hint(cache_policy_hint(values["generation/cache_policy"]))
         for key in ("generation/cache_budget", "generation/cache_budget_unit"):
             self.fields[key].setEnabled(policy_on)
         self._update_plan()
         self._update_reload(values)
+        QTimer.singleShot(0, self, self._refit)
         return ok
+
+    def _refit(self) -> None:
+        """Lay the scrolled page out again from its rows. A hint or reason that changed its
+        number of lines changes the page's height for its width, and the form kept its rows'
+        old heights: the rows below overlapped (after a cache policy change, Restore Defaults)
+        until the tab was shown again."""
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest.value)   # the rows' own first
+        for i in range(self.tabs.count()):
+            area = self.tabs.widget(i)
+            if isinstance(area, QScrollArea) and area.widget() is not None:
+                page = area.widget()
+                for layout in page.findChildren(QLayout):
+                    layout.invalidate()
+                page.layout().activate()
+                width = area.viewport().width()
+                h = max(page.heightForWidth(width), area.viewport().height())
+                page.resize(width, h + 1)   # a new size makes every row take its height again
+                page.resize(width, h)
 
     def _update_plan(self) -> None:
         v = self.values()

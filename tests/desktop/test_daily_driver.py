@@ -150,3 +150,57 @@ def test_a_refused_edit_gives_back_the_messages_it_would_have_dropped(qtbot, mak
     with qtbot.waitSignal(w.reply_finished, timeout=5000):
         qtbot.keyClick(w.input, Qt.Key.Key_Return)
     assert [m.content for m in w.store.messages(conv)][0] == "first, shorter" and len(w.store.messages(conv)) == 2
+
+
+def _squeezed(page):
+    """The page's word-wrapped labels drawn shorter than their text needs (clipped, or overlapped by the next row)."""
+    from PySide6.QtWidgets import QLabel
+
+    return [(lab.text()[:40], lab.height(), lab.heightForWidth(lab.width())) for lab in page.findChildren(QLabel)
+            if lab.isVisibleTo(page) and lab.wordWrap() and lab.text() and lab.height() < lab.heightForWidth(lab.width())]
+
+
+def test_settings_help_texts_keep_their_height_after_a_policy_change_and_restore_defaults(qtbot, tmp_path):
+    from desktop.settings.dialog import SettingsDialog
+    from desktop.settings.values import Settings
+
+    model = {"name": "m", "context_limit": 8192, "n_layers": 30, "n_kv_heads": 3, "head_dim": 64,
+             "n_params": 134_515_008, "dtype": "Q4_1", "compute_dtype": "float32", "device": "cpu",
+             "weights_bytes": 96 << 20}
+    d = SettingsDialog(Settings(tmp_path / "s.ini"), model, devices=[("auto", "auto"), ("cpu", "CPU")])
+    qtbot.addWidget(d)
+    d.resize(640, 660)
+    d.show()
+    qtbot.waitExposed(d)
+    page = d.tabs.widget(0).widget()
+    policy = d.fields["generation/cache_policy"].editor
+    assert _squeezed(page) == []
+    for step in (1, "restore", 3, "restore", 2, 0):
+        d.restore_defaults() if step == "restore" else policy.setCurrentIndex(step)
+        qtbot.wait(50)
+        assert _squeezed(page) == [], step
+
+
+def test_every_attention_tab_is_in_sight_in_a_1100_px_window(qtbot, make_window):
+    w = make_window()
+    w.resize(1100, 720)
+    dock = w.panels["attentionPanel"]
+    dock.show()
+    qtbot.waitUntil(lambda: dock.isVisible() and dock.width() > 0, timeout=3000)
+    qtbot.wait(50)
+    assert dock.width() < 400   # a narrow dock, as a new user gets it
+    panel = dock.widget()
+    for tabs in (panel.tabs, panel.insight.tabs):
+        if tabs is panel.insight.tabs:
+            panel.tabs.setCurrentWidget(tabs)
+            qtbot.wait(50)
+        for i in range(tabs.count()):
+            b = tabs.tab_button(i)
+            top_left = b.mapTo(dock, b.rect().topLeft())
+            bottom_right = b.mapTo(dock, b.rect().bottomRight())
+            assert b.isVisible() and dock.rect().contains(top_left) and dock.rect().contains(bottom_right), tabs.tabText(i)
+            assert b.width() >= b.sizeHint().width()   # the whole title, never cut
+    qtbot.mouseClick(panel.tabs.tab_button(panel.tabs.indexOf(panel.insight.tabs)), Qt.MouseButton.LeftButton)
+    assert panel.tabs.currentWidget() is panel.insight.tabs
+    qtbot.mouseClick(panel.insight.tabs.tab_button(4), Qt.MouseButton.LeftButton)
+    assert panel.insight.tabs.currentWidget() is panel.insight.tabs.cost

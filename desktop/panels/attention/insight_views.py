@@ -21,7 +21,7 @@ import html
 import numpy as np
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
-    QComboBox, QHBoxLayout, QHeaderView, QLineEdit, QPushButton, QTabWidget, QVBoxLayout, QWidget,
+    QComboBox, QHBoxLayout, QHeaderView, QLineEdit, QPushButton, QVBoxLayout, QWidget,
 )
 
 from desktop.flow_layout import flow_row, labelled
@@ -29,6 +29,7 @@ from desktop.panels.attention.explain_view import ExplainView, _fill, _position_
 from desktop.panels.attention.sandbox import SandboxView, ScaleView
 from desktop.panels.attention.views import quote, rich_label
 from desktop.panels.attention.widgets import display_token
+from desktop.widgets.wrapping_tabs import WrappingTabs
 
 __all__ = ["CostView", "ExplainView", "InsightTabs", "KnockoutView", "parse_head_list", "scores_table"]
 
@@ -258,12 +259,11 @@ class CostView(QWidget):
         return out
 
 
-class InsightTabs(QTabWidget):
+class InsightTabs(WrappingTabs):
     """The Insight tab: the five views above as tabs of their own."""
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
-        self.setDocumentMode(True)
         self.explain, self.knockout, self.sandbox = ExplainView(), KnockoutView(), SandboxView()
         self.scale, self.cost = ScaleView(), CostView()
         for view, title in ((self.explain, "Explain"), (self.knockout, "Knock out"), (self.sandbox, "By hand"),

@@ -28,11 +28,12 @@ from pathlib import Path
 import numpy as np
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import (
-    QComboBox, QLabel, QSpinBox, QTabWidget, QToolButton, QVBoxLayout, QWidget,
+    QComboBox, QLabel, QSpinBox, QToolButton, QVBoxLayout, QWidget,
 )
 
 from desktop.file_dialogs import save_file_name
 from desktop.flow_layout import flow_row
+from desktop.widgets.wrapping_tabs import WrappingTabs
 from desktop.panels.attention.formula import NumbersView
 from desktop.panels.attention.insight import install_insight
 from desktop.panels.attention.probe import AttentionClient
@@ -75,8 +76,7 @@ class AttentionPanel(QWidget):
         self.export_npz_button.setText("Data…")
         self.export_npz_button.setToolTip("Export the current view's numbers as a NumPy .npz file")
         self.live, self.snapshot, self.atlas, self.numbers = LiveView(), SnapshotView(), AtlasView(), NumbersView()
-        self.tabs = QTabWidget()
-        self.tabs.setDocumentMode(True)
+        self.tabs = WrappingTabs()   # every tab in sight at a narrow dock (no scroll arrows)
         for view, title in ((self.live, "Live"), (self.snapshot, "Snapshot"), (self.atlas, "Heads"),
                             (self.numbers, "Formula")):
             self.tabs.addTab(view, title)

@@ -1,0 +1,1 @@
+"""Small widgets and behaviours the desktop shares (Qt only): the wheel guard, tabs whose row wraps."""
