@@ -91,6 +91,7 @@ def test_an_edit_too_long_for_the_context_is_refused_in_one_line_like_a_send(qtb
     w.generation_overrides = {"max_new_tokens": 8, "temperature": 0.0, "overflow": "stop", "context": 40}
     assert send_and_wait(qtbot, w, "the cat")["reason"] in ("stop", "length")
     conv = w._conv_id
+    before = [(m.id, m.role, m.content) for m in w.store.messages(conv)]
     w.edit_message(0)
     long = " ".join(["the cat and the dog"] * 12)   # over 40 tokens alone
     w.input.setPlainText(long)
@@ -98,7 +99,8 @@ def test_an_edit_too_long_for_the_context_is_refused_in_one_line_like_a_send(qtb
         w.input.submit()
     assert done.args[0]["kind"] == "edit" and done.args[0]["reason"] == "error" and done.args[0]["text"] == ""
     assert w.notice.isVisible() and "context" in w.notice.text() and "Traceback" not in w.notice.text()
-    # As a send that fails: the message stays (no empty reply); the turn after it went with the
-    # edit, as the banner said; nothing half-stored.
-    assert [(m.role, m.content) for m in w.store.messages(conv)] == [("user", long)]
-    assert w.messages.rowCount() == 1 and not w.edit_banner.isVisible() and w.chat.edit_row == -1
+    # As a send that is refused: the conversation is as it was (the reply the edit would have
+    # dropped too), and the edit is still open with the text that did not fit.
+    assert [(m.id, m.role, m.content) for m in w.store.messages(conv)] == before
+    assert w.messages.rowCount() == 2 and w.edit_banner.isVisible() and w.chat.edit_row == 0
+    assert w.input.toPlainText() == long
