@@ -1,7 +1,8 @@
 """How one message is painted: who wrote it, its one-click actions, its Markdown.
 
 The header of every bubble carries its actions as small buttons: Copy (every message),
-Edit (a user message), Regenerate (the last reply); the reply being written shows instead
+Edit (a user message), Regenerate (the last reply), ``‹ 2/3 ›`` (a regenerated reply's
+branches: the earlier replies are kept); the reply being written shows instead
 a coloured state ("Reading the prompt… 40%", then "Writing…") and a Stop button. Each code
 block has a "Copy code" button at its top right (the block's first line wraps before it).
 In a narrow column the header's note moves under the name rather than over it
@@ -31,7 +32,10 @@ __all__ = ["Button", "DROPPED_NOTE", "Header", "MessageDelegate", "MARKDOWN_LIMI
 MARKDOWN_LIMIT = 16_000
 
 #: Button name -> label. "code" buttons carry the code block's number.
-LABELS = {"copy": "Copy", "edit": "Edit", "regenerate": "Regenerate", "stop": "■ Stop", "code": "Copy code"}
+LABELS = {"copy": "Copy", "edit": "Edit", "regenerate": "Regenerate", "stop": "■ Stop", "code": "Copy code",
+          "prev": "‹", "next": "›", "branch": ""}
+#: Buttons as wide as their own label (the others keep room for "Copied ✓"); "branch" says "2/3".
+NARROW = ("prev", "next", "branch")
 COPIED = "Copied ✓"
 #: The header's note on a message the model no longer sees (rolling overflow evicted it).
 UNSEEN_NOTE = "evicted: the model no longer sees this"
@@ -137,7 +141,9 @@ class MessageDelegate(QStyledItemDelegate):
         buttons: list[Button] = []
         right = line.right()
         for name in reversed(self.names(index)):
-            w = max(fm.horizontalAdvance(LABELS[name]), fm.horizontalAdvance(COPIED)) + 14
+            label = self.label(name, index)
+            w = fm.horizontalAdvance(label) + 12 if name in NARROW else \
+                max(fm.horizontalAdvance(label), fm.horizontalAdvance(COPIED)) + 14
             buttons.insert(0, Button(name, QRect(right - w + 1, line.top(), w, line.height())))
             right -= w + self.GAP
         end = (buttons[0].rect.left() - self.GAP) if buttons else line.right() + 1   # first x past the text
@@ -177,7 +183,15 @@ class MessageDelegate(QStyledItemDelegate):
         if index.data(MessageListModel.RoleRole) == "user":
             return ["copy"] + ([] if busy else ["edit"])
         last = index.row() == index.model().rowCount() - 1
-        return ["copy"] + (["regenerate"] if last and not busy and index.row() > 0 else [])
+        branches = ["prev", "branch", "next"] if (index.data(MessageListModel.VersionsRole) or 0) > 1 else []
+        return branches + ["copy"] + (["regenerate"] if last and not busy and index.row() > 0 else [])
+
+    @staticmethod
+    def label(name: str, index: QModelIndex) -> str:
+        """What button ``name`` of the message at ``index`` says."""
+        if name == "branch":
+            return f"{index.data(MessageListModel.VersionRole) or 1}/{index.data(MessageListModel.VersionsRole) or 1}"
+        return LABELS[name]
 
     def buttons(self, option: QStyleOptionViewItem, index: QModelIndex) -> list[Button]:
         """Every button of the message at ``option.rect``: the header's, then "Copy code" per code block."""
@@ -201,9 +215,16 @@ class MessageDelegate(QStyledItemDelegate):
     def hit(self, option: QStyleOptionViewItem, index: QModelIndex, pos: QPoint) -> Button | None:
         """The button under ``pos`` (viewport coordinates), or None."""
         for b in self.buttons(option, index):
-            if b.rect.contains(pos):
+            if b.rect.contains(pos) and b.name != "branch" and self.enabled(b.name, index):
                 return b
         return None
+
+    @staticmethod
+    def enabled(name: str, index: QModelIndex) -> bool:
+        """False for the branch arrow that has no branch to go to (‹ on the first, › on the last)."""
+        version = index.data(MessageListModel.VersionRole) or 1
+        versions = index.data(MessageListModel.VersionsRole) or 1
+        return not ((name == "prev" and version <= 1) or (name == "next" and version >= versions))
 
     def state_text(self, index: QModelIndex) -> str:
         """The header's note: the reply being written's state, else why it ended and its speed."""
@@ -256,9 +277,14 @@ class MessageDelegate(QStyledItemDelegate):
         buttons = self.buttons(option, index)
         flash = getattr(view, "flash", None)
         for b in buttons:
-            if b.name != "code":
+            if b.name == "branch":   # not a button: which branch is shown
+                painter.setFont(option.font)
+                painter.setPen(pal.color(QPalette.ColorRole.PlaceholderText))
+                painter.drawText(b.rect, Qt.AlignmentFlag.AlignCenter, self.label(b.name, index))
+            elif b.name != "code":
                 copied = flash == (index.row(), b.name, b.arg)
-                self._paint_button(painter, option, b, COPIED if copied else LABELS[b.name], filled=b.name == "stop")
+                self._paint_button(painter, option, b, COPIED if copied else self.label(b.name, index),
+                                   filled=b.name == "stop", enabled=self.enabled(b.name, index))
         if head.note:
             painter.setFont(bold if streaming else option.font)
             painter.setPen(accent if streaming else pal.color(QPalette.ColorRole.PlaceholderText))
@@ -286,7 +312,8 @@ class MessageDelegate(QStyledItemDelegate):
                 self._paint_button(painter, option, b, COPIED if copied else LABELS[b.name], filled=False)
         painter.restore()
 
-    def _paint_button(self, painter: QPainter, option, b: Button, label: str, *, filled: bool) -> None:
+    def _paint_button(self, painter: QPainter, option, b: Button, label: str, *, filled: bool,
+                      enabled: bool = True) -> None:
         pal = option.palette
         accent = pal.color(QPalette.ColorRole.Highlight)
         base = pal.color(QPalette.ColorRole.Base)
@@ -295,5 +322,6 @@ class MessageDelegate(QStyledItemDelegate):
         painter.setPen(accent if filled else mix(base, pal.color(QPalette.ColorRole.Text), 0.25))
         painter.drawRoundedRect(r, 5, 5)
         painter.setFont(option.font)
-        painter.setPen(pal.color(QPalette.ColorRole.HighlightedText) if filled else pal.color(QPalette.ColorRole.Text))
+        painter.setPen(pal.color(QPalette.ColorRole.HighlightedText) if filled else pal.color(
+            QPalette.ColorRole.Text if enabled else QPalette.ColorRole.PlaceholderText))
         painter.drawText(r, Qt.AlignmentFlag.AlignCenter, label)

@@ -63,6 +63,8 @@ def _value(key: str, value) -> str:
         return _WORDS[(key, value)]
     if isinstance(value, float) and value.is_integer():
         value = int(value)
+    if key == "seed":
+        return str(value)   # a number to type back in, not a quantity
     return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
 
 

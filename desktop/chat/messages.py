@@ -10,11 +10,11 @@ from typing import Any
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, Qt
 
-__all__ = ["MessageListModel", "describe_finish"]
+__all__ = ["MessageListModel", "describe_finish", "reply_seed"]
 
 
 def describe_finish(reason: str | None, stats: dict | None) -> str:
-    """A reply's footnote: why it ended (when not naturally) and its speed."""
+    """A reply's footnote: why it ended (when not naturally), its speed, and the seed of a sampled one."""
     notes = {"cancelled": "stopped", "length": "length limit", "context": "context full", "error": "failed"}
     parts = [notes[reason]] if reason in notes else []
     if stats and stats.get("completion_tokens"):
@@ -22,7 +22,21 @@ def describe_finish(reason: str | None, stats: dict | None) -> str:
         parts.append(f"{n:,} token{'s' if n != 1 else ''}")
         if stats.get("decode_tokens_per_s"):
             parts.append(f"{stats['decode_tokens_per_s']:.1f} tok/s")
+    seed = reply_seed(stats)
+    if seed is not None:
+        parts.append(f"seed {seed}")
     return " · ".join(parts)
+
+
+def reply_seed(stats: dict | None) -> int | None:
+    """The seed a sampled reply was drawn with (its ``stats["settings"]``: ``reply_seed`` when the
+    window drew it for a random-seed setting, else the ``seed`` set); None for a greedy reply or
+    one whose seed was not recorded."""
+    settings = (stats or {}).get("settings") or {}
+    seed, temperature = settings.get("reply_seed", settings.get("seed")), settings.get("temperature")
+    if seed is None or int(seed) < 0 or not temperature or float(temperature) <= 0:
+        return None
+    return int(seed)
 
 
 class MessageListModel(QAbstractListModel):
@@ -30,7 +44,9 @@ class MessageListModel(QAbstractListModel):
 
     Each row is a dict: ``id`` (database id or None), ``role``, ``content``,
     ``streaming`` (bool), ``finish_reason``, ``stats`` (dict), ``progress`` (the prompt's
-    ``(done, total)`` tokens read so far while the reply waits for its first text, or None).
+    ``(done, total)`` tokens read so far while the reply waits for its first text, or None),
+    ``version`` and ``versions`` (the branch shown of a regenerated reply, 1-based, and how
+    many it has; 0 and 0 for a reply never regenerated).
     """
 
     IdRole = Qt.ItemDataRole.UserRole + 1
@@ -40,9 +56,12 @@ class MessageListModel(QAbstractListModel):
     FinishRole = Qt.ItemDataRole.UserRole + 5
     StatsRole = Qt.ItemDataRole.UserRole + 6
     ProgressRole = Qt.ItemDataRole.UserRole + 7
+    VersionRole = Qt.ItemDataRole.UserRole + 8
+    VersionsRole = Qt.ItemDataRole.UserRole + 9
 
     _KEYS = {IdRole: "id", RoleRole: "role", ContentRole: "content", StreamingRole: "streaming",
-             FinishRole: "finish_reason", StatsRole: "stats", ProgressRole: "progress"}
+             FinishRole: "finish_reason", StatsRole: "stats", ProgressRole: "progress",
+             VersionRole: "version", VersionsRole: "versions"}
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -102,9 +121,11 @@ class MessageListModel(QAbstractListModel):
             self.dataChanged.emit(idx, idx, [self.ProgressRole])
 
     def finish(self, row: int, *, id: int | None = None, finish_reason: str | None = None,
-               stats: dict | None = None, content: str | None = None) -> None:
+               stats: dict | None = None, content: str | None = None, version: int = 0, versions: int = 0) -> None:
+        """The reply at ``row`` is done (or, with the fields of another branch, shows that branch)."""
         r = self._rows[row]
-        r.update(streaming=False, finish_reason=finish_reason, stats=dict(stats or {}), progress=None)
+        r.update(streaming=False, finish_reason=finish_reason, stats=dict(stats or {}), progress=None,
+                 version=int(version), versions=int(versions))
         if id is not None:
             r["id"] = id
         if content is not None:
@@ -134,4 +155,5 @@ class MessageListModel(QAbstractListModel):
     def _row(m: dict[str, Any]) -> dict[str, Any]:
         return {"id": m.get("id"), "role": m["role"], "content": m.get("content", ""),
                 "streaming": bool(m.get("streaming", False)), "finish_reason": m.get("finish_reason"),
-                "stats": dict(m.get("stats") or {}), "progress": None}
+                "stats": dict(m.get("stats") or {}), "progress": None,
+                "version": int(m.get("version") or 0), "versions": int(m.get("versions") or 0)}

@@ -24,7 +24,7 @@ from pathlib import Path
 from desktop.chat import export
 from models.paths import PRIVATE_DIR_MODE, private_file
 
-__all__ = ["Conversation", "StoredMessage", "Store", "MIGRATIONS", "DEFAULT_TITLE"]
+__all__ = ["Conversation", "StoredMessage", "Snapshot", "Store", "MIGRATIONS", "DEFAULT_TITLE"]
 
 DEFAULT_TITLE = "New chat"
 
@@ -57,7 +57,25 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE messages ADD COLUMN token_ids BLOB;
     ALTER TABLE messages ADD COLUMN token_model TEXT NOT NULL DEFAULT '';
     """,
+    # Reply branches: every reply Regenerate wrote for a turn, in order. The message row holds
+    # the chosen one (its 1-based number in ``version``; 0: a reply never regenerated, no rows
+    # here), so everything that reads messages reads the chosen branch.
+    """
+    CREATE TABLE reply_versions (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+        content TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        finish_reason TEXT,
+        stats TEXT,
+        token_ids BLOB,
+        token_model TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX reply_versions_by_message ON reply_versions(message_id, id);
+    ALTER TABLE messages ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
+    """,
 )
+_COLUMNS = "content, created_at, finish_reason, stats, token_ids, token_model"
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -78,7 +96,8 @@ class StoredMessage:
 
     ``token_ids``: a reply's token ids as the model wrote them (``None``: unknown, e.g. a
     reply written before schema 3, or one whose ids were not its text); ``token_model``:
-    the model (its path) whose tokenizer they belong to.
+    the model (its path) whose tokenizer they belong to. ``version`` of ``versions``: the
+    branch shown of a reply that Regenerate rewrote (``< 2/3 >``).
     """
 
     id: int
@@ -89,6 +108,8 @@ class StoredMessage:
     stats: dict = field(default_factory=dict)
     token_ids: tuple[int, ...] | None = field(default=None, repr=False)
     token_model: str = ""
+    version: int = 0    # which of the reply's branches this is (1-based; 0: it has no other)
+    versions: int = 0   # how many branches the reply has (0: none but this one)
 
 
 def _pack(ids) -> bytes | None:
@@ -108,6 +129,14 @@ def _unpack(blob: bytes | None) -> tuple[int, ...] | None:
     if sys.byteorder == "big":
         a.byteswap()
     return tuple(a)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Rows as stored (:meth:`Store.snapshot`): each table's column names and rows."""
+
+    messages: tuple[tuple[str, ...], list[tuple]]
+    versions: tuple[tuple[str, ...], list[tuple]]
 
 
 class SchemaTooNewError(RuntimeError):
@@ -199,10 +228,11 @@ class Store:
     # ---- messages ------------------------------------------------------------------------
     def messages(self, conv_id: int) -> list[StoredMessage]:
         rows = self._db.execute(
-            "SELECT id, role, content, created_at, finish_reason, stats, token_ids, token_model FROM messages "
+            "SELECT id, role, content, created_at, finish_reason, stats, token_ids, token_model, version, "
+            "(SELECT COUNT(*) FROM reply_versions v WHERE v.message_id=messages.id) FROM messages "
             "WHERE conversation_id=? ORDER BY id", (conv_id,)).fetchall()
-        return [StoredMessage(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]) if r[5] else {}, _unpack(r[6]), r[7])
-                for r in rows]
+        return [StoredMessage(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]) if r[5] else {}, _unpack(r[6]), r[7],
+                              r[8], r[9]) for r in rows]
 
     def add_message(self, conv_id: int, role: str, content: str, *, finish_reason: str | None = None,
                     stats: dict | None = None, token_ids=None, token_model: str = "") -> StoredMessage:
@@ -210,12 +240,57 @@ class Store:
         with self._tx():
             return self._insert(conv_id, role, content, finish_reason, stats, token_ids, token_model)
 
-    def replace_last_reply(self, conv_id: int, content: str, *, finish_reason: str | None = None,
-                           stats: dict | None = None, token_ids=None, token_model: str = "") -> StoredMessage:
-        """Regenerate's save: drop the trailing assistant messages and append the new reply, atomically."""
+    def add_reply_version(self, conv_id: int, content: str, *, finish_reason: str | None = None,
+                          stats: dict | None = None, token_ids=None, token_model: str = "") -> StoredMessage:
+        """Regenerate's save, in one transaction: a new branch of the conversation's last reply,
+        shown from now on (the earlier ones are kept: :meth:`choose_version`); a new reply when
+        the conversation ends with your message."""
         with self._tx():
-            self._drop_trailing(conv_id, roles=("assistant",))
-            return self._insert(conv_id, "assistant", content, finish_reason, stats, token_ids, token_model)
+            last = self._db.execute("SELECT id, role, version FROM messages WHERE conversation_id=? "
+                                    "ORDER BY id DESC LIMIT 1", (conv_id,)).fetchone()
+            if last is None or last[1] != "assistant":
+                return self._insert(conv_id, "assistant", content, finish_reason, stats, token_ids, token_model)
+            mid = last[0]
+            if last[2] == 0:   # its first regeneration: the reply so far becomes branch 1
+                self._db.execute(f"INSERT INTO reply_versions(message_id, {_COLUMNS}) SELECT id, {_COLUMNS} "
+                                 "FROM messages WHERE id=?", (mid,))
+            now = time.time()
+            ids = None if token_ids is None else tuple(token_ids)
+            row = (content, now, finish_reason, json.dumps(stats) if stats else None, _pack(ids),
+                   token_model if ids is not None else "")
+            self._db.execute(f"INSERT INTO reply_versions(message_id, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                             (mid, *row))
+            return self._show_version(conv_id, mid, self._count_versions(mid), touch=now)
+
+    def choose_version(self, conv_id: int, message_id: int, version: int) -> StoredMessage:
+        """Show branch ``version`` (1-based) of reply ``message_id``: the conversation goes on
+        from it (the next prompt reads it). One transaction.
+
+        Raises:
+            KeyError: no such reply in the conversation, or no such branch of it.
+        """
+        with self._tx():
+            row = self._db.execute("SELECT role FROM messages WHERE id=? AND conversation_id=?",
+                                   (message_id, conv_id)).fetchone()
+            n = self._count_versions(message_id) if row else 0
+            if not 1 <= version <= n:
+                raise KeyError(f"reply {message_id} of conversation {conv_id} has no branch {version}")
+            return self._show_version(conv_id, message_id, version)
+
+    def _count_versions(self, message_id: int) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM reply_versions WHERE message_id=?", (message_id,)).fetchone()[0]
+
+    def _show_version(self, conv_id: int, message_id: int, version: int, touch: float | None = None) -> StoredMessage:
+        """Copy branch ``version`` into the message row (inside a transaction)."""
+        v = self._db.execute(f"SELECT {_COLUMNS} FROM reply_versions WHERE message_id=? ORDER BY id "
+                             "LIMIT 1 OFFSET ?", (message_id, version - 1)).fetchone()
+        self._db.execute("UPDATE messages SET content=?, finish_reason=?, stats=?, token_ids=?, token_model=?, "
+                         "version=? WHERE id=?", (v[0], v[2], v[3], v[4], v[5], version, message_id))
+        if touch is not None:
+            self._db.execute("UPDATE conversations SET updated_at=? WHERE id=?", (touch, conv_id))
+        r = self._db.execute("SELECT created_at FROM messages WHERE id=?", (message_id,)).fetchone()
+        return StoredMessage(message_id, "assistant", v[0], r[0], v[2], json.loads(v[3]) if v[3] else {},
+                             _unpack(v[4]), v[5], version, self._count_versions(message_id))
 
     def edit_message(self, conv_id: int, message_id: int, content: str) -> StoredMessage:
         """Edit-and-resend's save for any user message: drop message ``message_id`` and every
@@ -236,12 +311,24 @@ class Store:
             self._db.execute("DELETE FROM messages WHERE conversation_id=? AND id>=?", (conv_id, message_id))
             return self._insert(conv_id, "user", content, None, None)
 
+    def snapshot(self, conv_id: int, from_id: int) -> "Snapshot":
+        """Message ``from_id`` and the conversation's messages after it, with their branches, as
+        stored (for :meth:`undo_send`: an edit drops them)."""
+        return Snapshot(self._rows("messages", "conversation_id=? AND id>=?", (conv_id, from_id)),
+                        self._rows("reply_versions", "message_id IN (SELECT id FROM messages WHERE "
+                                   "conversation_id=? AND id>=?)", (conv_id, from_id)))
+
+    def _rows(self, table: str, where: str, args: tuple) -> tuple[tuple[str, ...], list[tuple]]:
+        cur = self._db.execute(f"SELECT * FROM {table} WHERE {where} ORDER BY id", args)
+        return tuple(d[0] for d in cur.description), [tuple(r) for r in cur.fetchall()]
+
     def undo_send(self, conv_id: int, message_id: int, *, title: str, updated_at: float,
-                  dropped: list[StoredMessage] = ()) -> None:
+                  dropped: "Snapshot | None" = None) -> None:
         """Take back a message the model refused (too long for the context), in one
-        transaction: message ``message_id`` goes, the messages an edit dropped (``dropped``, as
-        :meth:`messages` gave them, ids kept) come back, and the conversation's title and
-        ``updated_at`` (seconds since the epoch: its place in the list) are as given. The conversation is then as it was before the message was sent.
+        transaction: message ``message_id`` goes, what an edit dropped (``dropped``, from
+        :meth:`snapshot`: ids and branches kept) comes back, and the conversation's title and
+        ``updated_at`` (seconds since the epoch: its place in the list) are as given. The
+        conversation is then as it was before the message was sent.
 
         Raises:
             KeyError: message ``message_id`` is no longer the conversation's last.
@@ -251,22 +338,11 @@ class Store:
             if row[0] != message_id:
                 raise KeyError(f"message {message_id} is not the last of conversation {conv_id}")
             self._db.execute("DELETE FROM messages WHERE id=?", (message_id,))
-            for m in dropped:
-                self._db.execute(
-                    "INSERT INTO messages(id, conversation_id, role, content, created_at, finish_reason, stats, "
-                    "token_ids, token_model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (m.id, conv_id, m.role, m.content, m.created_at, m.finish_reason,
-                     json.dumps(m.stats) if m.stats else None, _pack(m.token_ids), m.token_model))
+            for table, (names, rows) in (("messages", dropped.messages), ("reply_versions", dropped.versions)) \
+                    if dropped else ():
+                marks = ", ".join("?" * len(names))
+                self._db.executemany(f"INSERT INTO {table}({', '.join(names)}) VALUES ({marks})", rows)
             self._db.execute("UPDATE conversations SET title=?, updated_at=? WHERE id=?", (title, updated_at, conv_id))
-
-    def _drop_trailing(self, conv_id: int, roles: tuple[str, ...]) -> None:
-        while True:
-            row = self._db.execute(
-                "SELECT id, role FROM messages WHERE conversation_id=? ORDER BY id DESC LIMIT 1",
-                (conv_id,)).fetchone()
-            if row is None or row[1] not in roles:
-                return
-            self._db.execute("DELETE FROM messages WHERE id=?", (row[0],))
 
     def _insert(self, conv_id, role, content, finish_reason, stats, token_ids=None, token_model="") -> StoredMessage:
         now = time.time()

@@ -12,7 +12,7 @@ from PySide6.QtGui import QGuiApplication, QKeySequence, QPainter, QPalette
 from PySide6.QtWidgets import QAbstractItemView, QListView, QMenu, QPlainTextEdit, QStyleOptionViewItem
 
 from desktop.chat.delegate import MARKDOWN_LIMIT, Button, Header, MessageDelegate
-from desktop.chat.messages import MessageListModel, describe_finish
+from desktop.chat.messages import MessageListModel, describe_finish, reply_seed
 
 __all__ = ["MessageListModel", "MessageDelegate", "ChatView", "MessageInput", "describe_finish", "MARKDOWN_LIMIT"]
 
@@ -25,8 +25,8 @@ class ChatView(QListView):
 
     A click on a message's button (:class:`desktop.chat.delegate.Button`) copies the
     message or the code block (the button then says "Copied ✓" for :data:`FLASH_MS`), or
-    emits :attr:`edit_requested` (the row), :attr:`regenerate_requested` or
-    :attr:`stop_requested`. ``busy`` (set by the window while a reply is written) hides
+    emits :attr:`edit_requested` (the row), :attr:`regenerate_requested`, :attr:`branch_requested`
+    or :attr:`stop_requested`. ``busy`` (set by the window while a reply is written) hides
     Edit and Regenerate; ``edit_row`` (>= 0 while a message is being edited) marks that
     message and fades the ones after it, which sending the edit drops; ``unseen`` fades the
     first messages, which the model no longer sees.
@@ -36,6 +36,8 @@ class ChatView(QListView):
     regenerate_requested = Signal()
     edit_requested = Signal(int)     # the user message's row
     stop_requested = Signal()
+    branch_requested = Signal(int, int)   # a reply's row, -1 or +1: show its previous or next branch
+    seed_requested = Signal(int)          # write the next replies with this reply's seed
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -194,6 +196,8 @@ class ChatView(QListView):
             self.regenerate_requested.emit()
         elif button.name == "stop":
             self.stop_requested.emit()
+        elif button.name in ("prev", "next"):
+            self.branch_requested.emit(row, -1 if button.name == "prev" else 1)
 
     def copy_row(self, row: int) -> None:
         """Put message ``row``'s text (its Markdown source) on the clipboard."""
@@ -255,6 +259,12 @@ class ChatView(QListView):
             menu.addAction("Edit and resend", lambda: self.edit_requested.emit(index.row()))
         if "regenerate" in names:
             menu.addAction("Regenerate", self.regenerate_requested.emit)
+        seed = reply_seed(index.data(MessageListModel.StatsRole))
+        if seed is not None:
+            menu.addAction(f"Use seed {seed} for the next replies", lambda: self.seed_requested.emit(seed))
+        if "branch" in names:
+            menu.addAction("Previous version of this reply", lambda: self.branch_requested.emit(index.row(), -1))
+            menu.addAction("Next version of this reply", lambda: self.branch_requested.emit(index.row(), 1))
         if "stop" in names:
             menu.addAction("Stop", self.stop_requested.emit)
         menu.exec(event.globalPos())

@@ -73,8 +73,8 @@ class ConversationActions:
         if self.store.conversation(conv) is None:
             return None
         ids = {"token_ids": u.get("token_ids"), "token_model": u.get("token_model", "")}
-        if u["kind"] == "regenerate":
-            return self.store.replace_last_reply(conv, u["text"], finish_reason=u["reason"], stats=u["stats"], **ids)
+        if u["kind"] == "regenerate":   # a new branch; the earlier replies stay (< 2/3 >)
+            return self.store.add_reply_version(conv, u["text"], finish_reason=u["reason"], stats=u["stats"], **ids)
         return self.store.add_message(conv, "assistant", u["text"], finish_reason=u["reason"], stats=u["stats"], **ids)
 
     def _save_unsaved(self) -> None:

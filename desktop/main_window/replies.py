@@ -12,6 +12,7 @@ A mixin of :class:`desktop.main_window.window.MainWindow`: it uses the window's 
 from __future__ import annotations
 
 import logging
+import random
 import sqlite3
 
 from desktop.chat.store import DEFAULT_TITLE
@@ -39,17 +40,29 @@ class ReplyActions:
         out.update(self.generation_overrides)
         return out
 
-    def reply_settings(self) -> dict:
-        """What a reply is written with, as exports name it: the model, the system prompt the
-        model sees (the settings', else its chat template's own; ``system_prompt_from`` says
-        which: ``"settings"``, ``"template"`` or ``"none"``) and the generation settings."""
+    def reply_generation(self) -> dict:
+        """:meth:`generation` for one reply: a random seed (``seed`` < 0) is drawn here when the
+        reply samples, so the reply can say its seed and the user can reuse it."""
         gen = self.generation()
+        if float(gen.get("temperature") or 0.0) > 0 and int(gen.get("seed", -1)) < 0:
+            gen["seed"], gen["drawn_seed"] = random.randrange(2**31 - 1), True
+        return gen
+
+    def reply_settings(self, gen: dict | None = None) -> dict:
+        """What a reply is written with (``gen``: :meth:`reply_generation`'s; default the
+        settings now), as exports name it: the model, the system prompt the model sees (the
+        settings', else its chat template's own; ``system_prompt_from`` says which:
+        ``"settings"``, ``"template"`` or ``"none"``) and the generation settings."""
+        gen = dict(gen) if gen is not None else self.generation()
         info = self.engine.model or {}
         own = str(gen.get("system_prompt") or "")
         builtin = "" if own else str(info.get("builtin_system_prompt") or "")
         out = {"model": info.get("name", ""), "system_prompt": own or builtin,
                "system_prompt_from": "settings" if own else "template" if builtin else "none"}
-        return out | {k: v for k, v in gen.items() if k != "system_prompt"}
+        out |= {k: v for k, v in gen.items() if k != "system_prompt"}
+        if out.pop("drawn_seed", False):   # the setting says random; this reply's seed is kept beside it
+            out["reply_seed"], out["seed"] = out["seed"], -1
+        return out
 
     def _history(self, conv_id: int, before: int | None = None) -> list[tuple]:
         """``(role, content, token_ids, token_model)`` per stored message (the worker uses the ids
@@ -82,12 +95,11 @@ class ReplyActions:
         try:
             self._save_unsaved()
             conv = self._conv_id or self.new_conversation()
-            stored = self.store.messages(conv)
             history = self._history(conv, before=editing or None)
             # What a refusal (the message cannot fit the context) puts back: see _refused.
             was = self.store.conversation(conv)
             undo = {"conv": conv, "text": text, "title": was.title, "updated_at": was.updated_at,
-                    "dropped": [m for m in stored if editing and m.id >= editing], "edited": editing}
+                    "dropped": self.store.snapshot(conv, editing) if editing else None, "edited": editing}
             if editing:
                 msg = self.store.edit_message(conv, editing, text)
             else:
@@ -109,7 +121,8 @@ class ReplyActions:
             self.messages.append("user", text, id=msg.id)
             kind = "send"
         # The session is rebuilt from this history: the cache is reused up to the first changed token.
-        request = self.engine.send(conv, history, text, self.generation())
+        gen = self.reply_generation()
+        request = self.engine.send(conv, history, text, gen)
         self._sent = dict(undo, id=msg.id)
         title = self.conversations.title(conv)
         first_edited = editing and not any(m[0] == "user" for m in history)
@@ -120,7 +133,7 @@ class ReplyActions:
                 log.warning("could not save the conversation's title", exc_info=True)
         self.conversations.refresh(conv)
         self.input.clear()
-        self._begin(request, conv, kind)
+        self._begin(request, conv, kind, gen)
 
     def regenerate(self) -> None:
         conv = self._conv_id
@@ -139,7 +152,33 @@ class ReplyActions:
             return
         history = self._history(conv)
         self.messages.remove_from(last_user + 1)
-        self._begin(self.engine.regenerate(conv, history, self.generation()), conv, "regenerate")
+        gen = self.reply_generation()
+        self._begin(self.engine.regenerate(conv, history, gen), conv, "regenerate", gen)
+
+    def show_branch(self, row: int, step: int) -> None:
+        """Show the previous (``step`` -1) or next (+1) branch of the reply at ``row``: the
+        conversation goes on from it (the KV cache is reused up to where the branches differ)."""
+        if not 0 <= row < self.messages.rowCount():
+            return
+        m = self.messages.message(row)
+        if self._reply is not None:
+            self.status.showMessage("A reply is being written: wait for it, or press Stop", 4000)
+            return
+        version = int(m.get("version") or 0) + step
+        if m["id"] is None or not 1 <= version <= int(m.get("versions") or 0):
+            return
+        try:
+            shown = self.store.choose_version(self._conv_id, m["id"], version)
+        except (KeyError, sqlite3.Error, OSError) as e:
+            log.warning("could not show branch %s of reply %s", version, m["id"], exc_info=True)
+            self.show_error(f"Could not switch to that version of the reply ({e}).")
+            return
+        self.messages.finish(row, id=shown.id, finish_reason=shown.finish_reason, stats=shown.stats,
+                             content=shown.content, version=shown.version, versions=shown.versions)
+        self.status.showMessage(f"Version {shown.version} of {shown.versions} of this reply", 3000)
+        self._live.pop(self._conv_id, None)   # the cache holds the other branch until the next message
+        self._show_context_of(self._conv_id)
+        self._sync()
 
     def edit_last(self) -> None:
         self.edit_message(self.messages.last_row("user"))
@@ -178,11 +217,17 @@ class ReplyActions:
         if self._reply is not None:
             self.engine.stop()
 
-    def _begin(self, request: int, conv: int, kind: str) -> None:
+    def use_seed(self, seed: int) -> None:
+        """Write the next replies with ``seed`` (a reply's, from its menu)."""
+        self.settings.set("generation/seed", int(seed))
+        self.status.showMessage(f"The next replies use seed {seed}; Settings > Generation > Seed "
+                                "goes back to random", 8000)
+
+    def _begin(self, request: int, conv: int, kind: str, gen: dict) -> None:
         self.notice.hide()
         row = self.messages.append("assistant", "", streaming=True)
         self._reply = {"request": request, "conv_id": conv, "kind": kind, "text": "", "row": row,
-                       "cache_key": self.cache_key(), "settings": self.reply_settings()}
+                       "cache_key": self.cache_key(), "settings": self.reply_settings(gen)}
         self._sync()
 
     def _on_text(self, text: str) -> None:
@@ -234,7 +279,8 @@ class ReplyActions:
                 self._save_failed(e, "the reply")
         if r["row"] >= 0:
             if saved is not None:
-                self.messages.finish(r["row"], id=saved.id, finish_reason=reason, stats=stats, content=text)
+                self.messages.finish(r["row"], id=saved.id, finish_reason=reason, stats=stats, content=text,
+                                     version=saved.version, versions=saved.versions)
             elif unsaved is not None:
                 self.messages.finish(r["row"], finish_reason=reason, stats=stats, content=text)
             else:   # nothing to keep (stopped before any text, or failed): show what is stored

@@ -186,6 +186,8 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self.chat.regenerate_requested.connect(self.regenerate)
         self.chat.edit_requested.connect(self.edit_message)
         self.chat.stop_requested.connect(self.stop)
+        self.chat.branch_requested.connect(self.show_branch)
+        self.chat.seed_requested.connect(self.use_seed)
         self.chat.copied.connect(lambda what: self.status.showMessage(
             "Copied the code block" if what == "code" else "Copied the message", 3000))
         self.empty_download.clicked.connect(self.download_requested.emit)

@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 
 import runtime
 from desktop.settings.checks import MIB, MODEL_OPTIONS, WEIGHT_DTYPES, has_shape, validate
+from desktop.settings.generation_tab import generation_tab, sync_preset
 from desktop.settings.labels import POLICY_TEXT, cache_policy_hint, cache_policy_label, weight_dtype_label
 from desktop.settings.memory_planner import MemoryPlanner, resolve_device
 from desktop.settings.values import DEFAULTS, Settings
@@ -121,7 +122,7 @@ class SettingsDialog(QDialog):
         self.tabs = QTabWidget()
         # Scrolled: the memory plan and its comparison of attention variants need the height.
         self.tabs.addTab(_scrolled(self._context_tab()), "Context && memory")
-        self.tabs.addTab(self._generation_tab(), "Generation")
+        self.tabs.addTab(generation_tab(self, _note), "Generation")
         self.tabs.addTab(self._model_tab(), "Model")
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Apply
                                         | QDialogButtonBox.StandardButton.Cancel
@@ -222,49 +223,6 @@ class SettingsDialog(QDialog):
         v.addStretch(1)
         return page
 
-    def _generation_tab(self) -> QWidget:
-        page = QWidget()
-        v = QVBoxLayout(page)
-        form = self._form(page)
-        prompt = QPlainTextEdit()
-        prompt.setMinimumHeight(64)
-        prompt.setMaximumHeight(120)
-        placeholder, hint = self._system_prompt_texts()
-        prompt.setPlaceholderText(placeholder)
-        self._add(form, "generation/system_prompt", "System prompt", prompt, hint)
-        self._add(form, "generation/temperature", "Temperature", self._spin(0, 100, "0 (greedy)", step=0.1, decimals=2))
-        self._add(form, "generation/top_k", "Top-k", self._spin(0, 1_000_000, "off"))
-        self._add(form, "generation/top_p", "Top-p", self._spin(0, 1, step=0.05, decimals=2), "1 turns it off.")
-        self._add(form, "generation/min_p", "Min-p", self._spin(0, 1, "off", step=0.01, decimals=2))
-        self._add(form, "generation/repetition_penalty", "Repetition penalty", self._spin(0, 10, step=0.05, decimals=2),
-                  "1 turns it off; above 1 discourages repeating the last 64 tokens.")
-        self._add(form, "generation/max_new_tokens", "Max new tokens", self._spin(1, 1_000_000, suffix=" tokens", step=64))
-        self._add(form, "generation/seed", "Seed", self._spin(-1, 2**31 - 1, "random"),
-                  "The same seed gives the same reply.")
-        v.addLayout(form)
-        v.addWidget(_note("Applies from the next reply."))
-        v.addStretch(1)
-        return page
-
-    def _system_prompt_texts(self) -> tuple[str, str]:
-        """(placeholder, hint) for the system prompt: what the model gets when it is left empty.
-
-        An empty setting sends no system message, but a chat template may send its own
-        (SmolLM2's: "You are a helpful AI assistant named SmolLM…"); the model info's
-        ``builtin_system_prompt`` (:func:`runtime.builtin_system_prompt`) says which.
-        """
-        model = self.model or {}
-        builtin = model.get("builtin_system_prompt")
-        if builtin:
-            return (f"None set: the model gets its template's own, \u201c{builtin}\u201d",
-                    "Left empty, the model's chat template sends its own system prompt (shown greyed above); "
-                    "anything typed here replaces it.")
-        if model.get("remote"):
-            return "None set: the server's chat template may send its own", ""
-        if not self.model:
-            return "No system prompt (a model's chat template may send its own)", ""
-        return "No system prompt: the model gets none", ""
-
     def _model_tab(self) -> QWidget:
         page = QWidget()
         v = QVBoxLayout(page)
@@ -349,6 +307,7 @@ class SettingsDialog(QDialog):
         for i in range(self.tabs.count()):
             bad = any(self.tabs.widget(i).isAncestorOf(self.fields[k]) for k in self.errors)
             self.tabs.setTabText(i, self.tabs.tabText(i).removesuffix(" ⚠") + (" ⚠" if bad else ""))
+        sync_preset(self, values)
         self.fields["generation/sink_tokens"].setEnabled(values["generation/overflow"] == "rolling")
         policy_on = values["generation/cache_policy"] != "none"
         self.fields["generation/cache_policy"].set_hint(cache_policy_hint(values["generation/cache_policy"]))

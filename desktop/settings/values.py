@@ -15,6 +15,7 @@ from typing import Any
 
 from PySide6.QtCore import QByteArray, QObject, QSettings, Signal
 
+from desktop.settings.presets import DEFAULT_PRESET, PRESETS
 from models.paths import private_dir, private_file
 
 log = logging.getLogger(__name__)
@@ -33,16 +34,13 @@ DEFAULTS: dict[str, Any] = {
     "remote/base_url": "",       # the last server connected to (its key: desktop.remote.secrets, never here)
     "generation/system_prompt": "",
     "generation/max_new_tokens": 512,
-    "generation/temperature": 0.0,
+    # Sampling (temperature, top-k/p, min-p, repetition penalty): the balanced preset.
+    **PRESETS[DEFAULT_PRESET],
     "generation/context": 0,      # 0 = the model's maximum
     # The settings dialog (desktop.settings.dialog) edits these and the ones above.
     "model/weight_dtype": "auto",              # auto = per device (runtime.device.default_dtype)
     "model/attention_backend": "fast",         # or "reference"
     "model/reproducible": "off",               # or "on": runtime.load_model(reproducible=True), CPU only
-    "generation/top_k": 0,                     # 0 = off
-    "generation/top_p": 1.0,                   # 1 = off
-    "generation/min_p": 0.0,                   # 0 = off
-    "generation/repetition_penalty": 1.0,      # 1 = off
     "generation/seed": -1,                     # -1 = a fresh random seed per reply
     "generation/cache_dtype": "auto",          # auto = the compute dtype (runtime.compute_dtype)
     "generation/cache_limit_mib": 0.0,         # 0 = no limit

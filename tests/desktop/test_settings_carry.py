@@ -70,7 +70,7 @@ def test_exports_carry_the_system_prompt_and_the_settings_of_the_replies(qtbot, 
     md = (tmp_path / "c.md").read_text()
     # They had the messages only: nothing said what shaped the replies.
     assert md.startswith("# Hello\n\n## System\n\nYou are a pirate.\n")
-    assert "_Settings: model fake-model · temperature 0.7 · top-k off · top-p 1 · " in md
+    assert "_Settings: model fake-model · temperature 0.7 · top-k 40 · top-p 0.95 · " in md
     assert "KV-cache dtype int8" in md and "seed random" in md
     changed = md.index("## System (changed for the next reply)\n\nYou are a parrot.")
     assert md.index("## You\n\nAnd again") < changed < md.rindex("## Assistant")   # just before that reply

@@ -50,10 +50,11 @@ def test_messages_regenerate_edit_and_export(tmp_path):
     conv = store.create_conversation("Trip")
     first = store.add_message(conv.id, "user", "Where to?")
     store.add_message(conv.id, "assistant", "Lyon.", finish_reason="stop", stats={"completion_tokens": 2})
-    store.replace_last_reply(conv.id, "Paris.", finish_reason="length", stats={"completion_tokens": 3})
+    store.add_reply_version(conv.id, "Paris.", finish_reason="length", stats={"completion_tokens": 3})
     msgs = store.messages(conv.id)
     assert [(m.role, m.content) for m in msgs] == [("user", "Where to?"), ("assistant", "Paris.")]
     assert msgs[1].finish_reason == "length" and msgs[1].stats == {"completion_tokens": 3}
+    assert (msgs[1].version, msgs[1].versions) == (2, 2)
     store.edit_message(conv.id, first.id, "Where in Italy?")
     assert [(m.role, m.content) for m in store.messages(conv.id)] == [("user", "Where in Italy?")]
     store.add_message(conv.id, "assistant", "Rome:\n\n- the Forum")
@@ -117,3 +118,38 @@ def test_a_replys_token_ids_are_kept_and_an_older_file_gains_the_column(tmp_path
     assert (edited.token_ids, edited.token_model) == (None, "")
     assert all("token_ids" not in m for m in reopened.export_json(1)["messages"])
     reopened.close()
+
+
+def test_reply_branches_are_kept_chosen_and_survive_a_reopen(tmp_path):
+    path = tmp_path / "c.sqlite3"
+    store = Store(path)
+    conv = store.create_conversation("Trip").id
+    store.add_message(conv, "user", "Where to?")
+    first = store.add_message(conv, "assistant", "Lyon.", finish_reason="stop", stats={"completion_tokens": 2},
+                              token_ids=[1, 2], token_model="m.gguf")
+    assert (first.version, first.versions) == (0, 0)
+    second = store.add_reply_version(conv, "Paris.", finish_reason="stop", stats={"completion_tokens": 3})
+    third = store.add_reply_version(conv, "Rome.", finish_reason="length", stats={"completion_tokens": 4},
+                                    token_ids=[7], token_model="m.gguf")
+    assert second.id == third.id == first.id and (third.version, third.versions) == (3, 3)
+    store.close()
+    store = Store(path)   # a restart
+    reply = store.messages(conv)[1]
+    assert (reply.content, reply.version, reply.versions, reply.token_ids) == ("Rome.", 3, 3, (7,))
+    back = store.choose_version(conv, reply.id, 1)
+    assert (back.content, back.finish_reason, back.stats, back.token_ids, back.token_model) == \
+        ("Lyon.", "stop", {"completion_tokens": 2}, (1, 2), "m.gguf")
+    reply = store.messages(conv)[1]
+    assert (reply.content, reply.version, reply.versions) == ("Lyon.", 1, 3)
+    assert "Lyon." in store.export_markdown(conv) and "Rome." not in store.export_markdown(conv)
+    exported = store.export_json(conv)["messages"][1]
+    assert exported["content"] == "Lyon." and (exported["version"], exported["versions"]) == (1, 3)
+    with pytest.raises(KeyError):
+        store.choose_version(conv, reply.id, 4)
+    # A regeneration after a switch adds a fourth branch and shows it.
+    assert store.add_reply_version(conv, "Nice.").version == 4
+    # An edit of the question drops the reply with all its branches.
+    store.edit_message(conv, store.messages(conv)[0].id, "Where in Italy?")
+    assert [m.content for m in store.messages(conv)] == ["Where in Italy?"]
+    assert store._db.execute("SELECT COUNT(*) FROM reply_versions").fetchone()[0] == 0
+    store.close()
