@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .kv_bytes import bytes_at, layer_bytes_per_token
+
 __all__ = ["CATALOG", "DEFAULT_MODEL", "GEMMA3_270M", "HUB_CATALOG", "CatalogEntry", "UnknownModelError", "WheelPart", "get"]
 
 
@@ -119,15 +121,13 @@ class CatalogEntry:
 
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
         """Bytes of KV cache one token takes (before any sliding window is full): K and V
-        for every layer and KV head."""
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * dtype_bytes
+        for every layer and KV head (:mod:`models.kv_bytes`)."""
+        return self.n_layers * layer_bytes_per_token(self.n_kv_heads, self.head_dim, dtype_bytes)
 
     def kv_bytes_at(self, tokens: int, dtype_bytes: int = 4) -> int:
         """KV-cache bytes at a context of ``tokens``: sliding layers hold at most their window."""
-        per_layer = 2 * self.n_kv_heads * self.head_dim * dtype_bytes
-        full = self.n_layers - self.sliding_layers
-        held = min(tokens, self.sliding_window) if self.sliding_window else tokens
-        return per_layer * (full * tokens + self.sliding_layers * held)
+        windows = (None,) * (self.n_layers - self.sliding_layers) + (self.sliding_window or None,) * self.sliding_layers
+        return bytes_at(windows, self.n_kv_heads, self.head_dim, dtype_bytes, tokens)
 
 
 class UnknownModelError(LookupError):

@@ -3,12 +3,12 @@
 torch + transformers; never Qt. This module is the public API the desktop and the
 command line use. Nothing runs at import time.
 """
-from runtime.cache.eviction import CACHE_POLICIES, PolicyParams
-from runtime.cache.evictor import Evictor, budget_for_bytes
+from runtime.cache.policies import CACHE_POLICIES, PolicyParams
+from runtime.cache.policies.evictor import Evictor, budget_for_bytes
 from runtime.cache.kv_cache import KVCache
-from runtime.cache.policy_figures import MEASURED as CACHE_POLICY_FIGURES
-from runtime.cache.planner import Fit, MemoryPlan, count_parameters, fit, plan, plan_for_config
-from runtime.cache.sizes import cache_bytes_per_token, element_bytes, kv_bytes_per_token
+from runtime.cache.policies.figures import MEASURED as CACHE_POLICY_FIGURES
+from runtime.memory.planner import Fit, MemoryPlan, count_parameters, fit, plan, plan_for_config
+from runtime.memory.sizes import cache_bytes_per_token, element_bytes, kv_bytes_per_token
 from runtime.config.model import ModelConfig
 from runtime.device import (
     WEIGHT_DTYPE_QUALITY,

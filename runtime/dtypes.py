@@ -2,11 +2,13 @@
 
 Its own module because the KV cache, the device defaults and the memory planner all
 parse these names, and none of them should have to import another for it. Must not
-import Qt or any other runtime module.
+import Qt or any other runtime module (the byte formula is :mod:`models`', below runtime).
 """
 from __future__ import annotations
 
 import torch
+
+from models import kv_bytes
 
 #: Cache (and weights) dtypes by user-facing name.
 CACHE_DTYPES: dict[str, torch.dtype] = {
@@ -62,12 +64,24 @@ def parse_weight_dtype(name: str | torch.dtype) -> torch.dtype:
     return dtype
 
 
-def vector_bytes(dtype: str | torch.dtype, head_dim: int) -> int:
-    """Bytes one key (or value) vector of ``head_dim`` numbers takes in a cache of ``dtype``:
-    ``head_dim x element bytes``, plus :data:`SCALE_BYTES` for a quantized dtype.
+def cache_number_bytes(dtype: str | torch.dtype) -> tuple[int, int]:
+    """``(element bytes, scale bytes per vector)`` of a cache of ``dtype``: the two numbers the
+    KV byte formula (:mod:`models.kv_bytes`) takes; the scale is :data:`SCALE_BYTES` for a
+    quantized dtype, else 0.
 
     Raises:
         ValueError: an unknown dtype.
     """
     dt = parse_cache_dtype(dtype)
-    return head_dim * dt.itemsize + (SCALE_BYTES if dt in QUANTIZED_CACHE_DTYPES else 0)
+    return dt.itemsize, (SCALE_BYTES if dt in QUANTIZED_CACHE_DTYPES else 0)
+
+
+def vector_bytes(dtype: str | torch.dtype, head_dim: int) -> int:
+    """Bytes one key (or value) vector of ``head_dim`` numbers takes in a cache of ``dtype``:
+    ``head_dim x element bytes``, plus :data:`SCALE_BYTES` for a quantized dtype
+    (:func:`models.kv_bytes.vector_bytes`).
+
+    Raises:
+        ValueError: an unknown dtype.
+    """
+    return kv_bytes.vector_bytes(head_dim, *cache_number_bytes(dtype))

@@ -28,7 +28,7 @@ import torch
 
 from attnchat.bench import cache_eval_texts as texts
 from runtime import CACHE_POLICIES, Evictor, Message
-from runtime.cache.evictor import DEFAULT_STEP
+from runtime.cache.policies.evictor import DEFAULT_STEP
 from runtime.generate.chat_format import encode_messages
 
 #: The policies evaluated by default (every one but "none", which is the reference).
@@ -173,7 +173,7 @@ def branches(model, ids: list[int], configs: list[tuple[str, float]], *, step: i
         if shared.held_tokens >= first_due:
             break
     shared.evictor = None
-    shared._read_k = shared._read_v = None  # an int8 cache's scratch: not worth copying
+    shared.storage.invalidate()  # an int8 cache's scratch: not worth copying
     for c in configs:
         cache = copy.deepcopy(shared)
         if c[0] != "none":
@@ -228,7 +228,7 @@ def evaluate(model, *, policies=DEFAULT_POLICIES, budgets=DEFAULT_BUDGETS, depth
 
     def account(c, cache, t0):
         used[c].append(cache.used_bytes)
-        full_bytes[c].append(cache.bytes_at(cache.length))
+        full_bytes[c].append(cache.bytes.at(cache.length))
         evicted[c].append(cache.evicted)
         results[c].seconds += time.perf_counter() - t0
 

@@ -43,7 +43,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from runtime.cache.planner import plan, plan_for_config
+    from runtime.memory.planner import plan, plan_for_config
 
     device, missing = _device(args.device)
     if args.context is not None and args.context > MAX_CONTEXT:

@@ -17,6 +17,8 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..kv_bytes import bytes_at
+
 __all__ = ["GGUFMetaError", "GGUFShape", "SUPPORTED_ARCHITECTURES", "read_shape", "shape_from_file"]
 
 #: GGUF ``general.architecture`` values our decoder runs (runtime.config.FAMILIES, by the names
@@ -71,8 +73,7 @@ class GGUFShape:
 
     def kv_bytes_at(self, tokens: int, elem_bytes: int = 4) -> int:
         """KV-cache bytes at ``tokens`` of context (a sliding layer holds at most its window)."""
-        per_layer = 2 * self.n_kv_heads * self.head_dim * elem_bytes
-        return sum(per_layer * (tokens if w is None else min(tokens, w)) for w in self.windows)
+        return bytes_at(self.windows, self.n_kv_heads, self.head_dim, elem_bytes, tokens)
 
 
 class _Walk:

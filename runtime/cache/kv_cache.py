@@ -6,12 +6,11 @@ Layout: for each layer one K and one V buffer ``(B, Hkv, capacity, D)``; tokens
 ``0 .. length-1`` are valid. Keys are stored after RoPE (so a decode step reads them
 as they are).
 
-Why grow in chunks instead of preallocating the whole context: an 8,192-token
-float32 cache of the default model is 8192 x 46,080 B = 360 MiB, most of which a
-short chat never uses, and the memory panel should show what a conversation really
-costs. Why not ``torch.cat`` per token: that copies the whole cache every step
-(O(T^2) bytes over a reply). Growing by ``chunk_tokens`` copies each token at most
-``capacity / chunk_tokens`` times and keeps every decode step an in-place write.
+Why grow in chunks instead of preallocating the whole context: an 8,192-token float32 cache
+of the default model is 8192 x 46,080 B = 360 MiB, most of which a short chat never uses, and
+the memory panel should show what a conversation really costs. Why not ``torch.cat`` per
+token: that copies the whole cache every step (O(T^2) bytes over a reply). Growing by
+``chunk_tokens`` copies each token at most ``capacity / chunk_tokens`` times.
 
 Sliding-window layers (Mistral, Gemma 2/3, Phi-3): a layer whose queries see only the
 ``window`` newest keys keeps a bounded buffer with an offset. ``start[i]`` is the
@@ -24,14 +23,14 @@ A bounded buffer (not a ring) keeps keys in position order, so attention and the
 attention view read a plain slice, and a crop back a few tokens stays possible as long
 as the buffer still holds the window before the crop point (:meth:`KVCache.crop_point`).
 
-Three mixins keep this module about the buffers: the byte figures
-(:mod:`runtime.cache.accounting`), an int8 cache's storage (:mod:`runtime.cache.kv_quant`)
-and the slots a policy evicted (:mod:`runtime.cache.kv_evict`: ``length`` stays the
-conversation's true length, each full layer then holds :meth:`KVCache.held` slots).
+The cache owns three parts and keeps this module about which slots hold what: its byte
+figures (``bytes``, :class:`runtime.cache.byte_counts.ByteCounts`), how its vectors are stored
+(``storage``, float or int8: :mod:`runtime.cache.storage`) and which position each slot holds
+after a cache policy evicted some (``slots``, :class:`runtime.cache.slots.SlotMap`: ``length``
+stays the conversation's true length, each full layer then holds :meth:`KVCache.held` slots).
 
-Every buffer operation runs under ``torch.inference_mode``; the buffers themselves are
-normal tensors (no autograd history, writable from any caller), since a compiled decode
-step cannot write into views of inference tensors.
+Every buffer operation runs under ``torch.inference_mode``; the buffers are normal tensors
+(:mod:`runtime.cache.storage` says why).
 """
 from __future__ import annotations
 
@@ -40,9 +39,9 @@ from typing import Sequence
 import torch
 
 from runtime import device as devices
-from runtime.cache.accounting import ByteAccounting
-from runtime.cache.kv_evict import EvictedSlots
-from runtime.cache.kv_quant import QuantizedStorage
+from runtime.cache.byte_counts import ByteCounts
+from runtime.cache.slots import SlotMap
+from runtime.cache.storage import storage_for
 from runtime.dtypes import (
     QUANTIZED_CACHE_DTYPES,
     dtype_name,
@@ -51,7 +50,7 @@ from runtime.dtypes import (
 from runtime.errors import CacheLimitError
 
 
-class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
+class KVCache:
     """Per-layer K/V buffers ``(B, Hkv, capacity_i, D)`` with an explicit ``length``.
 
     Args:
@@ -61,7 +60,7 @@ class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
             per vector in ``k_scale`` / ``v_scale``, ``(B, Hkv, capacity_i, 1)``).
         device: where the buffers live.
         batch: batch size ``B``.
-        limit_bytes: optional cap on the bytes the cache needs (:meth:`bytes_at`); ``None`` = no cap.
+        limit_bytes: optional cap on the bytes the cache needs (``bytes.at``); ``None`` = no cap.
         chunk_tokens: capacity grows in multiples of this many tokens.
         windows: per layer, the sliding window in tokens or None (full attention);
             default: every layer full.
@@ -100,56 +99,101 @@ class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
         self.max_tokens = int(max_tokens)
         self.chunk_tokens = int(chunk_tokens)
         self.limit_bytes = None if limit_bytes is None else int(limit_bytes)
+        #: The byte figures (:class:`runtime.cache.byte_counts.ByteCounts`).
+        self.bytes = ByteCounts(self.windows, batch, n_kv_heads, head_dim, self.dtype)
         if self.limit_bytes is not None and self.limit_bytes < self.bytes_per_token:
             raise CacheLimitError(
                 f"the KV-cache limit of {self.limit_bytes} bytes is smaller than one token "
                 f"({self.bytes_per_token} bytes); raise the limit"
             )
+        #: The most tokens this cache can ever hold (capacity cap and byte limit).
+        self.token_limit = self.bytes.token_limit(self.max_tokens, self.limit_bytes)
+        #: The buffers, float or int8 (:mod:`runtime.cache.storage`).
+        self.storage = storage_for(self.dtype, batch, n_kv_heads, head_dim, self.device)
+        # Its per-layer buffers, by name: K and V ``(B, Hkv, capacity_i, D)`` (an int8 cache's
+        # codes), an int8 cache's float32 scales ``(B, Hkv, capacity_i, 1)`` (empty otherwise).
+        self.k, self.v, self.k_scale, self.v_scale = (self.storage.k, self.storage.v,
+                                                      self.storage.k_scale, self.storage.v_scale)
+        #: Which position each full layer's slot holds after a cache policy's evictions.
+        self.slots = SlotMap(self.windows, batch, n_kv_heads, self.device)
         self.length = 0
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
-        self.k_scale: list[torch.Tensor] = []  # quantized dtypes only
-        self.v_scale: list[torch.Tensor] = []
         #: Per layer: the absolute position of buffer slot 0 (0 for full-attention layers).
         self.start: list[int] = [0] * n_layers
-        #: Tokens a policy has evicted from each full-attention layer (:meth:`keep`).
-        self.evicted = 0
-        #: Per full layer after an eviction: each slot's true position, ``(B, Hkv, capacity_i)``
-        #: int64 (None: slot ``j`` holds position ``j``).
-        self.pos: list[torch.Tensor | None] = [None] * n_layers
-        #: Each eviction as ``(length then, lowest position evicted, tokens evicted)``.
-        self.evictions: list[tuple[int, int, int]] = []
-        #: Observes queries for the eviction policy (:class:`runtime.cache.evictor.Evictor`
-        #: sets itself here); None: no policy.
-        self.evictor = None
-        # Dequantized keys and values of the layer being read (quantized dtypes only): one
-        # layer's worth, reused by every layer, in the dtype the model computes in.
-        self._read_k: torch.Tensor | None = None
-        self._read_v: torch.Tensor | None = None
+        self.evictor = None  # observes queries for a cache policy (Evictor.attach sets it)
 
+    # ---- the parts' figures, as callers read them --------------------------------------
     @property
     def quantized(self) -> bool:
         """Whether vectors are stored as int8 codes with a scale each."""
-        return self.dtype in QUANTIZED_CACHE_DTYPES
+        return self.storage.quantized
+
+    @property
+    def evicted(self) -> int:
+        """Tokens a cache policy has evicted from each full-attention layer (:meth:`keep`)."""
+        return self.slots.evicted
+
+    @property
+    def evictions(self) -> list[tuple[int, int, int]]:
+        """Each eviction: ``(length then, lowest position evicted, tokens evicted)``."""
+        return self.slots.evictions
+
+    def layer_bytes_per_token(self, layer: int) -> int:
+        """Bytes one token takes in one layer (:meth:`ByteCounts.layer_bytes_per_token`)."""
+        return self.bytes.layer_bytes_per_token(layer)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one token takes in every layer (before any sliding window is full)."""
+        return self.bytes.per_token
+
+    def layer_tokens(self, layer: int, length: int | None = None) -> int:
+        """Tokens layer ``layer`` needs at ``length`` (default: now, less what a cache policy
+        evicted from a full layer): ``min(length, window)`` for a sliding layer."""
+        return self.bytes.layer_tokens(layer, self.length if length is None else length,
+                                       self.evicted if length is None else 0)
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of the tokens in use (less what a cache policy evicted)."""
+        return self.bytes.used(self.length, self.evicted)
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes the buffers take: sum over layers of buffer capacity x layer bytes per token."""
+        return self.bytes.allocated(self._capacities())
+
+    def layer_types(self) -> list[dict]:
+        """Per kind of layer, its figures now (:meth:`ByteCounts.layer_types`)."""
+        return self.bytes.layer_types(self.length, self.evicted, self._capacities())
+
+    def stats(self) -> dict:
+        """The JSON-ready figures (:meth:`ByteCounts.stats`)."""
+        return self.bytes.stats(self.length, self.evicted, self._capacities(), self.limit_bytes)
+
+    def _capacities(self) -> list[int]:
+        return [kb.shape[2] for kb in self.k]
 
     @property
     def capacity(self) -> int:
-        """Tokens every full-attention layer's buffer holds (all sliding: the smallest
-        buffer); 0 until every layer has one."""
+        """Tokens every full layer's buffer holds (all sliding: the smallest); 0 until every layer has one."""
         if len(self.k) < self.n_layers:
             return 0
         caps = [self.k[i].shape[2] for i in range(self.n_layers) if self.windows[i] is None]
         return min(caps or [kb.shape[2] for kb in self.k])
 
     def held(self, layer: int) -> int:
-        """Slots layer ``layer`` holds: ``length - start[layer]``, less what a policy evicted
-        from a full-attention layer."""
+        """Slots layer ``layer`` holds: ``length - start[layer]``, less a full layer's evicted ones."""
         return self.length - self.start[layer] - (self.evicted if self.windows[layer] is None else 0)
 
     @property
     def held_tokens(self) -> int:
         """Tokens every full-attention layer holds (``length - evicted``)."""
         return self.length - self.evicted
+
+    @property
+    def sliding(self) -> bool:
+        """Whether any layer has a sliding window (its buffer moves: no static decode step)."""
+        return any(w is not None for w in self.windows)
 
     @property
     def evicts(self) -> bool:
@@ -175,14 +219,9 @@ class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
         """
         need = self.held_tokens + n_new
         if need > self.token_limit:
-            why = (
-                f"the KV-cache memory limit ({self.limit_bytes} bytes = {self.token_limit} tokens)"
-                if self.token_limit < self.max_tokens
-                else f"the cache capacity of {self.max_tokens} tokens"
-            )
-            raise CacheLimitError(
-                f"{need} tokens would pass {why}; shorten the conversation or raise the limit"
-            )
+            why = (f"the KV-cache memory limit ({self.limit_bytes} bytes = {self.token_limit} tokens)"
+                   if self.token_limit < self.max_tokens else f"the cache capacity of {self.max_tokens} tokens")
+            raise CacheLimitError(f"{need} tokens would pass {why}; shorten the conversation or raise the limit")
         for i, w in enumerate(self.windows):
             if w is not None and i < len(self.k) and self.held(i) + n_new > self.k[i].shape[2]:
                 self._drop_before(i, max(self.start[i], self.length - w))
@@ -194,13 +233,7 @@ class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
                 grow[i] = self._target(i, slots)
         if not grow:
             return
-        # Layer by layer, the new K and V buffers exist next to that layer's old ones while
-        # its tokens are copied over: the growth plus one layer's old buffers at the peak
-        # (all layers at once would briefly double the cache).
-        old = {i: (self.k[i].shape[2] if i < len(self.k) else 0) for i in grow}
-        need_bytes = sum((cap - old[i]) * self.layer_bytes_per_token(i) for i, cap in grow.items())
-        need_bytes += max(old[i] * self.layer_bytes_per_token(i) for i in grow)
-        new_bytes = sum(cap * self.layer_bytes_per_token(i) for i, cap in grow.items())
+        need_bytes, new_bytes = self.bytes.growth(grow, self._capacities())
         free = devices.free_memory_bytes(self.device)
         if free is not None and need_bytes > free:
             raise CacheLimitError(
@@ -208,8 +241,9 @@ class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
                 f"{free / 2**20:,.1f} MiB free; lower the context length or use a smaller cache dtype"
             )
         for i in sorted(grow):
+            n = self.held(i)
             try:
-                new = [self._zeros(grow[i], scale) for scale in (False, False, True, True)[: len(self._planes())]]
+                self.storage.resize(i, grow[i], n)
             except (torch.OutOfMemoryError, RuntimeError) as e:  # RuntimeError: CPU allocator
                 # Layers grown before this one keep their bigger buffers: only the slots
                 # in use are read, so the cache stays consistent.
@@ -217,46 +251,21 @@ class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
                     f"out of memory allocating a {grow[i]}-token KV cache "
                     f"({new_bytes} bytes); lower the context length or use a smaller cache dtype"
                 ) from e
-            n = self.held(i)
-            for plane, buf in zip(self._planes(), new):
-                if i < len(plane):
-                    buf[:, :, :n].copy_(plane[i][:, :, :n])
-                    plane[i] = buf
-                else:
-                    plane.append(buf)
-            if self.pos[i] is not None:
-                self.pos[i] = _resized(self.pos[i], grow[i], n)
-        self._read_k = self._read_v = None  # re-made at the new size on the next read
-
-    def _planes(self) -> tuple[list[torch.Tensor], ...]:
-        """The per-layer buffer lists: K and V, then their scales when quantized."""
-        return (self.k, self.v, self.k_scale, self.v_scale) if self.quantized else (self.k, self.v)
-
-    def _zeros(self, tokens: int, scale: bool) -> torch.Tensor:
-        """A zeroed ``(B, Hkv, tokens, D)`` buffer, or ``(B, Hkv, tokens, 1)`` float32 scales: a
-        normal tensor (see the module). Zero-filled: the static decode step attends over the
-        whole buffer and masks the unused slots, and a masked NaN still poisons (0 x NaN)."""
-        shape = (self.batch, self.n_kv_heads, tokens, 1 if scale else self.head_dim)
-        with torch.inference_mode(False):
-            return torch.zeros(shape, dtype=torch.float32 if scale else self.dtype, device=self.device)
+            self.slots.resize(i, grow[i], n)
 
     def _drop_before(self, layer: int, pos: int) -> None:
         """Sliding layer: forget positions before ``pos``, moving the rest to slot 0."""
         drop = pos - self.start[layer]
         if drop <= 0:
             return
-        n = self.length - pos
-        for buf in (plane[layer] for plane in self._planes()):
-            # clone: source and destination overlap.
-            buf[:, :, :n].copy_(buf[:, :, drop : drop + n].clone())
+        self.storage.move(layer, drop, 0, self.length - pos)
         self.start[layer] = pos
 
+    # ---- writes and reads ------------------------------------------------------------
     @torch.inference_mode()
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write new keys/values ``(B, Hkv, Tnew, D)`` at ``length`` for one layer.
-
-        The caller must have called :meth:`reserve` for ``Tnew`` and calls
-        :meth:`advance` once after the last layer.
+        """Write new keys/values ``(B, Hkv, Tnew, D)`` at ``length`` for one layer (between
+        :meth:`reserve` for ``Tnew`` and one :meth:`advance` after the last layer).
 
         Returns:
             views of the layer's keys and values for positions ``start[layer] ..
@@ -265,57 +274,75 @@ class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
             tokens are the last ``Tnew``.
         """
         t0 = self.held(layer)
-        t1 = t0 + k.shape[2]
-        if self.pos[layer] is not None:
-            self.pos[layer][:, :, t0:t1] = torch.arange(self.length, self.length + k.shape[2], device=self.device)
-        if self.quantized:
-            self._store(layer, t0, k, v)
-            return self._read(layer, t1, k.dtype)
-        kb, vb = self.k[layer], self.v[layer]
-        kb[:, :, t0:t1].copy_(k)
-        vb[:, :, t0:t1].copy_(v)
-        return kb[:, :, :t1], vb[:, :, :t1]
+        self.slots.write(layer, t0, self.length, k.shape[2])
+        return self.storage.write(layer, t0, k, v)
 
     @torch.inference_mode()
     def transform_keys(self, layer: int, a: int, b: int, fn) -> None:
-        """Replace the keys in buffer slots ``a .. b-1`` of ``layer`` by ``fn(keys)`` (in place).
-
-        ``fn`` takes and returns float32 ``(B, Hkv, b - a, D)``; the result is stored in
-        the cache's dtype (requantized for an int8 cache). Used to re-rotate keys after an
-        eviction (:meth:`runtime.model.decoder.Decoder.shift_key_positions`).
-        """
-        if self.quantized:
-            self._transform_quantized(layer, a, b, fn)
-        else:
-            kb = self.k[layer]
-            kb[:, :, a:b] = fn(kb[:, :, a:b].float()).to(kb.dtype)
+        """Replace the keys in buffer slots ``a .. b-1`` of ``layer`` by ``fn(float32 keys (B, Hkv,
+        b - a, D))``, stored in the cache's dtype (requantized for int8): the re-rotation after a
+        :meth:`remove_span` (:meth:`runtime.model.decoder.Decoder.shift_key_positions`)."""
+        self.storage.transform_keys(layer, a, b, fn)
 
     def write_at(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write one token's keys/values ``(B, Hkv, 1, D)`` at slot ``pos`` (a ``(1,)``
         int64 tensor on the cache's device) of one layer: the static decode step's write,
         whose shapes and addresses do not depend on the position.
 
-        The caller must have called :meth:`reserve` and calls :meth:`advance` after. Not
-        wrapped in inference mode (unlike the other writes): it runs inside a compiled step.
-
-        Returns:
-            all ``capacity`` slots of that layer's keys and values, ``(B, Hkv, capacity, D)``.
+        Between :meth:`reserve` and :meth:`advance`; not in inference mode (it runs inside a
+        compiled step). Returns the layer's ``capacity`` slots, ``(B, Hkv, capacity, D)``.
 
         Raises:
             ValueError: a quantized cache (the static step runs it eagerly instead).
         """
-        if self.quantized:
-            raise ValueError(f"write_at: a {dtype_name(self.dtype)} cache is written by update(), not by the static step")
-        kb, vb = self.k[layer][:, :, : self.capacity], self.v[layer][:, :, : self.capacity]
-        kb.index_copy_(2, pos, k.to(kb.dtype))
-        vb.index_copy_(2, pos, v.to(vb.dtype))
-        return kb, vb
+        return self.storage.write_at(layer, pos, self.capacity, k, v)
 
     def advance(self, n: int) -> None:
         """Mark ``n`` more tokens as valid (after every layer has written them)."""
         if any(self.held(i) + n > self.k[i].shape[2] for i in range(len(self.k))) or len(self.k) < self.n_layers:
             raise CacheLimitError("advance past the reserved capacity (call reserve first)")
         self.length += n
+
+    def read_keys(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s keys ``(B, Hkv, held, D)`` as float32 (an int8 cache's dequantized)."""
+        return self.storage.read_keys(layer, self.held(layer))
+
+    # ---- slots and positions (the slot map's, at this cache's length) ------------------
+    def full_layers(self) -> list[int]:
+        """The layers a policy may evict from (no sliding window)."""
+        return list(self.slots.full)
+
+    def positions(self, layer: int, n_new: int = 0) -> torch.Tensor:
+        """The true position of each slot layer ``layer`` holds, ``(B, Hkv, held + n_new)``
+        int64, ascending per head; ``n_new`` counts slots written by :meth:`update` but not
+        yet advanced over (they hold ``length .. length + n_new - 1``)."""
+        return self.slots.positions(layer, self.start[layer], self.held(layer) + n_new)
+
+    def spread(self, layer: int, weights: torch.Tensor, n_new: int) -> torch.Tensor:
+        """Attention weights over layer ``layer``'s slots ``(B, H, Tq, Tk)``, ``n_new`` of them
+        written but not yet advanced over, -> over the positions ``0 .. length + n_new - 1``,
+        ``(B, H, Tq, length + n_new)``: 0 for a position the layer no longer holds."""
+        return self.slots.spread(layer, weights, self.start[layer], self.length + n_new)
+
+    def held_mask(self, layer: int) -> torch.Tensor:
+        """``(B, Hkv, length)`` bool: True where layer ``layer``'s head still holds the position
+        (a sliding layer: its window's positions)."""
+        return self.slots.held_mask(layer, self.start[layer], self.held(layer), self.length)
+
+    @torch.inference_mode()
+    def keep(self, slots: dict[int, torch.Tensor]) -> int:
+        """Keep only ``slots`` (per full layer ``(B, Hkv, n)`` int64 slot indices, ascending) of
+        every full-attention layer, in place; returns the tokens evicted from each.
+
+        Raises:
+            ValueError: as :meth:`runtime.cache.slots.SlotMap.keep`.
+        """
+        held = self.held_tokens
+        gone = self.slots.keep(slots, length=self.length, capacity=self._capacities())
+        if gone:
+            for i, idx in slots.items():
+                self.storage.gather(i, idx, held)
+        return gone
 
     # ---- editing ---------------------------------------------------------------------
     def crop_point(self, n: int) -> int:
@@ -327,7 +354,7 @@ class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
         for reused."""
         if not 0 <= n <= self.length:
             raise ValueError(f"crop point {n} outside 0..{self.length}")
-        n = self.restorable(n)
+        n = self.slots.restorable(n)
         for i, w in enumerate(self.windows):
             if w is not None and self.start[i] > max(0, n - w + 1):
                 return 0
@@ -344,7 +371,7 @@ class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
             raise ValueError(
                 f"crop({n}): the sliding-window layers no longer hold the tokens before {n}; crop to 0 and prefill again"
             )
-        self._crop_evictions(n)
+        self.slots.crop(n)
         self.length = n
         for i in range(self.n_layers):
             self.start[i] = min(self.start[i], n)
@@ -352,33 +379,33 @@ class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
             self.evictor.cropped(self)
 
     @torch.inference_mode()
-    def evict(self, start: int, end: int) -> None:
-        """Remove tokens ``start .. end-1``, shifting later tokens down (in place).
+    def remove_span(self, start: int, end: int) -> None:
+        """Remove positions ``start .. end-1``, renumbering later tokens down (in place).
 
-        Used by the rolling context policy; the caller re-rotates the shifted keys'
-        positions (see ``runtime.model.decoder.Decoder.shift_key_positions``). A sliding layer
-        that holds none of the evicted tokens only relabels its positions.
+        The rolling overflow policy's cut (:func:`runtime.cache.policies.sinks_window.rolling_span`);
+        the caller re-rotates the shifted keys' positions (see
+        ``runtime.model.decoder.Decoder.shift_key_positions``). A sliding layer that holds none
+        of the removed tokens only relabels its positions. A cache policy's eviction
+        (:meth:`keep`) keeps positions instead; a cache does one or the other.
         """
         if not 0 <= start <= end <= self.length:
-            raise ValueError(f"evict({start}, {end}) outside 0..{self.length}")
+            raise ValueError(f"remove_span({start}, {end}) outside 0..{self.length}")
         if self.evicted:
-            raise ValueError("evict(): this cache's slots are not its positions (a policy evicted tokens); use keep()")
-        n_evict = end - start
+            raise ValueError("remove_span(): this cache's slots are not its positions (a policy evicted tokens); "
+                             "use keep()")
+        n_removed = end - start
         for i in range(len(self.k)):
             s = self.start[i]
             if s >= end:
-                self.start[i] = s - n_evict
+                self.start[i] = s - n_removed
                 continue
-            lo = max(start, s) - s  # first evicted slot
-            hi = end - s  # first kept slot after the evicted ones
-            n_shift = self.length - end
-            for buf in (plane[i] for plane in self._planes()):
-                # clone: source and destination overlap.
-                buf[:, :, lo : lo + n_shift].copy_(buf[:, :, hi : hi + n_shift].clone())
+            lo = max(start, s) - s  # first removed slot
+            hi = end - s  # first kept slot after the removed ones
+            self.storage.move(i, hi, lo, self.length - end)
             self.start[i] = min(s, start)
-        self.length -= n_evict
+        self.length -= n_removed
 
-    def slots(self, layer: int, start: int, end: int) -> tuple[int, int]:
+    def slot_range(self, layer: int, start: int, end: int) -> tuple[int, int]:
         """Buffer slots ``(a, b)`` of layer ``layer`` holding positions ``start .. end-1``
         (clipped to what the layer holds; ``a == b`` when none)."""
         s = self.start[layer]
@@ -389,19 +416,16 @@ class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
         """Forget every token (``length = 0``); memory stays allocated."""
         self.length = 0
         self.start = [0] * self.n_layers
-        self._forget_evictions()
+        self.slots.clear()
+        if self.evictor is not None:
+            self.evictor.cropped(self)
 
     @torch.inference_mode()
     def shrink_to_fit(self) -> int:
-        """Reallocate each layer's buffers at the smallest chunk multiple that holds the
-        tokens it holds now (:meth:`held`; :meth:`release` when ``length`` is 0);
-        nothing is dropped, so reads, :meth:`crop_point` and the next :meth:`reserve` act
-        as before. For an idle cache (a pooled server session): a long reply's buffers
-        otherwise stay at their peak.
-
-        Returns:
-            the bytes freed (:attr:`allocated_bytes` before minus after).
-        """
+        """Reallocate each layer's buffers at the smallest chunk multiple that holds what it
+        holds now (:meth:`held`; :meth:`release` when ``length`` is 0); nothing is dropped. For
+        an idle cache (a pooled server session): a long reply's buffers otherwise stay at their
+        peak. Returns the bytes freed (:attr:`allocated_bytes` before minus after)."""
         before = self.allocated_bytes
         if self.length == 0:
             self.release()
@@ -411,29 +435,15 @@ class KVCache(ByteAccounting, QuantizedStorage, EvictedSlots):
             cap = self._target(i, max(held, 1))
             if cap >= self.k[i].shape[2]:
                 continue
-            for plane in (*self._planes(), self.pos):
-                if plane[i] is not None:
-                    plane[i] = _resized(plane[i], cap, held)
-        self._read_k = self._read_v = None  # sized for the largest layer: re-made on the next read
+            self.storage.resize(i, cap, held)
+            self.slots.resize(i, cap, held)
         return before - self.allocated_bytes
 
     def release(self) -> None:
         """Free the buffers (``length = capacity = 0``)."""
-        self.k, self.v, self.k_scale, self.v_scale = [], [], [], []
-        self._read_k = self._read_v = None
+        self.storage.clear()
         self.reset()
 
     def __repr__(self) -> str:
-        return (
-            f"KVCache(layers={self.n_layers}, kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
-            f"length={self.length}, capacity={self.capacity}, dtype={dtype_name(self.dtype)})"
-        )
-
-
-def _resized(buf: torch.Tensor, tokens: int, n: int) -> torch.Tensor:
-    """``buf`` ``(B, Hkv, slots, ...)`` reallocated at ``tokens`` slots (zeroed; a normal tensor,
-    see the module), its first ``n`` slots copied over."""
-    with torch.inference_mode(False):
-        out = torch.zeros((*buf.shape[:2], tokens, *buf.shape[3:]), dtype=buf.dtype, device=buf.device)
-    out[:, :, :n].copy_(buf[:, :, :n])
-    return out
+        return (f"KVCache(layers={self.n_layers}, kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
+                f"length={self.length}, capacity={self.capacity}, dtype={dtype_name(self.dtype)})")

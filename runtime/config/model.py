@@ -124,11 +124,6 @@ class ModelConfig:
             return self.rope_local
         return self.rope or RopeSpec(theta=self.rope_theta, max_positions=self.max_position_embeddings)
 
-    def kv_bytes_per_token(self, element_bytes: int) -> int:
-        """KV-cache bytes one token takes in every layer (before any window fills):
-        2 (K and V) x layers x KV heads x head dim x bytes."""
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * element_bytes
-
     def to_dict(self) -> dict:
         """JSON-ready fields (:meth:`from_dict` reads them back)."""
         return asdict(self)

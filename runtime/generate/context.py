@@ -9,14 +9,15 @@ Must not import Qt (nor torch: these are pure functions over token ids and messa
   changed; the session reports the tokens dropped from the conversation.
 - ``rolling``: StreamingLLM (Xiao et al. 2023, "Efficient Streaming Language Models
   with Attention Sinks", arXiv:2309.17453): keep the first ``sink_tokens`` tokens and a
-  window of the newest; evict the middle from the cache. The sinks reach the end of the
+  window of the newest; cut the middle from the cache (the span:
+  :func:`runtime.cache.policies.sinks_window.rolling_span`, the same StreamingLLM as the
+  ``sinks-window`` cache policy). The sinks reach the end of the
   system prompt by default (:func:`rolling_sinks`), so the model keeps its instructions;
   the session reports how many messages it no longer sees (:func:`unseen_messages`). Positions: keys are cached
-  after RoPE, and after an eviction the kept keys are re-rotated by minus the evicted
+  after RoPE, and after a cut the kept keys are re-rotated by minus the removed
   count (RoPE rotations compose), so cache slot ``i`` always holds position ``i`` and
-  the model never sees a position past the window. We chose re-rotation over caching
-  keys before RoPE because it costs one rotation per eviction instead of one per
-  cached key on every decode step.
+  the model never sees a position past the window. Re-rotation over caching keys before
+  RoPE: it costs one rotation per cut instead of one per cached key on every decode step.
 
 A message that cannot fit even alone (with the system prompt and the template) raises
 :class:`runtime.errors.ContextOverflowError` under every policy.
@@ -222,30 +223,6 @@ def fit_prompt(encode: Encode, messages: Sequence[Message], *, limit: int, reser
     if len(ids) >= limit:
         ids, dropped, first = alone, dropped + len(ids) - len(alone), len(messages) - 1
     return ids, dropped, first
-
-
-def rolling_window(limit: int, sink_tokens: int) -> int:
-    """Tokens of the rolling window after the sinks (at least 1)."""
-    return limit - min(sink_tokens, limit - 1)
-
-
-def rolling_eviction(length: int, n_new: int, *, limit: int, sink_tokens: int) -> tuple[int, int] | None:
-    """Cache slots ``[start, end)`` to evict so ``n_new`` more tokens fit, or ``None`` if they fit.
-
-    Evicts at least a quarter of the window at once, so the shift and re-rotation of
-    the kept keys happen once every ~window/4 decode steps instead of on every step.
-
-    Raises:
-        ValueError: ``n_new`` is larger than the window (no eviction can make room).
-    """
-    if length + n_new <= limit:
-        return None
-    sink = limit - rolling_window(limit, sink_tokens)
-    window = limit - sink
-    if n_new > window:
-        raise ValueError(f"{n_new} new tokens do not fit a rolling window of {window}")
-    n_evict = min(max(length + n_new - limit, window // 4), length - sink)
-    return sink, sink + n_evict
 
 
 def system_prompt_tokens(encode: Encode) -> int:

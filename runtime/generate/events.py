@@ -10,7 +10,7 @@ from typing import Callable, Sequence, Union
 
 import torch
 
-from runtime.cache.eviction import CACHE_POLICIES
+from runtime.cache.policies import CACHE_POLICIES
 from runtime.generate.context import OVERFLOW_POLICIES
 from runtime.generate.sampling import SamplingParams
 
@@ -50,7 +50,7 @@ class GenerationSettings:
         tools: function descriptions (OpenAI's ``tools`` entries, JSON-like dicts) the
             chat template renders in the prompt (its ``tools`` variable); none by default.
         cache_policy: which tokens the KV cache evicts once it holds its budget
-            (:data:`runtime.cache.eviction.CACHE_POLICIES`; ``"none"``: it keeps them all).
+            (:data:`runtime.cache.policies.CACHE_POLICIES`; ``"none"``: it keeps them all).
             The conversation may then run to ``context_limit`` tokens with only the budget
             cached; the overflow policy acts at the context limit (not ``rolling``, itself
             an eviction).

@@ -6,9 +6,9 @@ there -> prefill the rest in chunks (cancellable, with progress) -> decode.
 
 The context-overflow policies (stop, truncate-middle, rolling) are described and
 computed in :mod:`runtime.generate.context`; this module applies them to the cache. A
-cache policy (H2O, SnapKV, TOVA, key-norm, sinks + window: :mod:`runtime.cache.eviction`)
+cache policy (H2O, SnapKV, TOVA, key-norm, sinks + window: :mod:`runtime.cache.policies`)
 keeps the cache within its budget by evicting after each forward pass
-(:mod:`runtime.cache.evictor`); the prefix reuse then crops only to a point no later
+(:mod:`runtime.cache.policies.evictor`); the prefix reuse then crops only to a point no later
 eviction touched (:meth:`runtime.cache.kv_cache.KVCache.crop_point`).
 """
 from __future__ import annotations
@@ -20,13 +20,10 @@ from dataclasses import replace
 
 import torch
 
+from runtime.cache.policies.sinks_window import rolling_window
 from runtime.errors import ChatTemplateError, ContextOverflowError
 from runtime.generate.chat_format import Message, encode_conversation, token_counter
-from runtime.generate.context import (
-    PromptCancelled,
-    fit_prompt,
-    rolling_window,
-)
+from runtime.generate.context import PromptCancelled, fit_prompt
 from runtime.generate.events import (
     TEXT_ROLE,
     Event,

@@ -3,19 +3,19 @@
 Must not import Qt. :class:`SessionCache` is the base of
 :class:`runtime.generate.session.ChatSession`; the policies themselves are computed in
 :mod:`runtime.generate.context` (stop, truncate-middle, rolling) and
-:mod:`runtime.cache.eviction` (H2O, SnapKV, TOVA, key-norm, sinks + window); this module
+:mod:`runtime.cache.policies` (H2O, SnapKV, TOVA, key-norm, sinks + window); this module
 applies them to the cache.
 """
 from __future__ import annotations
 
 import torch
 
-from runtime.cache.evictor import DEFAULT_STEP, Evictor, budget_for_bytes
+from runtime.cache.policies.evictor import DEFAULT_STEP, Evictor, budget_for_bytes
+from runtime.cache.policies.sinks_window import rolling_span
 from runtime.generate.chat_format import encode_conversation, token_counter
 from runtime.generate.context import (
     PromptCancelled,
     common_prefix_length,
-    rolling_eviction,
     rolling_sinks,
     system_prompt_tokens,
     trim_conversation,
@@ -112,13 +112,13 @@ class SessionCache:
         return n
 
     def _evict_for(self, n_new: int) -> None:
-        """Rolling policy: make room for ``n_new`` tokens by evicting after the sinks."""
-        span = rolling_eviction(self.cache.length, n_new, limit=self.context_limit, sink_tokens=self._sinks)
+        """Rolling policy: make room for ``n_new`` tokens by removing a span after the sinks."""
+        span = rolling_span(self.cache.length, n_new, limit=self.context_limit, sink_tokens=self._sinks)
         if span is None:
             return
         start, end = span
         self._prompt_logits = None  # the positions it was computed at move
-        self.cache.evict(start, end)
+        self.cache.remove_span(start, end)
         self.model.decoder.shift_key_positions(self.cache, start, self.cache.length, start - end)
         del self._slots[start:end]
 
@@ -131,7 +131,7 @@ class SessionCache:
             logits = self.model.logits(ids, self.cache, last_only=last_only)
         self._slots.extend(range(base, base + len(ids)))
         self._stream.extend(ids)
-        if self.evictor is not None:  # after the forward: the newest queries choose (runtime.cache.evictor)
+        if self.evictor is not None:  # after the forward: the newest queries choose (runtime.cache.policies.evictor)
             self.evictor.evict(self.cache)
         return logits
 

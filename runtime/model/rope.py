@@ -174,7 +174,7 @@ def shift_cached_keys(layer_ropes, head_dim: int, cache, start: int, end: int, d
         if spec is None:
             return
         c, s = rotation_by(spec, head_dim, delta)  # (R,)
-        a, b = cache.slots(i, start, end)
+        a, b = cache.slot_range(i, start, end)
         R = c.shape[0]
 
         def rotate(seg: torch.Tensor, c=c, s=s, R=R) -> torch.Tensor:  # (B, Hkv, n, D) float32

@@ -4,14 +4,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.cache.eviction import (
+from runtime.cache.policies import (
     CACHE_POLICIES,
     LayerObservation,
     PolicyParams,
     choose,
     keep_slots,
-    snapkv_scores,
 )
+from runtime.cache.policies.snapkv import SnapKV
 
 
 def _positions(*rows: list[int]) -> torch.Tensor:
@@ -64,7 +64,7 @@ def test_snapkv_pools_the_windows_attention_and_keeps_the_window():
     att[0, 1, 0, 10] = 0.9          # one window query of head 1 looks at 10
     obs = LayerObservation(pos, recent_attention=att)
     params = PolicyParams(snap_window=W, snap_kernel=3)
-    s = snapkv_scores(obs, params)[0, 0]
+    s = SnapKV.from_params(params).score(obs, 7)[0, 0]
     # mean over the 3 queries, then a width-3 average pool, then the mean over the 2 heads:
     assert s[4].item() == pytest.approx((1.0 / 3) / 2)
     assert s[3].item() == s[5].item() == pytest.approx((1.0 / 3) / 2)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from runtime import load_model
-from runtime.cache.evictor import Evictor, budget_for_bytes
+from runtime.cache.policies.evictor import Evictor, budget_for_bytes
 from runtime.insight.probe import AttentionCapture
 from runtime.model.attention import attention_reference
 from runtime.quantize import dequantize_int8, quantize_int8

@@ -75,7 +75,7 @@ def test_crop_and_rewrite():
 def test_evict_shifts_the_tail_down():
     cache = KVCache(2, 1, 1, 32)
     _write(cache, 10)
-    cache.evict(2, 5)
+    cache.remove_span(2, 5)
     assert cache.length == 7
     assert cache.k[1][0, 0, :7, 0].tolist() == [0, 1, 5, 6, 7, 8, 9]
 

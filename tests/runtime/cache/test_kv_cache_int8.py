@@ -74,7 +74,7 @@ def test_evict_moves_codes_and_scales_together():
     cache = KVCache(1, 1, 4, 32, dtype=torch.int8)
     k = torch.arange(10, dtype=torch.float32).view(1, 1, 10, 1).expand(1, 1, 10, 4) * 10 + 1
     _fill(cache, k, -k)
-    cache.evict(2, 5)
+    cache.remove_span(2, 5)
     assert cache.length == 7
     got, _ = cache.update(0, torch.zeros(1, 1, 0, 4), torch.zeros(1, 1, 0, 4))
     torch.testing.assert_close(got[0, 0, :7, 0], torch.tensor([1.0, 11, 51, 61, 71, 81, 91]))
@@ -147,7 +147,7 @@ def test_rerotated_keys_after_an_eviction_match_a_fresh_prefill(tmp_path):
     for dtype in ("float32", "int8"):
         cache = model.new_cache(16, dtype=dtype)
         model.logits(ids, cache)
-        cache.evict(2, 5)
+        cache.remove_span(2, 5)
         model.decoder.shift_key_positions(cache, 2, cache.length, -3)
         got, _ = cache.update(0, torch.zeros(1, cache.n_kv_heads, 0, cache.head_dim), torch.zeros(1, cache.n_kv_heads, 0, cache.head_dim))
         step = want.abs().amax(-1, keepdim=True) / 127

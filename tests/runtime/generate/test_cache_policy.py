@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from runtime import ChatSession, Evictor, GenerationSettings, load_model
-from runtime.cache.evictor import DEFAULT_STEP
+from runtime.cache.policies.evictor import DEFAULT_STEP
 from tests.runtime.session_helpers import run_turn
 from tests.runtime.tiny_models import WORDS, make_tiny_model
 

@@ -212,7 +212,7 @@ def test_fit_prompt_rejects_a_message_that_never_fits(policy):
 
 
 def test_rolling_eviction_keeps_the_sinks_and_evicts_a_quarter_window_at_least():
-    from runtime.generate.context import rolling_eviction
+    from runtime.cache.policies.sinks_window import rolling_span as rolling_eviction
 
     assert rolling_eviction(100, 28, limit=128, sink_tokens=4) is None
     assert rolling_eviction(128, 1, limit=128, sink_tokens=4) == (4, 4 + 31)  # window 124 // 4

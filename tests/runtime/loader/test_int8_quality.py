@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from runtime import ChatSession, GenerationSettings, Message, SamplingParams, load_model
-from runtime.cache.planner import weights_bytes
+from runtime.memory.planner import weights_bytes
 from runtime.generate.chat_format import encode_messages
 
 pytestmark = pytest.mark.slow

@@ -183,7 +183,7 @@ def test_config_survives_a_json_round_trip(models):
 
 def test_the_planner_counts_what_the_cache_holds(models):
     """Per layer type, the planner's figures at 30 tokens are the cache's own after 30 tokens."""
-    from runtime.cache.planner import plan_for_config
+    from runtime.memory.planner import plan_for_config
 
     m = models["gemma3"]  # 2 sliding layers (window 8) and 1 full, 1 KV head of 16: 128 B per layer per token
     cache = m.new_cache(64)

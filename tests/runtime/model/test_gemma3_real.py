@@ -109,7 +109,7 @@ def test_logits_past_the_window_equal_transformers(ours, theirs):
     # float32 step is 8e-3 (a prefill in 256-token chunks: 1.1e-3 from this one).
     torch.testing.assert_close(got, want, atol=1e-3, rtol=0)
     # The cache's own count per layer type equals the planner's at the same length.
-    from runtime.cache.planner import plan_for_config
+    from runtime.memory.planner import plan_for_config
 
     p = plan_for_config(ours.config, cache_dtype="float32", context=N_INPUT)
     counted = [{k: t[k] for k in ("kind", "window", "layers", "bytes_per_token", "tokens", "used_bytes")}

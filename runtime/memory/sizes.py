@@ -1,7 +1,8 @@
-"""How many bytes a KV cache takes: per token, per layer type, at a context length, and
-the longest context a budget holds, for full, sliding-window and int8 caches.
+"""How many bytes a KV cache takes: per token, per layer type and per attention variant, for
+full, sliding-window and int8 caches, as the planner reports them.
 
-Must not import Qt. Pure arithmetic over shapes (no tensors are made).
+Must not import Qt. Pure arithmetic over shapes (no tensors are made), every figure from the one
+formula in :mod:`models.kv_bytes` (``bytes_at``, ``longest_context`` come from there).
 """
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Sequence
 
 import torch
 
-from runtime.dtypes import parse_cache_dtype, vector_bytes
+from models.kv_bytes import bytes_at, layer_bytes_per_token, tokens_held
+from runtime.dtypes import cache_number_bytes, parse_cache_dtype
 
 
 def element_bytes(dtype: str | torch.dtype) -> int:
@@ -26,7 +28,7 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, elem_bytes: in
     for name, value in (("layers", layers), ("KV heads", kv_heads), ("head dim", head_dim), ("bytes per element", elem_bytes)):
         if value <= 0:
             raise ValueError(f"{name} must be positive; got {value}")
-    return 2 * layers * kv_heads * head_dim * elem_bytes
+    return layers * layer_bytes_per_token(kv_heads, head_dim, elem_bytes)
 
 
 def cache_bytes_per_token(layers: int, kv_heads: int, head_dim: int, cache_dtype: str | torch.dtype) -> int:
@@ -38,27 +40,7 @@ def cache_bytes_per_token(layers: int, kv_heads: int, head_dim: int, cache_dtype
         ValueError: a non-positive number or an unknown dtype.
     """
     kv_bytes_per_token(layers, kv_heads, head_dim, 1)  # the checks
-    return 2 * layers * kv_heads * vector_bytes(cache_dtype, head_dim)
-
-
-def kv_bytes_at(windows: Sequence[int | None], kv_heads: int, head_dim: int, elem_bytes: int, context: int,
-                scale_bytes: int = 0) -> int:
-    """KV bytes at ``context`` tokens: per layer ``min(context, window)`` tokens (all of them
-    for a full layer) x 2 x KV heads x (head dim x bytes per element + ``scale_bytes``)."""
-    per_layer = 2 * kv_heads * (head_dim * elem_bytes + scale_bytes)
-    return sum(per_layer * (context if w is None else min(context, w)) for w in windows)
-
-
-def longest_context(windows, kv_heads, head_dim, elem_bytes, budget: int, scale_bytes: int = 0) -> int:
-    """The most tokens whose KV cache fits ``budget`` bytes (sliding layers stop growing at
-    their window; with no full layer, any context that fits the windows: 2**40)."""
-    lo, hi = 0, 1 << 40
-    if kv_bytes_at(windows, kv_heads, head_dim, elem_bytes, hi, scale_bytes) <= budget:
-        return hi
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if kv_bytes_at(windows, kv_heads, head_dim, elem_bytes, mid, scale_bytes) <= budget else (lo, mid - 1)
-    return lo
+    return layers * layer_bytes_per_token(kv_heads, head_dim, *cache_number_bytes(cache_dtype))
 
 
 def layer_type_figures(windows: Sequence[int | None], kv_heads: int, head_dim: int, elem_bytes: int, context: int,
@@ -66,11 +48,11 @@ def layer_type_figures(windows: Sequence[int | None], kv_heads: int, head_dim: i
     """Per kind of layer (full first, then each window): kind, window, layers,
     bytes_per_token, tokens and used_bytes at ``context`` (the KV cache's
     ``layer_types()`` fields)."""
-    per_layer = 2 * kv_heads * (head_dim * elem_bytes + scale_bytes)
+    per_layer = layer_bytes_per_token(kv_heads, head_dim, elem_bytes, scale_bytes)
     out = []
     for w in sorted(set(windows), key=lambda w: -1 if w is None else w):
         n = sum(1 for x in windows if x == w)
-        tokens = context if w is None else min(context, w)
+        tokens = tokens_held(w, context)
         out.append({"kind": "full" if w is None else "sliding", "window": w, "layers": n,
                     "bytes_per_token": n * per_layer, "tokens": tokens, "used_bytes": n * per_layer * tokens})
     return out
@@ -94,8 +76,8 @@ def attention_variants(windows: Sequence[int | None], kv_heads: int, head_dim: i
         rows.append({
             "name": name, "kv_heads": heads, "window": next((w for w in ws if w is not None), None),
             "windowed_layers": sum(1 for w in ws if w is not None),
-            "bytes_per_token": 2 * L * heads * (head_dim * elem_bytes + scale_bytes),
-            "bytes_at_context": kv_bytes_at(ws, heads, head_dim, elem_bytes, context, scale_bytes),
+            "bytes_per_token": L * layer_bytes_per_token(heads, head_dim, elem_bytes, scale_bytes),
+            "bytes_at_context": bytes_at(ws, heads, head_dim, elem_bytes, context, scale_bytes),
             "this_model": heads == kv_heads and tuple(ws) == tuple(windows),
         })
 

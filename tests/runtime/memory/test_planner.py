@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from runtime.cache.planner import count_parameters, plan, plan_for_config
-from runtime.cache.sizes import kv_bytes_per_token
 from runtime.config.model import ModelConfig
+from runtime.memory.planner import count_parameters, plan, plan_for_config
+from runtime.memory.sizes import kv_bytes_per_token
 
 
 def test_issue_example_32_layers_8_kv_heads_128_dims_2_bytes():
@@ -61,7 +61,7 @@ def test_the_planners_weights_are_what_the_loader_keeps(tmp_path, family, dtype)
     """Norm weights and biases stay in the compute dtype (float32 on the CPU): the planner
     counted them at the weights' 2 bytes (issue 30, item 4)."""
     from runtime import load_model
-    from runtime.cache.planner import weights_bytes
+    from runtime.memory.planner import weights_bytes
     from tests.runtime.tiny_models import make_tiny_model
 
     model = load_model(make_tiny_model(tmp_path, family), device="cpu", dtype=dtype)
@@ -71,7 +71,7 @@ def test_the_planners_weights_are_what_the_loader_keeps(tmp_path, family, dtype)
 def test_the_plan_counts_the_tokenizer_and_a_turn_and_says_what_it_leaves_out():
     """Gemma 3 270M's 262,144-entry tokenizer held 325 MB (scripts/memory_stages.py): the total
     counted only weights and KV cache before."""
-    from runtime.cache.planner import tokenizer_bytes
+    from runtime.memory.planner import tokenizer_bytes
 
     gemma = ModelConfig(family="llama", model_type="gemma3_text", vocab_size=262_144, hidden_size=640, n_layers=18,
                         n_heads=4, n_kv_heads=1, head_dim=256, intermediate_size=2048,

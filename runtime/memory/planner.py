@@ -5,8 +5,9 @@ can check a bigger model before fetching it.
 
 KV bytes per token = 2 (K and V) x layers x KV heads x head dim x bytes per element
 (the cache stores one key and one value vector per KV head per layer per token); an
-int8 cache adds one float32 scale per vector (:func:`runtime.dtypes.vector_bytes`), passed
-to the functions below as ``scale_bytes``.
+int8 cache adds one float32 scale per vector (:func:`runtime.dtypes.cache_number_bytes`),
+passed to the functions below as ``scale_bytes``. The formula is written once, in
+:mod:`models.kv_bytes`; the cache counts its own bytes with it too.
 
 With sliding-window layers (Mistral, Gemma 2/3, Phi-3) a layer holds at most its window,
 so the KV cache at a context of ``n`` tokens is, per layer,
@@ -24,17 +25,12 @@ from typing import Sequence
 
 import torch
 
+from models.kv_bytes import bytes_at, longest_context
 from runtime import device as devices
-from runtime.cache.sizes import (
-    attention_variants,
-    cache_bytes_per_token,
-    kv_bytes_at,
-    layer_type_figures,
-    longest_context,
-)
 from runtime.config.model import ModelConfig
 from runtime.device import compute_dtype, default_dtype
-from runtime.dtypes import QUANTIZED_CACHE_DTYPES, SCALE_BYTES, dtype_name, parse_cache_dtype, parse_weight_dtype
+from runtime.dtypes import cache_number_bytes, dtype_name, parse_cache_dtype, parse_weight_dtype
+from runtime.memory.sizes import attention_variants, cache_bytes_per_token, layer_type_figures
 
 
 def count_parameters(cfg: ModelConfig) -> int:
@@ -242,14 +238,14 @@ def plan(
         except ValueError:
             raise ValueError(f"unknown weights dtype {weights_dtype!r}; use float32, bfloat16, float16 or int8") from None
     dt = parse_cache_dtype(cache_dtype)
-    eb, sb = dt.itemsize, (SCALE_BYTES if dt in QUANTIZED_CACHE_DTYPES else 0)
+    eb, sb = cache_number_bytes(dt)
     per_token = cache_bytes_per_token(layers, kv_heads, head_dim, dt)
     if windows is None and config is not None:
         windows = config.windows
     windows = tuple(windows) if windows else (None,) * layers
     if len(windows) != layers or any(w is not None and w < 1 for w in windows):
         raise ValueError(f"give {layers} windows (a positive number of tokens or None); got {windows}")
-    kv = kv_bytes_at(windows, kv_heads, head_dim, eb, context, sb)
+    kv = bytes_at(windows, kv_heads, head_dim, eb, context, sb)
     params = weights = wdtype = tok = turn = None
     if config is not None and as_blocks:  # the file's tensors as stored (norms included), computing as float16 weights do
         params, (weights, wdtype) = count_parameters(config), blocks

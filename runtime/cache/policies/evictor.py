@@ -1,13 +1,13 @@
 """Applying a cache policy to a KV cache: what the full-attention layers' queries saw, and
 evicting down to the budget when the cache passes it.
 
-Must not import Qt, the decoder or the session (the decoder calls :meth:`Evictor.observe`
+Must not import Qt, the decoder or the generator (the decoder calls :meth:`Evictor.observe`
 from its attention; the session, or the cache-eval harness, calls :meth:`Evictor.evict`).
 
 The budget is in tokens per full-attention layer (:func:`budget_for_bytes` turns MiB into
 tokens). A reply's forward passes append to the cache; once it holds ``budget + step``
-tokens or more, :meth:`Evictor.evict` keeps ``budget`` of them (:mod:`runtime.cache.eviction`
-chooses which). Evicting after a forward, not before, lets a prompt's last chunk (the
+tokens or more, :meth:`Evictor.evict` keeps ``budget`` of them (the policy's ``score()``
+chooses which, :mod:`runtime.cache.policies`). Evicting after a forward, not before, lets a prompt's last chunk (the
 question) choose what stays, as SnapKV does at the end of a prompt, and lets TOVA score
 with the current token's attention; the price is that the cache briefly holds up to a
 prefill chunk more than the budget. Evicting ``step`` or more tokens at once spreads the
@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from runtime.cache.eviction import NEEDS, LayerObservation, PolicyParams, check_policy, choose, observed_queries
+from runtime.cache.policies import LayerObservation, PolicyParams, make_policy
 
 #: Tokens evicted at least per eviction (decode): see the module docstring.
 DEFAULT_STEP = 16
@@ -40,7 +40,7 @@ class Evictor:
     """A cache policy with its budget, attached to one :class:`runtime.cache.kv_cache.KVCache`.
 
     Args:
-        policy: one of :data:`runtime.cache.eviction.CACHE_POLICIES` other than ``"none"``.
+        policy: one of :data:`runtime.cache.policies.CACHE_POLICIES` other than ``"none"``.
         budget: tokens each full-attention layer keeps after an eviction (at least 1).
         step: an eviction runs once the cache holds ``budget + step`` tokens (at least 1).
         params: the policies' knobs.
@@ -50,14 +50,14 @@ class Evictor:
     """
 
     def __init__(self, policy: str, budget: int, *, step: int = DEFAULT_STEP, params: PolicyParams = PolicyParams()):
-        check_policy(policy)
+        self.scorer = make_policy(policy, params)  # raises for an unknown name
         if policy == "none":
             raise ValueError("the 'none' cache policy evicts nothing; do not attach an evictor")
         if budget < 1 or step < 1:
             raise ValueError(f"the cache budget and eviction step must be at least 1 token; got {budget}, {step}")
         self.policy, self.budget, self.step, self.params = policy, int(budget), int(step), params
-        self.window = observed_queries(policy, params)
-        self.accumulates = "accumulated" in NEEDS[policy]
+        self.window = self.scorer.queries
+        self.accumulates = "accumulated" in self.scorer.needs
         self._q: dict[int, torch.Tensor] = {}  # layer -> (B, H, <=W, D) newest queries
         self._qpos: dict[int, torch.Tensor] = {}  # layer -> (<=W,) their positions
         self._acc: dict[int, torch.Tensor] = {}  # layer -> (B, Hkv, capacity) float32
@@ -147,7 +147,7 @@ class Evictor:
         held = cache.held_tokens
         if held <= self.budget or not (force or self.due(cache)):
             return 0
-        slots = {i: choose(self.policy, self.observation(cache, i), self.budget, self.params) for i in cache.full_layers()}
+        slots = {i: self.scorer.choose(self.observation(cache, i), self.budget) for i in cache.full_layers()}
         if not slots:
             return 0
         for i, acc in self._acc.items():
@@ -156,10 +156,10 @@ class Evictor:
         return cache.keep(slots)
 
     def observation(self, cache, layer: int) -> "LayerObservation":
-        """What policy sees of layer ``layer`` now (:class:`runtime.cache.eviction.LayerObservation`)."""
+        """What the policy sees of layer ``layer`` now (:class:`runtime.cache.policies.LayerObservation`)."""
         held = cache.held(layer)
         pos = cache.positions(layer)
-        needs = NEEDS[self.policy]
+        needs = self.scorer.needs
         keys = cache.read_keys(layer) if "keys" in needs else None
         recent = acc = None
         if "recent_attention" in needs and layer in self._q:
@@ -205,22 +205,3 @@ def budget_for_bytes(cache, limit_bytes: int) -> int:
         raise ValueError(f"{limit_bytes / 2**20:.1f} MiB does not hold one token besides the sliding windows "
                          f"({sliding / 2**20:.1f} MiB); raise the cache budget")
     return int(tokens)
-
-
-def parse_budget(text: str) -> tuple[int | None, int | None]:
-    """A cache budget as the command line takes it: ``"512"`` (tokens) -> ``(512, None)``,
-    ``"24MiB"`` / ``"24M"`` (mebibytes) -> ``(None, 25165824)``.
-
-    Raises:
-        ValueError: anything else, or a budget below 1 token or byte.
-    """
-    t = text.strip()
-    unit = next((u for u in ("MiB", "M") if t.endswith(u)), None)
-    try:
-        value = float(t[: -len(unit)]) if unit else int(t)
-    except ValueError:
-        raise ValueError(f"a cache budget is a number of tokens (512) or of MiB (24MiB); got {text!r}") from None
-    n = int(value * 2**20) if unit else int(value)
-    if n < 1:
-        raise ValueError(f"a cache budget must be positive; got {text!r}")
-    return (None, n) if unit else (n, None)
