@@ -160,7 +160,11 @@ def test_truncation_at_a_new_turn_is_marked_and_a_regenerate_crop_is_not(panel):
     assert panel.series.events == []
     panel.on_stats(stats(1800, request=3, dropped=900))  # the next turn did not fit: oldest turns dropped
     assert panel.series.events == [(2500, 1800, "truncated")]
-    panel.on_stats(stats(10, conv=2, request=4))        # another conversation: a fresh chart
+    # The truncated cache is read again past the prefix it kept: the old line goes, the mark stays.
+    panel.on_stats(stats(2000, request=4))
+    panel.on_stats(dict(stats(1700, request=5, dropped=600), reused_tokens=40))
+    assert panel.series.tokens == [1700] and panel.series.events[-1] == (2000, 1700, "truncated")
+    panel.on_stats(stats(10, conv=2, request=6))        # another conversation: a fresh chart
     assert panel.series.tokens == [10] and panel.series.events == []
 
 
@@ -205,3 +209,14 @@ def test_a_sliding_window_model_bends_the_lines_and_the_used_curve(qtbot):
     slope = lambda a, b: (s.used[s.tokens.index(b)] - s.used[s.tokens.index(a)]) / (b - a)  # noqa: E731
     assert slope(64, 512) == 36_864 and slope(1024, 2048) == 6_144  # bytes per token before and after the bend
     assert "6,144 past the 512-token window (15 of 18 layers slide)" in panel.readout.text()
+
+
+def test_a_prompt_read_after_an_edit_starts_from_the_prefix_the_cache_kept(panel):
+    for t in (100, 200, 300):
+        panel.on_stats(stats(t, request=1))
+    # The edit's prompt: the cache was cropped to 50 tokens, then read in chunks.
+    for done in (0, 100):
+        panel.on_stats(dict(stats(50 + done, request=2), prefill={"done": done, "total": 200}))
+    assert panel.series.tokens == [] and panel.series.pending[0][0] == 50   # no 100..300 line beside it
+    panel.on_stats(dict(stats(260, request=2), reused_tokens=50))
+    assert panel.series.tokens == [260] and panel.series.events == []

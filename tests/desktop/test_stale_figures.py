@@ -161,3 +161,27 @@ def test_the_worker_reports_a_real_cache_while_it_reads_a_prompt(qtbot, tmp_path
     assert last["kv_cache"]["tokens"] == last["context_used"] == last["prefill"]["total"]   # nothing reused: a new chat
     assert last["kv_cache"]["bytes_per_token"] == seen[-1]["kv_cache"]["bytes_per_token"]
     assert last["context_limit"] == seen[-1]["context_limit"] and last["request"] == seen[-1]["request"]
+
+
+def test_another_model_clears_knock_out_and_explain(qtbot, make_window):
+    """Knock-out kept SmolLM2's heads and results after switching to Gemma."""
+    w = make_window()
+    panel = w.panels["attentionPanel"].widget()
+    ko, ex = panel.insight.tabs.knockout, panel.insight.tabs.explain
+    ko.heads.setText("17.3 18.6")
+    ko.set_result({"before": {"prob": 0.5, "top": [("a", 0.5)]}, "after": {"prob": 0.1, "top": [("b", 0.3)]},
+                   "heads": [(17, 3)], "mode": "zero", "position": 4, "token": "a"})
+    ex.result = {"attention": [1.0]}
+    ex.table.setRowCount(3)
+    panel.insight._pending["knockout"] = 99
+    with qtbot.waitSignal(w.engine.model_loaded, timeout=5000):
+        w.load_model("/models/gemma.gguf")
+    assert ko.heads.text() == "" and ko.result is None and ko.table.rowCount() == 0
+    assert ko.summary.text() == ko.INTRO
+    assert ex.result is None and ex.table.rowCount() == 0 and ex.summary.text() == ex.INTRO
+    assert panel.insight._pending == {}   # an answer about the old model is not shown
+    # The same model loaded again (a reload for another device) keeps them.
+    ko.heads.setText("1.0")
+    with qtbot.waitSignal(w.engine.model_loaded, timeout=5000):
+        w.load_model("/models/gemma.gguf")
+    assert ko.heads.text() == "1.0"

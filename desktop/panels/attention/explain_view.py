@@ -93,6 +93,8 @@ class ExplainView(QWidget):
                    "at the query that predicts the token", "Input × gradient (nats)",
                    "Integrated gradients (nats; 0 for tokens that did not move)")
     TABLE_ROWS = 7
+    INTRO = ("Choose a layer and a head (or the mean), then Explain: is the newest reply token "
+             "explained by where that head looks? (Jain and Wallace 2019)")
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -130,8 +132,7 @@ class ExplainView(QWidget):
         self.estimate.hide()
         self._plan: dict = {}
         self._running = False
-        self.summary = rich_label("Choose a layer and a head (or the mean), then Explain: is the newest reply token "
-                                  "explained by where that head looks? (Jain and Wallace 2019)")
+        self.summary = rich_label(self.INTRO)
         self.table = _table(self.COLUMNS)
         for c, tip in enumerate(self.COLUMN_TIPS):
             self.table.horizontalHeaderItem(c).setToolTip(tip)
@@ -242,6 +243,16 @@ class ExplainView(QWidget):
             f"Permuting the weights {p['n']} times (seed {p['seed']}): median total variation "
             f"<b>{p['median_tv']:.3f}</b>, top token changed in <b>{p['top_changed']:.0%}</b>.")
         self.sentence.setText(html.escape(r["sentence"]))
+
+    def clear(self) -> None:
+        """Forget the result (another model is loaded: its tokens and heads are not these)."""
+        self.result = None
+        self.table.setRowCount(0)
+        self.summary.setText(self.INTRO)
+        self.sentence.setText("")
+        self.set_idle()
+        self.estimate.setText("")
+        self._plan = {}
 
     def data(self) -> dict:
         r = self.result

@@ -12,6 +12,7 @@ from PySide6.QtCore import QObject, QTimer
 
 from desktop.panels.attention.insight_probe import InsightClient
 from desktop.panels.attention.insight_views import InsightTabs, parse_head_list
+from desktop.worker import model_key
 
 __all__ = ["InsightController", "install_insight"]
 
@@ -24,6 +25,7 @@ class InsightController(QObject):
         self.panel, self.tabs = panel, tabs
         self.client = InsightClient(panel.client, self)
         self._pending: dict[str, int] = {}  # view name -> request id in flight
+        self._model_key = ""                # whose results the views show (desktop.worker.model_key)
         c, t = self.client, tabs
         c.explain_ready.connect(lambda d: self._done("explain", d, t.explain.set_result))
         c.explain_started.connect(lambda rid, plan: self._pending.get("explain") == rid and t.explain.set_running(plan))
@@ -54,6 +56,13 @@ class InsightController(QObject):
 
     # ---- state from the panel and the window -----------------------------------------------
     def set_model(self, info: dict | None) -> None:
+        key = model_key(info)
+        if key != self._model_key:   # another model: its heads and results are not the old one's
+            if self._model_key:
+                self._pending.clear()   # answers still coming belong to the old model
+                self.tabs.explain.clear()
+                self.tabs.knockout.clear()
+            self._model_key = key
         self.tabs.cost.set_model(info)
         self.tabs.scale.set_head_dim((info or {}).get("head_dim"))
 

@@ -61,6 +61,7 @@ class KnockoutView(QWidget):
     run_requested = Signal()
     preset_requested = Signal()
     fill_requested = Signal()
+    INTRO = "Knock heads out and see the chosen token's probability and the top 5 before and after."
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -80,7 +81,7 @@ class KnockoutView(QWidget):
         self.run_preset = QPushButton("Induction test")
         self.run_preset.setToolTip("Olsson et al. 2022: loss on repeated random tokens with the top 5 induction heads "
                                    "mean-ablated, and with 5 random heads (3 draws)")
-        self.summary = rich_label("Knock heads out and see the chosen token's probability and the top 5 before and after.")
+        self.summary = rich_label(self.INTRO)
         self.table = _table(("rank", "before", "p", "after", "p"))
         self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
         self.table.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
@@ -101,6 +102,15 @@ class KnockoutView(QWidget):
         self.run.clicked.connect(self.run_requested)
         self.run_preset.clicked.connect(self.preset_requested)
         self.fill.clicked.connect(self.fill_requested)
+
+    def clear(self) -> None:
+        """Forget the heads typed and every result (another model is loaded: other heads)."""
+        self.result = self.preset = None
+        self.heads.clear()
+        self.table.setRowCount(0)
+        self.preset_table.setRowCount(0)
+        self.summary.setText(self.INTRO)
+        self.preset_label.setText("")
 
     def set_result(self, r: dict) -> None:
         self.result = r

@@ -39,6 +39,7 @@ class KVSeries:
     full: list[int] = field(default_factory=list)
     held: int = 0
     evicted: int = 0
+    _before: int | None = None   # the conversation's length before the prompt being read (for a truncation)
 
     def add(self, stats: dict, policy: str) -> tuple[int, int, str] | None:
         """Record one stats dict; returns the truncation or eviction it shows, if any."""
@@ -59,6 +60,11 @@ class KVSeries:
         self.limit_bytes = kv.get("limit_bytes")
         self.sink_tokens = int(stats.get("sink_tokens") or self.sink_tokens)
         if stats.get("prefill"):
+            if request != self.request and not self.pending and self.tokens:
+                # A new prompt is read into the cache cropped to what it shares with the old
+                # one (an edit, a regenerate, a truncation): the line past it is no longer the cache.
+                self._before = self.tokens[-1]
+                self.cut(tokens)
             self.prefill = dict(stats["prefill"])
             self.pending.append((tokens, int(kv.get("used_bytes", tokens * bpt)),
                                  int(kv.get("allocated_bytes", tokens * bpt))))
@@ -68,22 +74,21 @@ class KVSeries:
         full = int(kv.get("full_bytes", kv.get("used_bytes", tokens * bpt)))
         dropped = int(stats.get("dropped_tokens") or 0)
         event = None
-        if request != self.request and not dropped and "reused_tokens" in stats:
-            # A new reply kept only the prefix its prompt shares with the cache (an edit or a
-            # regenerate crops it; a new model or an evicted session keeps nothing): the line
-            # shows what the cache holds now, so what was cut goes from the chart.
-            self.cut(int(stats["reused_tokens"] or 0))
-        if self.tokens and tokens < self.tokens[-1]:
-            before = self.tokens[-1]
-            if request == self.request:   # within a reply: only the overflow policy shrinks the cache
-                kind = "evicted" if policy == "rolling" else "truncated"
-            elif dropped:                  # a new turn that did not fit: oldest turns dropped
-                kind = "truncated"
-            else:                          # regenerate/edit: the cache was cropped to the shared prefix
-                kind = ""
-            if kind:
-                event = (before, tokens, kind)
+        if request != self.request:
+            before = self._before if self._before is not None else (self.tokens[-1] if self.tokens else None)
+            self._before = None
+            if "reused_tokens" in stats:
+                # A new reply kept only the prefix its prompt shares with the cache (an edit or a
+                # regenerate crops it; a truncation drops the oldest turns and reads the rest again;
+                # a new model or an evicted session keeps nothing): the line shows what the cache
+                # holds now, so what was cut goes from the chart.
+                self.cut(int(stats["reused_tokens"] or 0))
+            if dropped and before is not None and tokens < before:   # the oldest turns were dropped
+                event = (before, tokens, "truncated")
                 self.events.append(event)
+        elif self.tokens and tokens < self.tokens[-1]:   # within a reply: only the overflow policy shrinks it
+            event = (self.tokens[-1], tokens, "evicted" if policy == "rolling" else "truncated")
+            self.events.append(event)
         self.request, self.dropped_tokens = request, dropped
         if not self.tokens or tokens != self.tokens[-1] or event:
             self.tokens.append(tokens)
