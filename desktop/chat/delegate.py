@@ -23,7 +23,7 @@ from PySide6.QtGui import QAbstractTextDocumentLayout, QFont, QFontMetrics, QPai
 from PySide6.QtWidgets import QListView, QStyle, QStyledItemDelegate, QStyleOptionViewItem
 
 from desktop.chat.markdown import Rendered, build_document, code_tint, mix
-from desktop.chat.messages import MessageListModel, describe_finish
+from desktop.chat.messages import MessageListModel, describe_finish, duration
 
 __all__ = ["Button", "DROPPED_NOTE", "Header", "MessageDelegate", "MARKDOWN_LIMIT", "UNSEEN_NOTE"]
 
@@ -231,8 +231,9 @@ class MessageDelegate(QStyledItemDelegate):
         if index.data(MessageListModel.StreamingRole):
             progress = index.data(MessageListModel.ProgressRole)
             if progress and not index.data(MessageListModel.ContentRole):
-                done, total = progress
-                return f"Reading the prompt… {100 * done // max(1, total)}%"
+                done, total, left = (tuple(progress) + (None,))[:3]
+                about = f" · about {duration(left)} left" if left is not None else ""
+                return f"Reading the prompt… {100 * done // max(1, total)}%{about}"
             return "Writing…"
         if index.row() < getattr(self._view(), "unseen", 0):
             stale = getattr(self._view(), "unseen_stale", False)

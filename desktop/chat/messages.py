@@ -10,7 +10,13 @@ from typing import Any
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, Qt
 
-__all__ = ["MessageListModel", "describe_finish", "reply_seed"]
+__all__ = ["MessageListModel", "describe_finish", "duration", "reply_seed"]
+
+
+def duration(seconds: float) -> str:
+    """``"45 s"``, ``"2 min 05 s"``."""
+    s = max(0, int(round(seconds)))
+    return f"{s} s" if s < 60 else f"{s // 60} min {s % 60:02d} s"
 
 
 def describe_finish(reason: str | None, stats: dict | None) -> str:
@@ -44,7 +50,8 @@ class MessageListModel(QAbstractListModel):
 
     Each row is a dict: ``id`` (database id or None), ``role``, ``content``,
     ``streaming`` (bool), ``finish_reason``, ``stats`` (dict), ``progress`` (the prompt's
-    ``(done, total)`` tokens read so far while the reply waits for its first text, or None),
+    ``(done, total, seconds left or None)`` tokens read so far while the reply waits for its
+    first text, or None),
     ``version`` and ``versions`` (the branch shown of a regenerated reply, 1-based, and how
     many it has; 0 and 0 for a reply never regenerated).
     """
@@ -113,10 +120,11 @@ class MessageListModel(QAbstractListModel):
         idx = self.index(row)
         self.dataChanged.emit(idx, idx, [Qt.ItemDataRole.DisplayRole, self.ContentRole])
 
-    def set_progress(self, row: int, done: int, total: int) -> None:
-        """The reply at ``row`` has read ``done`` of its ``total`` prompt tokens."""
+    def set_progress(self, row: int, done: int, total: int, left: float | None = None) -> None:
+        """The reply at ``row`` has read ``done`` of its ``total`` prompt tokens; ``left``: the
+        seconds it still takes (None: not known yet)."""
         if 0 <= row < len(self._rows) and self._rows[row]["streaming"]:
-            self._rows[row]["progress"] = (done, total)
+            self._rows[row]["progress"] = (done, total, left)
             idx = self.index(row)
             self.dataChanged.emit(idx, idx, [self.ProgressRole])
 

@@ -8,6 +8,8 @@ from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import QLabel, QProgressBar, QSizeGrip, QStatusBar, QWidget
 
+from desktop.chat.messages import duration
+
 __all__ = ["ChatStatusBar", "PREFILL_BAR_MIN_TOKENS", "StatusField"]
 
 #: Qt's QWIDGETSIZE_MAX: no maximum width.
@@ -74,7 +76,7 @@ class ChatStatusBar(QStatusBar):
         self._permanent: list[QWidget] = []
         self.prefill = QProgressBar()
         self.prefill.setObjectName("prefillProgress")
-        self.prefill.setMaximumWidth(180)
+        self.prefill.setMaximumWidth(320)   # "Reading prompt 40% · about 1 min 05 s left"
         self.prefill.setFormat("Reading prompt %p%")
         self.prefill.hide()
         self.addWidget(self.prefill)
@@ -159,12 +161,14 @@ class ChatStatusBar(QStatusBar):
         self.speed_label.setText(("Last reply: " if stale and parts else "") + " · ".join(parts))
         self.speed_label.setToolTip(tip)
 
-    def set_prefill(self, done: int, total: int) -> None:
+    def set_prefill(self, done: int, total: int, left: float | None = None) -> None:
+        """``done`` of ``total`` prompt tokens read; ``left``: the seconds still to go (None: not known yet)."""
         if total < PREFILL_BAR_MIN_TOKENS or done >= total:
             self.prefill.hide()
             return
         self.prefill.setRange(0, total)
         self.prefill.setValue(done)
+        self.prefill.setFormat("Reading prompt %p%" + (f" · about {duration(left)} left" if left is not None else ""))
         self.prefill.show()
 
     def end_busy(self) -> None:

@@ -14,10 +14,11 @@ from __future__ import annotations
 import logging
 import random
 import sqlite3
+import time
 
 from desktop.chat.store import DEFAULT_TITLE
 
-__all__ = ["ReplyActions", "TITLE_CHARS", "auto_title"]
+__all__ = ["ReplyActions", "TITLE_CHARS", "auto_title", "prefill_left"]
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,17 @@ def auto_title(text: str) -> str:
     :data:`TITLE_CHARS` characters (with "…")."""
     first = text.strip().splitlines()[0] if text.strip() else ""
     return first[:TITLE_CHARS] + ("…" if len(first) > TITLE_CHARS else "")
+
+
+def prefill_left(reply: dict, done: int, total: int, now: float) -> float | None:
+    """Seconds the prompt being read still takes, from its pace so far (``reply["prefill_from"]``
+    keeps where and when the count started); None until a second's worth of it is read. Later
+    chunks attend to more tokens, so this errs short on a long prompt: it is said as "about"."""
+    start = reply.setdefault("prefill_from", (now, done))
+    t0, d0 = start
+    if done <= d0 or now - t0 < 1.0 or done >= total:
+        return None
+    return (now - t0) / (done - d0) * (total - done)
 
 
 class ReplyActions:
@@ -239,9 +251,13 @@ class ReplyActions:
             self.messages.append_text(r["row"], text)
 
     def _on_prefill(self, done: int, total: int) -> None:
-        if self._reply is not None and self._reply["row"] >= 0:
-            self.status.set_prefill(done, total)
-            self.messages.set_progress(self._reply["row"], done, total)
+        r = self._reply
+        if r is None:
+            return
+        left = prefill_left(r, done, total, time.monotonic())
+        if r["row"] >= 0:
+            self.status.set_prefill(done, total, left)
+            self.messages.set_progress(r["row"], done, total, left)
 
     def _on_stats(self, stats: dict) -> None:
         r = self._reply

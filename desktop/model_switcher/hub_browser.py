@@ -6,8 +6,9 @@ Everything that waits on the network runs as a :class:`~.hub_jobs.Job` on its ow
 only plain data comes back. A fit badge (fits / tight / does not fit) carries the planner's
 numbers in its tooltip: weights at the file's size plus the KV cache at the quoted context,
 against the free memory of the device the model would run on. A failed request shows one
-line in the banner; offline, :attr:`HubBrowser.offline` lets the dialog show the models on
-this computer instead. Must not import torch or runtime (the jobs do, off this thread).
+line in the banner, in a window's words; a search that finds no Hub at all
+(:attr:`HubBrowser.offline`) lets the dialog show the models on this computer, while a failed
+download keeps its tab (Resume is there). Must not import torch or runtime (the jobs do, off this thread).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from PySide6.QtWidgets import (
 
 import models
 from desktop.model_switcher.hub_jobs import HubService, Job, JobRunner, open_repo
+from desktop.download_words import DownloadRate, for_window
 
 __all__ = ["BADGE_COLOURS", "HubBrowser", "fit_tooltip", "mb"]
 
@@ -174,7 +176,7 @@ class HubBrowser(QWidget):
         return getattr(self.sender(), "tag", latest) == latest
 
     def _search_failed(self, message: str, kind: str) -> None:
-        self._failed(self._current(self._search_seq), message, kind)
+        self._failed(self._current(self._search_seq), message, kind, unreachable=True)
 
     def _searched(self, hits: list) -> None:
         if not self._current(self._search_seq):
@@ -304,6 +306,7 @@ class HubBrowser(QWidget):
         self.bar.setRange(0, 0)
         self.bar.show()
         self.status.setText(f"Downloading {f['name']} from the Hugging Face Hub…")
+        self._rate = DownloadRate()
         job = Job(self.service.fetch, ref, wants_progress=True)
         job.progress.connect(self._progress)
         job.done.connect(self._downloaded)
@@ -322,9 +325,10 @@ class HubBrowser(QWidget):
         if total <= 0:
             self.bar.setRange(0, 0)
             return
+        self._rate.add(done)
         self.bar.setRange(0, 1000)
         self.bar.setValue(int(1000 * done / total))
-        self.bar.setFormat(f"{mb(done)} of {mb(total)}")
+        self.bar.setFormat(self._rate.text(done, total))
 
     def _downloaded(self, path) -> None:
         self._download = None
@@ -363,13 +367,19 @@ class HubBrowser(QWidget):
         self.banner.setStyleSheet(BANNER_STYLE)
         self.banner.setText(message)
 
-    def _failed(self, current: bool, message: str, kind: str) -> None:
+    def _failed(self, current: bool, message: str, kind: str, *, unreachable: bool = False) -> None:
+        """Say a failure in the banner, in a window's words (:func:`desktop.download_words.for_window`).
+        ``unreachable``: a search found no Hub at all, so :attr:`offline` lets the dialog show
+        the models here; a repo or a download that fails keeps the user on this tab, where
+        Retry or Resume is."""
         if not current:
             return
         self.status.setText("")
+        message = for_window(message)
         if kind == "offline":
             self.show_banner(f"Offline: {message}")
-            self.offline.emit(message)
+            if unreachable:
+                self.offline.emit(message)
         else:
             self.show_banner(message)
         if self.repo is None and self._open_seq:

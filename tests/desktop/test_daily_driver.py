@@ -204,3 +204,24 @@ def test_every_attention_tab_is_in_sight_in_a_1100_px_window(qtbot, make_window)
     assert panel.tabs.currentWidget() is panel.insight.tabs
     qtbot.mouseClick(panel.insight.tabs.tab_button(4), Qt.MouseButton.LeftButton)
     assert panel.insight.tabs.currentWidget() is panel.insight.tabs.cost
+
+
+def test_a_long_prompt_says_how_long_it_still_takes():
+    from desktop.main_window.replies import prefill_left
+
+    reply = {}
+    assert prefill_left(reply, 0, 7500, now=100.0) is None      # the first count: no pace yet
+    assert prefill_left(reply, 250, 7500, now=100.5) is None    # under a second read
+    assert prefill_left(reply, 1000, 7500, now=116.0) == 104.0   # 1,000 tokens in 16 s: 6,500 more take 104 s
+
+
+def test_the_prompt_being_read_shows_its_time_left(qtbot, make_window):
+    w = make_window(delay=0.05)
+    w.input.setPlainText("x" * 30_000)
+    with qtbot.waitSignal(w.reply_finished, timeout=10_000):
+        qtbot.keyClick(w.input, Qt.Key.Key_Return)
+        row = w._reply["row"]
+        w.messages.set_progress(row, 1500, 7500, 130.0)
+        w.status.set_prefill(1500, 7500, 130.0)
+        assert w.chat.delegate().state_text(w.messages.index(row)) == "Reading the prompt… 20% · about 2 min 10 s left"
+        assert w.status.prefill.format() == "Reading prompt %p% · about 2 min 10 s left"

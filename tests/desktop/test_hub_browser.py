@@ -170,7 +170,7 @@ def test_offline_says_so_and_shows_the_models_here(qtbot, make_window, hub, monk
     qtbot.waitUntil(lambda: d.tabs.currentIndex() == d.LOCAL, timeout=10000)
     assert d.banner.isVisible() and d.banner.text().startswith(
         f"Offline: searching the Hub for 'qwen': cannot reach the Hugging Face Hub at http://127.0.0.1:{port}")
-    assert d.banner.text().endswith("(ConnectError). The models on this computer are listed below.")
+    assert d.banner.text().endswith("(no connection could be made). The models on this computer are listed below.")
     assert d.list.count() == len(models.CATALOG)
     shot(d, "hub-offline.png", tmp_path)
     d.close()
@@ -194,7 +194,7 @@ def test_a_catalog_model_from_the_hub_downloads_with_progress_cancel_and_resume(
     assert "from the Hugging Face Hub (hf.co/owner/Tiny-Instruct-GGUF/Tiny-Instruct-Q8_0.gguf)" in dl.intro.text()
     dl.download_button.click()
     qtbot.waitUntil(lambda: dl.bar.maximum() == 1000 and dl.bar.value() > 0, timeout=10000)
-    assert dl.bar.format().endswith(f"of {len(repo.files[name]) / 1e6:.1f} MB downloaded")
+    assert f" of {len(repo.files[name]) / 1e6:,.1f} MB · " in dl.bar.format() and " %" in dl.bar.format()
     dl.cancel_button.click()
     qtbot.waitUntil(lambda: dl.status.text().startswith("Cancelled."), timeout=10000)
     assert dl.status.text() == "Cancelled. What arrived is kept hidden in the model folder: Retry resumes from there."
@@ -222,3 +222,40 @@ def test_model_option_with_a_reference_opens_the_hub_tab_or_loads_the_download(q
         start_model(w, f"hf.co/{REPO}:Q8_0")
     assert loaded.args[0]["path"] == str(models.hub.hub_path(REPO, "Tiny-Instruct-Q8_0.gguf"))
     assert repo.sha("Tiny-Instruct-Q8_0.gguf")
+
+
+def test_download_words_for_a_window():
+    """Hub errors said "ReadTimeout" and "the same command resumes" (a command-line phrase in a window);
+    the bar said only a busy state."""
+    from desktop.download_words import DownloadRate, for_window
+
+    said = for_window("downloading hf.co/o/r/f.gguf: the connection to the Hugging Face Hub broke (ReadTimeout); "
+                      "check the network connection and try again; the 40 MB of 98 MB downloaded so far are kept: "
+                      "the same command resumes")
+    assert "(the Hub stopped answering)" in said and said.endswith("Resume (or Retry) continues from there")
+    assert "ReadTimeout" not in said and "command" not in said
+    said = for_window("opening hf.co/o/r: hf.co/o/r has no file 'x.gguf'; `attnchat models files hf.co/o/r` lists "
+                      "its GGUF files")
+    assert said.endswith("the Hugging Face Hub tab of File > Models… lists its GGUF files") and "`" not in said
+    t = [0.0]
+    rate = DownloadRate(clock=lambda: t[0])
+    assert rate.text(0, 100_000_000) == "0.0 of 100.0 MB · 0 %"
+    for s in range(6):
+        t[0] = float(s)
+        rate.add(s * 2_000_000)
+    assert rate.text(10_000_000, 100_000_000) == "10.0 of 100.0 MB · 10 % · 2.0 MB/s · about 45 s left"
+    t[0] = 75.0
+    assert rate.elapsed() == "1 min 15 s"
+
+
+def test_a_download_that_times_out_keeps_the_hub_tab(qtbot, make_window):
+    w = make_window()
+    w.model_switcher.service = service()
+    d = open_dialog(qtbot, w)
+    with qtbot.assertNotEmitted(d.browser.offline):
+        d.browser._download_failed("downloading hf.co/o/r/f.gguf: the connection to the Hugging Face Hub broke "
+                                   "(ReadTimeout); check the network connection and try again", "offline")
+    assert d.tabs.currentIndex() == d.HUB
+    assert d.browser.banner.text() == ("Offline: downloading hf.co/o/r/f.gguf: the connection to the Hugging Face Hub "
+                                       "broke (the Hub stopped answering); check the network connection and try again")
+    d.close()
