@@ -165,6 +165,7 @@ class DownloadDialog(QDialog):
         self._ticker.start()
         self.bar.setRange(0, 0)  # busy until the first byte count arrives
         self.bar.show()
+        self._fit()
         self._job = FetchJob(self._fetch, self.entry)
         self._job.progress.connect(self._on_progress)
         self._job.succeeded.connect(self._on_succeeded)
@@ -228,6 +229,18 @@ class DownloadDialog(QDialog):
         self.retry_button.show()
         self.cancel_button.setText("Close")
         self.cancel_button.setEnabled(True)
+        self._fit()
+
+    def _fit(self) -> None:
+        """Grow to the text: a long failure under the intro was cut off at the dialog's bottom."""
+        QTimer.singleShot(0, self, self._grow)
+
+    def _grow(self) -> None:
+        lay = self.layout()
+        lay.activate()
+        need = lay.totalHeightForWidth(self.width()) if lay.hasHeightForWidth() else lay.sizeHint().height()
+        if need > self.height():
+            self.resize(self.width(), need)
 
     def _on_progress(self, done: int, total: int) -> None:
         self.show_progress(done, total)
@@ -248,6 +261,7 @@ class DownloadDialog(QDialog):
         self.bar.hide()
         self.status.setText("Cancelled. What arrived is kept hidden in the model folder: Retry resumes from there."
                             if self._hub else "Cancelled. Nothing was kept.")
+        self._fit()
         self.retry_button.show()
         self.cancel_button.setText("Close")
         self.cancel_button.setEnabled(True)

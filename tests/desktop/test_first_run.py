@@ -107,3 +107,25 @@ def test_the_bar_and_the_line_under_it_say_the_same_thing(qtbot):
     assert dialog.bar.text() == "98.4 of 98.4 MB · 100 % saved" and dialog.status.text() == "Saved. Checking its SHA-256…"
     with qtbot.waitSignal(dialog.downloaded, timeout=5000):
         gate.set()
+
+
+def test_a_long_failure_is_shown_whole(qtbot):
+    """The failure under the intro was cut off at the dialog's bottom."""
+    from PySide6.QtWidgets import QLabel
+
+    def fetch(entry, progress, cancel):
+        raise models.FetchError("listing hf.co/bartowski/Qwen2.5-0.5B-Instruct-GGUF: cannot reach the Hugging Face "
+                                "Hub at https://huggingface.co (ConnectError); check the network connection, or use "
+                                "a model you already have (`attnchat models list`, `attnchat models import PATH`)")
+
+    dialog = DownloadDialog(fetch_fn=fetch)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    dialog.resize(480, dialog.minimumSizeHint().height())
+    dialog.download_button.click()
+    qtbot.waitUntil(lambda: dialog.retry_button.isVisible(), timeout=5000)
+    qtbot.wait(50)
+    for label in dialog.findChildren(QLabel):
+        if label.isVisible() and label.text():
+            assert label.height() >= label.heightForWidth(label.width()), label.text()[:40]
+    assert "File > Models…" in dialog.status.text() and "attnchat models" not in dialog.status.text()
