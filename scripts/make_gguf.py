@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from runtime.weights.gguf_write import SHAPES, tokenizer_metadata, write_random_gguf
+from runtime.weights.gguf.write import SHAPES, tokenizer_metadata, write_random_gguf
 from runtime.weights.quant_types import BLOCK_TYPES
 
 

@@ -25,7 +25,7 @@ import torch
 
 from runtime.kernels.choice import best_time_us
 from runtime.kernels.quantized import QUANT_KERNELS, candidates, prepared, quant_linear
-from runtime.weights.gguf_tensors import read_gguf_tensors
+from runtime.weights.gguf.mmap import read_gguf_tensors
 from runtime.weights.quant_types import block_type
 from runtime.weights.quant_weight import QuantWeight
 

@@ -61,7 +61,7 @@ def main() -> int:
     import runtime
 
     stage("imported")
-    from runtime.weights.gguf import gguf_cache_dir
+    from runtime.weights.gguf.converted import gguf_cache_dir
     from runtime.weights.sources import resolve_source
 
     path = resolve_source(a.model)

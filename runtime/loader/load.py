@@ -29,10 +29,10 @@ from runtime.model.attention import AttentionKernels, attention_kernels
 from runtime.model.decode_step import DECODE_MODES
 from runtime.model import quant_layers
 from runtime.model.decoder import Decoder
-from runtime.weights import gguf_blocks
+from runtime.weights.gguf import open as gguf_open
 from runtime.weights.convert import decoder_state, quantize_state
 from runtime.weights.folder import read_folder
-from runtime.weights.gguf import (
+from runtime.weights.gguf.converted import (
     cached_model_config,
     gguf_cache_dir,
     gguf_only,
@@ -135,13 +135,13 @@ def load_model(
         state = decoder_state(path, cfg, tensors, wdtype)
         del tensors
     elif path.exists() or path.suffix.lower() == ".gguf":
-        g = gguf_blocks.open_gguf(path)
-        if gguf_blocks.runs_from_blocks(g):
-            cfg, tokenizer = gguf_blocks.config_and_tokenizer(path, g)
-            quant = gguf_blocks.blocks(path, g, cfg)
+        g = gguf_open.open_gguf(path)
+        if gguf_open.runs_from_blocks(g):
+            cfg, tokenizer = gguf_open.config_and_tokenizer(path, g)
+            quant = gguf_open.blocks(path, g, cfg)
             # widened for comparison, or for reproducible replies (row-invariant float kernels): no copy on disk
             if (dtype is not None and not blocks_wanted) or reproducible:
-                state = gguf_blocks.widened_state(quant, torch.float32 if wdtype == torch.int8 else wdtype,
+                state = gguf_open.widened_state(quant, torch.float32 if wdtype == torch.int8 else wdtype,
                                                   quant_kernels.widen)
                 state = quantize_state(state) if wdtype == torch.int8 else state
                 quant = None
@@ -252,10 +252,10 @@ def gguf_blocks_bytes(source: str | os.PathLike | None = None) -> tuple[int, str
     path = resolve_source(source)
     if path.is_dir() or not (path.exists() or path.suffix.lower() == ".gguf"):
         return None
-    g = gguf_blocks.open_gguf(path)
-    if not gguf_blocks.runs_from_blocks(g):
+    g = gguf_open.open_gguf(path)
+    if not gguf_open.runs_from_blocks(g):
         return None
-    from runtime.weights.gguf_raw import file_type_name
+    from runtime.weights.gguf.names import file_type_name
 
     return sum(i.nbytes for i in g.tensors.values()), file_type_name(g)
 
@@ -286,9 +286,9 @@ def read_config(source: str | os.PathLike | None = None) -> ModelConfig:
         return cfg
     hf_config, _ = read_cached(cached)
     if hf_config is None:
-        from runtime.weights import gguf_config
+        from runtime.weights.gguf import config as gguf_config
 
-        g = gguf_blocks.open_gguf(path)  # our bounded header reader: no gguf.GGUFReader (seconds to minutes)
+        g = gguf_open.open_gguf(path)  # our bounded header reader: no gguf.GGUFReader (seconds to minutes)
         try:
             hf_config = gguf_config.hf_config(g)
         except Exception as e:

@@ -1,11 +1,11 @@
 """Tiny random-weight GGUF files for tests (a helper, not a test file): the "tiny" Llama
-shape of :mod:`runtime.weights.gguf_write` (2 layers, hidden 256), a few hundred KB,
+shape of :mod:`runtime.weights.gguf.write` (2 layers, hidden 256), a few hundred KB,
 written in well under a second."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.weights.gguf_write import LlamaShape, SHAPES, write_random_gguf
+from runtime.weights.gguf.write import LlamaShape, SHAPES, write_random_gguf
 
 #: One matrix kind per block type, so one file holds every quantized type.
 EVERY_TYPE = {"attn_q.weight": "Q5_K", "attn_k.weight": "Q4_0", "attn_v.weight": "Q5_0",

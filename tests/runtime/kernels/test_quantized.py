@@ -7,7 +7,7 @@ import torch
 
 from runtime.kernels import ggml_ops
 from runtime.kernels.quantized import QUANT_KERNELS, candidates, lookup, quant_linear, widen
-from runtime.weights.gguf_tensors import read_gguf_tensors
+from runtime.weights.gguf.mmap import read_gguf_tensors
 from runtime.weights.quant_types import BLOCK_TYPES, block_type, dequantize, tinygemm_operands
 from runtime.weights.quant_weight import QuantWeight
 from tests.runtime.tiny_gguf import EVERY_TYPE, make_tiny_gguf

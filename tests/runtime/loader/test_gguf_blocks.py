@@ -133,7 +133,7 @@ def test_embedding_blocks_to_a_device_on_the_cpu(tiny_file, monkeypatch):
     """``to_device`` keeps the CPU's blocks (the file's memory map) as they are; with
     ``torch_decode`` it copies them as a move to a GPU does, and the rows decoded from the
     copy by torch ops equal ggml's / torch's from the file."""
-    from runtime.weights.gguf_tensors import read_gguf_tensors
+    from runtime.weights.gguf.mmap import read_gguf_tensors
     from runtime.weights.quant_types import block_type
     from runtime.weights.quant_weight import QuantWeight
 
@@ -215,7 +215,7 @@ def test_default_model_from_its_blocks(default_model_file, default_model):
 def test_float_copies_an_earlier_version_kept_are_deleted(tiny_file, cache_dir, monkeypatch):
     """Earlier versions converted every GGUF to float and kept it (544 MB-1 GB for Gemma 3 270M):
     a file that runs from its blocks never reads those, so loading it deletes them."""
-    from runtime.weights.gguf import gguf_cache_dir
+    from runtime.weights.gguf.converted import gguf_cache_dir
 
     monkeypatch.setenv("ATTNCHAT_CACHE_DIR", str(cache_dir))
     folder = gguf_cache_dir(tiny_file)

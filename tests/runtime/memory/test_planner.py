@@ -111,7 +111,7 @@ def test_memory_command_on_the_default_model(default_model_file, default_model):
     assert data["max_context_in_budget"] == 10 * 2**20 // 23_040
     # A quantized GGUF runs from its own blocks by default (issue 26): its weights are the
     # file's tensors at their size, named by the file's quantization.
-    from runtime.weights.gguf_tensors import read_gguf_tensors
+    from runtime.weights.gguf.mmap import read_gguf_tensors
 
     tensors = read_gguf_tensors(default_model_file).tensors.values()
     assert data["weights_dtype"] == "Q4_1"

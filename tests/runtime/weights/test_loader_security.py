@@ -25,7 +25,7 @@ import pytest
 
 from runtime import load_model
 from runtime.errors import ModelLoadError, UnsupportedModelError
-from runtime.weights.gguf_header import scan_header
+from models.safety.gguf_scan import scan_header
 from tests.models import gguf_files
 from tests.runtime.tiny_models import make_tiny_model
 

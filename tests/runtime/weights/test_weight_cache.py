@@ -46,7 +46,7 @@ def test_second_load_reads_our_config_and_the_fast_tokenizer(default_model_file,
     saved fast tokenizer give the same config, tokens and chat prompt; a damaged config
     file falls back to transformers' and is written again."""
     from runtime import read_config
-    from runtime.weights import gguf as loader
+    from runtime.weights.gguf import converted as loader
 
     monkeypatch.setenv("ATTNCHAT_CACHE_DIR", str(tmp_path))
     load_model(default_model_file, device="cpu")

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from runtime.weights.quant_weight import QuantWeight
-from runtime.weights.gguf_tensors import GGUFTensors
+from runtime.weights.gguf.mmap import GGUFTensors
 from runtime.weights.quant_types import block_type
+from runtime.weights.quant_weight import QuantWeight
 
 #: GGUF architectures whose matrices this module maps (llama.cpp's names for them).
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")

@@ -5,7 +5,7 @@ transformers builds a GGUF's config through ``load_gguf_checkpoint``, which open
 file with ``gguf.GGUFReader``: 22 s for the default model and 79 s for Gemma 3 270M on
 the busy Intel Xeon of issue 26 (most of the old first load). :func:`config_dict` is the
 metadata half of that function (its mapping tables, defaults and special cases, applied
-the same way) over :func:`runtime.weights.gguf_tensors.read_gguf_tensors`' scalars;
+the same way) over :func:`runtime.weights.gguf.mmap.read_gguf_tensors`' scalars;
 the tests check it gives transformers' own dict. The tokenizer comes from the class
 transformers picks for the model type, built by transformers from the GGUF (its
 tokenizer path already reads the file with a fast reader of its own).
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.weights.gguf_tensors import GGUFTensors
+from runtime.weights.gguf.mmap import GGUFTensors
 
 
 def _architecture(meta: dict) -> tuple[str, str]:

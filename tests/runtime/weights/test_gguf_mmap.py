@@ -1,4 +1,4 @@
-"""Reading a GGUF's tensors as memory-mapped blocks (runtime.weights.gguf_tensors), checked
+"""Reading a GGUF's tensors as memory-mapped blocks (runtime.weights.gguf.mmap), checked
 against gguf-py's GGUFReader on tiny generated files."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 from gguf import GGUFReader
 
-from runtime.weights.gguf_header import GGUFHeaderError, scan_header
-from runtime.weights.gguf_tensors import read_gguf_tensors
-from runtime.weights.gguf_write import tokenizer_metadata
+from models.safety.gguf_scan import GGUFHeaderError, scan_header
+from runtime.weights.gguf.mmap import read_gguf_tensors
+from runtime.weights.gguf.write import tokenizer_metadata
 from tests.runtime.tiny_gguf import EVERY_TYPE, make_tiny_gguf
 
 

@@ -1,4 +1,4 @@
-"""The decoder's weights from a GGUF's blocks (runtime.weights.gguf_raw), dequantized, equal
+"""The decoder's weights from a GGUF's blocks (runtime.weights.gguf.names), dequantized, equal
 transformers' own reading of the same tiny files (its dequantizer, its q/k un-permutation,
 its Gemma norms), mapped by runtime.weights' names."""
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.weights.gguf_raw import _llama_unpermute, gguf_weights
-from runtime.weights.gguf_tensors import read_gguf_tensors
+from runtime.weights.gguf.names import _llama_unpermute, gguf_weights
+from runtime.weights.gguf.mmap import read_gguf_tensors
 from runtime.weights.quant_types import dequantize
 from tests.runtime.tiny_gguf import EVERY_TYPE, make_tiny_gguf
 
@@ -19,7 +19,7 @@ def _transformers_state(path):
 
     from runtime.config.model import ModelConfig
     from runtime.weights.convert import to_decoder_state
-    from runtime.weights.gguf import _TensorNames
+    from runtime.weights.gguf.converted import _TensorNames
 
     hf = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     with torch.device("meta"):

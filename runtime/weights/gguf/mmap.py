@@ -5,7 +5,7 @@ Why not ``gguf.GGUFReader``: it turns every element of every metadata array into
 views before it lists a single tensor. Measured on the Intel Xeon (2 cores, busy):
 22 s and 198 MB for the default model (49,152-token vocabulary), 79 s and 726 MB for
 Gemma 3 270M (262,144 tokens), the time of a first reply many times over. This reader
-walks the header with :mod:`runtime.weights.gguf_header`'s bounded reader (the same limits,
+walks the header with :mod:`models.safety.gguf_scan`'s bounded reader (the same limits,
 refusing the same oversized files), keeps the scalar metadata and the tensor table, and
 maps the data region once: a tensor is a ``uint8`` view of the file's pages, read from
 disk only when a product touches it (as llama.cpp's mmap). The tests check it against
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from runtime.weights.gguf_header import (
+from models.safety.gguf_scan import (
     ARRAY, MAX_ARRAY_ITEMS, MAX_METADATA_BYTES, MAX_STRING_BYTES, MAX_TOTAL_ITEMS, SCALAR_BYTES, STRING,
     GGUFHeaderError, HeaderStats, _Reader,
 )
@@ -141,7 +141,7 @@ def _array(r: _Reader, what: str, stats: HeaderStats):
 def _value(r: _Reader, kind: int, what: str, stats: HeaderStats):
     """Read one metadata value: scalars and strings up to :data:`MAX_KEPT_STRING` bytes are
     returned; longer strings as ``("string", length)``; arrays are skipped (bounded, as
-    :func:`runtime.weights.gguf_header.scan_header`) and returned as ``("array", item type, count)``."""
+    :func:`models.safety.gguf_scan.scan_header`) and returned as ``("array", item type, count)``."""
     if kind in _SCALAR_FORMATS:
         return struct.unpack(_SCALAR_FORMATS[kind], r.take(SCALAR_BYTES[kind]))[0]
     if kind == STRING:
@@ -170,7 +170,7 @@ def read_gguf_tensors(path: str | Path, arrays: tuple[str, ...] = ()) -> GGUFTen
     numpy arrays); the others stay ``("array", item type, count)``.
 
     Raises:
-        GGUFHeaderError: not GGUF 2 or 3, truncated, past :mod:`runtime.weights.gguf_header`'s
+        GGUFHeaderError: not GGUF 2 or 3, truncated, past :mod:`models.safety.gguf_scan`'s
             limits, or a tensor table that does not fit the file.
         OSError: the file cannot be read.
     """

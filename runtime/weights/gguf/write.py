@@ -53,7 +53,7 @@ TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "token
 
 def tokenizer_metadata(gguf_path: str | Path) -> dict[str, object]:
     """Every ``tokenizer.*`` key of a GGUF file (the vocabulary read whole)."""
-    from runtime.weights.gguf_tensors import read_gguf_tensors
+    from runtime.weights.gguf.mmap import read_gguf_tensors
 
     meta = read_gguf_tensors(gguf_path, arrays=TOKENIZER_ARRAYS).metadata
     return {k: v for k, v in meta.items() if k.startswith("tokenizer.") and not isinstance(v, tuple)}

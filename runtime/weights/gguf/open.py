@@ -5,8 +5,8 @@ Must not import Qt, the decoder or the kernels (the loader hands in the widening
 
 Nothing full-precision is written to disk: the GGUF is the weights' cache. What the
 cache folder keeps is transformers' config and tokenizer files and our config
-(:mod:`runtime.weights.gguf`), as before; the first load builds them from our own
-header reader (:mod:`runtime.weights.gguf_config`) instead of ``gguf.GGUFReader``.
+(:mod:`runtime.weights.gguf.converted`), as before; the first load builds them from our own
+header reader (:mod:`runtime.weights.gguf.config`) instead of ``gguf.GGUFReader``.
 """
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from typing import Callable
 
 import torch
 
+from models.safety.gguf_scan import GGUFHeaderError
 from runtime.config.model import ModelConfig
 from runtime.errors import ModelLoadError, UnsupportedModelError
-from runtime.weights.gguf import (
+from runtime.weights.gguf.converted import (
     _read_cached_fast,
     _write_cache,
     _write_model_config,
@@ -26,9 +27,8 @@ from runtime.weights.gguf import (
     gguf_only,
     read_cached,
 )
-from runtime.weights.gguf_header import GGUFHeaderError
-from runtime.weights.gguf_raw import ARCHITECTURES, GGUFWeights, MissingTensorError, gguf_weights
-from runtime.weights.gguf_tensors import GGUFTensors, read_gguf_tensors
+from runtime.weights.gguf.mmap import GGUFTensors, read_gguf_tensors
+from runtime.weights.gguf.names import ARCHITECTURES, GGUFWeights, MissingTensorError, gguf_weights
 from runtime.weights.quant_types import BY_ID
 from runtime.weights.sources import check_gguf_file, check_gguf_metadata, model_config, one_line
 
@@ -52,7 +52,7 @@ def open_gguf(path: Path) -> GGUFTensors:
 
 
 def runs_from_blocks(g: GGUFTensors) -> bool:
-    """Whether our quantized layers take this file: an architecture :mod:`runtime.weights.gguf_raw`
+    """Whether our quantized layers take this file: an architecture :mod:`runtime.weights.gguf.names`
     maps, and every layer matrix in a block type of :mod:`runtime.weights.quant_types`, at
     least one of them quantized (an all-float16 file loads as float16 weights)."""
     if str(g.metadata.get("general.architecture", "")) not in ARCHITECTURES:
@@ -90,7 +90,7 @@ def config_and_tokenizer(path: Path, g: GGUFTensors) -> tuple[ModelConfig, objec
         UnsupportedModelError: an architecture transformers or our decoder do not run.
         ModelLoadError: the tokenizer cannot be built from the file.
     """
-    from runtime.weights import gguf_config
+    from runtime.weights.gguf import config as gguf_config
 
     cached = gguf_cache_dir(path)
     drop_stale_conversions(cached)
@@ -116,7 +116,7 @@ def config_and_tokenizer(path: Path, g: GGUFTensors) -> tuple[ModelConfig, objec
 
 
 def blocks(path: Path, g: GGUFTensors, cfg: ModelConfig) -> GGUFWeights:
-    """The decoder's weights as the file's blocks (:func:`runtime.weights.gguf_raw.gguf_weights`).
+    """The decoder's weights as the file's blocks (:func:`runtime.weights.gguf.names.gguf_weights`).
 
     Raises:
         ModelLoadError: a tensor missing or unreadable.
