@@ -9,13 +9,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from tests.hang import HANG_S
 
 ROOT = Path(__file__).resolve().parents[1]
 QT = ("PySide6", "shiboken6", "pyqtgraph")
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
 
 
 def _loaded_after(imports: str, watched: tuple[str, ...]) -> list[str]:
@@ -59,7 +60,7 @@ def test_import_linter_contracts_kept():
     exe = Path(sys.executable).parent / "lint-imports"
     if not exe.exists():
         exe = ROOT / ".venv" / "bin" / "lint-imports"
-    r = subprocess.run([str(exe), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([str(exe), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     for contract in (

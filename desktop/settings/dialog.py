@@ -246,6 +246,11 @@ class SettingsDialog(QDialog):
                   "order. CPU only; slower attention, and float16 weights keep a packed copy "
                   "(docs/reproducible.md has the measurements).")
         v.addLayout(form)
+        if (self.model or {}).get("reproducible_kernel"):
+            kernel = _note("Reproducible replies run on this machine with: " + self.model["reproducible_kernel"]
+                           + " (each kernel is checked row-invariant here first).")
+            kernel.setObjectName("reproducibleKernel")
+            v.addWidget(kernel)
         v.addWidget(_note("Device, weight dtype and greedy replies take effect when the model is reloaded."))
         row = QHBoxLayout()
         self.reload_note = QLabel()

@@ -61,9 +61,11 @@ class KernelChoice:
     prefill: str
     timings_us: dict = field(default_factory=dict, compare=False)
     measured: bool = field(default=False, compare=False)
-    #: The reproducible mode (:func:`reproducible_choice`): ``prefill`` runs every row count,
-    #: under :data:`runtime.kernels.invariant.RULE`.
+    #: The reproducible mode (:func:`runtime.kernels.reproducible.reproducible_choice`):
+    #: ``prefill`` runs every row count, under :data:`runtime.kernels.invariant.RULE`.
     reproducible: bool = False
+    #: Why this kernel (the reproducible mode: which kernels failed the check here and how).
+    reason: str = field(default="", compare=False)
 
 
 #: weight dtype -> phase -> candidate kernels, the first the default when nothing is measured.
@@ -98,53 +100,12 @@ def apply(choice: KernelChoice, x: torch.Tensor, ref: WeightRef, bias: torch.Ten
     return KERNELS[choice.decode if one else choice.prefill](x, ref, bias)
 
 
-# ---- the reproducible mode ------------------------------------------------------------------
-#: weight dtype -> the kernels the reproducible mode may run, preferred first: each computes
-#: a row the same whatever the row count and thread count (:mod:`runtime.kernels.invariant`;
-#: checked by :func:`reproducible_choice` and the tests). MKL's products are not (a row
-#: differs between 2-15 rows and 16+); neither are the 16-bit matrix-vector kernels, which
-#: also round the activations. ``fbgemm-f16`` keeps a packed copy of the weights (1.78x
-#: their float16 bytes for the default model's 576-wide rows: +417 MiB).
-REPRODUCIBLE: dict[torch.dtype, tuple[str, ...]] = {
-    torch.float32: ("onednn",),
-    torch.float16: ("fbgemm-f16", "widen-onednn"),
-    torch.bfloat16: ("widen-onednn",),
-    torch.int8: ("int8pack", "widen-onednn"),
-}
-
+# ---- the reproducible mode (its kernels: runtime.kernels.reproducible) -----------------------
 #: Kernels whose one-row path is row-invariant as well (each output one running sum over
 #: ``in`` in order: FBGEMM's float16 product, torch's int8 tinygemm); the others compute a
 #: single row as the first of two (oneDNN's one-row path is a matrix-vector kernel that
 #: sums in another order: 3.8e-6 apart on the default model's q/k/v matrix).
 ONE_ROW_ALONE = frozenset({"fbgemm-f16", "int8pack"})
-
-
-def reproducible_choice(
-    weight_dtype: torch.dtype, ref: WeightRef | None = None, *, threads: tuple[int, ...] = ()
-) -> KernelChoice:
-    """The reproducible mode's kernel for ``weight_dtype``: the first of :data:`REPRODUCIBLE`
-    that runs here and, given ``ref`` (one of the model's own matrices), passes
-    :func:`runtime.kernels.invariant.rows_invariant` under each thread count of ``threads``.
-
-    Raises:
-        ValueError: no kernel passes here (the reason of each, in one line).
-    """
-    from runtime.kernels.cpu import fbgemm_f16_available
-
-    failures = []
-    for name in REPRODUCIBLE[weight_dtype]:
-        if name == "fbgemm-f16" and not fbgemm_f16_available():
-            failures.append(f"{name}: not in this torch build")
-            continue
-        choice = KernelChoice(name, name, reproducible=True)
-        if ref is not None:
-            bad = rows_invariant(lambda x2, c=choice: apply(c, x2, ref, None), ref.weight.shape[1], threads=threads)
-            if bad:
-                failures.append(f"{name}: rows differ ({bad[0]})")
-                continue
-        return choice
-    raise ValueError("no row-invariant kernel for " + str(weight_dtype).removeprefix("torch.") + " weights here: "
-                     + "; ".join(failures))
 
 
 # ---- the machine ------------------------------------------------------------------------------

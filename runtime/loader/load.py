@@ -98,8 +98,8 @@ def load_model(
             per step by timing (:mod:`runtime.kernels.threads`).
         reproducible: the same logits for a token however it was computed (one prefill,
             chunks, one-token steps, a reused cache) and on any thread count the
-            governors choose: row-invariant kernels (:func:`runtime.kernels.choice.reproducible_choice`,
-            checked on one of the model's matrices now), attention and activations
+            governors choose: row-invariant kernels (:func:`runtime.kernels.reproducible.reproducible_choice`,
+            checked on the model's matrices once per machine), attention and activations
             (:meth:`Decoder.set_reproducible`). CPU, eager decode only; slower attention
             and, for float16 weights, a packed copy of them (see ``docs/reproducible.md``).
             A quantized GGUF then runs widened to ``dtype`` (default float16), not from its blocks.
@@ -179,10 +179,15 @@ def load_model(
             if reproducible:
                 if not cdtype == torch.float32:
                     raise ValueError(f"reproducible replies compute in float32; not {cdtype} (drop --compute)")
-                from runtime.kernels.choice import reproducible_choice
+                from runtime.kernels.reproducible import reproducible_choice
 
-                # checked on the model's own q/k/v matrix under every count the governors may choose
-                choice = reproducible_choice(wdtype, decoder.token_matrices()[0], threads=decode_gov.options)
+                # checked on the model's own matrices under every count the governors may choose,
+                # once per machine where the GGUF's cache folder keeps the verdicts
+                folder = gguf_cache_dir(path) if path.is_file() else None
+                choice = reproducible_choice(wdtype, [ref for ref, _ in decoder.kernel_matrices()],
+                                             threads=decode_gov.options,
+                                             folder=folder if folder is not None and folder.exists() else None)
+                log.info("reproducible mode's kernel: %s", choice.reason)
                 decoder.set_reproducible(True)
             else:
                 choice = _choose_kernels(decoder, wdtype, gguf_cache_dir(path) if path.is_file() else None)

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from tests.runtime.tiny_models import make_tiny_model
+from tests.hang import HANG_S
 
 
 def test_bench_harness_on_a_tiny_model(tmp_path):
@@ -17,7 +18,7 @@ def test_bench_harness_on_a_tiny_model(tmp_path):
         [sys.executable, "-m", "attnchat", "bench", "--model", str(folder), "--engines", "ours,ours-default,transformers",
          "--repeats", "2", "--depths", "16,48", "--decode-tokens", "4", "--prefill-tokens", "16",
          "--followup-context", "40", "--followup-tokens", "4", "--busy", "1", "--json", str(out_json), "--plot", str(out_png)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=HANG_S,
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out_json.read_text())
@@ -96,7 +97,7 @@ def tiny_folder(tmp_path_factory):
 def test_bad_options_exit_2_before_benchmarking(tiny_folder, extra, message):
     folder = tiny_folder
     proc = subprocess.run([sys.executable, "-m", "attnchat", "bench", "--model", str(folder), "--engines", "ours"] + extra,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
@@ -130,7 +131,7 @@ def test_bench_refuses_cuda_without_a_gpu(tiny_folder):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     proc = subprocess.run([sys.executable, "-m", "attnchat", "bench", "--model", str(tiny_folder), "--device", "cuda"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 2 and "CUDA is not available" in proc.stderr and "Traceback" not in proc.stderr
 
 

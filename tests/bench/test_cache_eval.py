@@ -15,6 +15,7 @@ from attnchat.bench import cache_eval as ce
 from attnchat.bench import cache_eval_texts as texts
 from runtime import load_model
 from tests.runtime.tiny_models import make_tiny_model
+from tests.hang import HANG_S
 
 ENTRY = Path(sys.executable).parent / "attnchat"
 
@@ -61,7 +62,7 @@ def test_command_writes_a_table_json_and_plot(folder, tmp_path):
     r = subprocess.run([str(ENTRY), "cache-eval", "--model", str(folder), "--policies", "h2o,tova", "--budgets", "0.5",
                         "--depths", "0.2,0.8", "--needles", "1", "--length", "300", "--nll-context", "200",
                         "--nll-tokens", "60", "--json", str(out), "--plot", str(png)],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, r.stderr
     assert "| full cache | - | " in r.stdout and "| h2o | 50% |" in r.stdout and "| tova | 50% |" in r.stdout
     report = json.loads(out.read_text())["reports"][0]

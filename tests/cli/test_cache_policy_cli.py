@@ -14,6 +14,7 @@ import pytest
 from attnchat.server.engine import Done, Engine, Job
 from runtime import GenerationSettings, Message, SamplingParams, load_model
 from tests.runtime.tiny_models import WORDS, make_tiny_model
+from tests.hang import HANG_S
 
 ENTRY = Path(sys.executable).parent / "attnchat"
 LONG = " ".join(WORDS * 2)  # ~150 tokens with the template
@@ -27,7 +28,7 @@ def folder(tmp_path_factory):
 def test_chat_json_reports_evicted_tokens(folder):
     r = subprocess.run([str(ENTRY), "chat", "--model", str(folder), "--prompt", LONG, "--prompt", "who are you",
                         "--json", "--max-new-tokens", "20", "--cache-policy", "tova", "--cache-budget", "40",
-                        "--overflow", "stop"], capture_output=True, text=True, timeout=300)
+                        "--overflow", "stop"], capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, r.stderr
     t1, t2 = (json.loads(line) for line in r.stdout.splitlines())
     for t in (t1, t2):
@@ -51,7 +52,7 @@ def test_bad_cache_options_exit_2_before_loading():
     side by side: each spends its seconds importing torch)."""
     def run(args):
         return subprocess.run([str(ENTRY), "chat", "--model", "missing.gguf", "--prompt", "hi", *args],
-                              capture_output=True, text=True, timeout=180)
+                              capture_output=True, text=True, timeout=HANG_S)
 
     with ThreadPoolExecutor(len(BAD_OPTIONS)) as pool:
         results = list(pool.map(run, [a for a, _ in BAD_OPTIONS]))

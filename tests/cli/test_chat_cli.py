@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from runtime.generate.chat_format import Message, encode_messages
+from tests.hang import HANG_S
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +53,7 @@ def results(default_model_file) -> dict[str, subprocess.CompletedProcess]:
     out = {}
     for name, p in procs.items():
         try:
-            stdout, stderr = p.communicate(timeout=300)
+            stdout, stderr = p.communicate(timeout=HANG_S)
         except subprocess.TimeoutExpired:
             p.kill()
             stdout, stderr = p.communicate()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.hang import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = Path(sys.executable).parent / "attnchat"
@@ -69,7 +70,7 @@ def _run(d: Path, args: list[str]) -> subprocess.CompletedProcess:
     env["ATTNCHAT_MODELS_DIR"] = str(d / "models")  # never the user's models, never a fetch
     env["HF_HUB_OFFLINE"] = "1"
     argv = [str(ENTRY), "chat", "--prompt", "hi", *(a.format(d=d) for a in args)]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=d, env=env,
+    return subprocess.run(argv, capture_output=True, text=True, timeout=HANG_S, cwd=d, env=env,
                           stdin=subprocess.DEVNULL)
 
 

@@ -13,6 +13,7 @@ import pytest
 import models
 from attnchat import cli
 from tests.hub_stand_in import COMMIT, gguf_bytes, hub  # noqa: F401 - hub is a fixture
+from tests.hang import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "owner/Tiny-Instruct-GGUF"
@@ -129,14 +130,14 @@ def test_fetch_in_a_real_process_resumes_after_ctrl_c(hub, tmp_path):
     while models.hub.partial_bytes(repo.sha(name)) == 0 and time.monotonic() < deadline:
         time.sleep(0.01)   # until the first 1 MiB chunk is written (the rest takes 0.6 s more to arrive)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == ("attnchat: error: interrupted (the bytes downloaded so far are kept: "
                                             "the same command resumes)")
     kept = models.hub.partial_bytes(repo.sha(name))
     assert 0 < kept < len(repo.files[name]) and kept % (1 << 20) == 0
     hub.throttle_s = 0
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()).read_bytes() == repo.files[name]
     assert hub.hits("cdn", "GET")[-1].range == f"bytes={kept}-"

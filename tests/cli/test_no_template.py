@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from tests.runtime.tiny_models import make_tiny_model
+from tests.hang import HANG_S
 
 
 def test_model_without_chat_template_falls_back_and_says_so(tmp_path):
@@ -18,7 +19,7 @@ def test_model_without_chat_template_falls_back_and_says_so(tmp_path):
     cfg.write_text(json.dumps(data))
     proc = subprocess.run(
         [sys.executable, "-m", "attnchat", "chat", "--model", str(folder), "--prompt", "the a and",
-         "--max-new-tokens", "5", "--json"], capture_output=True, text=True, timeout=300)
+         "--max-new-tokens", "5", "--json"], capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr
     assert "no chat template" in proc.stderr and "plain" in proc.stderr
     out = json.loads(proc.stdout)

@@ -18,6 +18,7 @@ import pytest
 
 from tests.models import gguf_files
 from tests.runtime.tiny_models import make_tiny_model
+from tests.hang import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Peak resident memory of a refusing ``attnchat chat``/``serve`` process (torch and
@@ -29,7 +30,7 @@ PEAK_CEILING_BYTES = 640 << 20
 #: it and the children it waited for (getrusage of this small wrapper's children).
 _WRAP = """
 import json, resource, subprocess, sys
-r = subprocess.run(sys.argv[1:], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=400)
+r = subprocess.run(sys.argv[1:], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=HANG_S)
 peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
 print(json.dumps({"rc": r.returncode, "out": r.stdout, "err": r.stderr, "peak": peak}))
 """
@@ -39,7 +40,7 @@ def _run(tmp_path: Path, *args: str) -> dict:
     env = {"ATTNCHAT_CACHE_DIR": str(tmp_path / "cache"), "ATTNCHAT_MODELS_DIR": str(tmp_path / "models"),
            "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     r = subprocess.run([sys.executable, "-c", _WRAP, sys.executable, "-m", "attnchat", *args],
-                       capture_output=True, text=True, timeout=500, env=env, cwd=ROOT)
+                       capture_output=True, text=True, timeout=HANG_S, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 

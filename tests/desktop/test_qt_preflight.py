@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from desktop.qt_preflight import debian_package, missing_libraries, platform_problem, x_server_answers
+from tests.hang import HANG_S
 
 LDD_MISSING = """\
 \tlinux-vdso.so.1 (0x00007ffd)
@@ -76,7 +77,7 @@ def test_a_display_without_a_server(plugins, tmp_path):
 def test_the_app_exits_2_with_one_line_instead_of_aborting(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
     env.update(QT_QPA_PLATFORM="bogus", HOME=str(tmp_path), XDG_STATE_HOME=str(tmp_path / "state"))
-    r = subprocess.run([sys.executable, "-m", "attnchat"], env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "attnchat"], env=env, capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("attnchat: error: Qt has no platform plugin 'bogus'")

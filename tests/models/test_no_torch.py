@@ -4,6 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from tests.hang import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +32,7 @@ def test_the_hub_layer_imports_neither_torch_nor_qt():
     """models.hub and the parts of huggingface_hub it uses (imported inside its functions)."""
     code = CODE.replace("import models,", "import models.hub.api, models.hub.download, huggingface_hub.file_download, "
                         "huggingface_hub.hf_api, huggingface_hub.utils, models,")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
     assert result.returncode == 0, result.stderr
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from models import paths
+from tests.hang import HANG_S
 
 
 def test_models_dir_env_override_is_created(tmp_path, monkeypatch):
@@ -78,5 +79,5 @@ def test_importing_creates_no_folders(tmp_path):
                XDG_DATA_HOME=str(tmp_path / "xdg"))
     root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-c", "import models, models.fetch, models.store, models.paths"],
-                   check=True, env=env, cwd=root, timeout=60)
+                   check=True, env=env, cwd=root, timeout=HANG_S)
     assert list(tmp_path.iterdir()) == []

@@ -29,6 +29,7 @@ def status(key):
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key))
 from models import safety
+from tests.hang import HANG_S
 resource.setrlimit(resource.RLIMIT_AS, (status("VmSize:") + (256 << 20), resource.RLIM_INFINITY))
 try:
     safety.check_model(sys.argv[1])
@@ -51,7 +52,7 @@ def _folder(tmp_path: Path, name: str) -> Path:
 
 def _check_in_child(folder: Path) -> dict:
     try:
-        r = subprocess.run([sys.executable, "-c", _CHECK, str(folder)], capture_output=True, text=True, timeout=60,
+        r = subprocess.run([sys.executable, "-c", _CHECK, str(folder)], capture_output=True, text=True, timeout=HANG_S,
                            cwd=ROOT)
     except subprocess.TimeoutExpired:
         pytest.fail(f"checking {folder.name} did not end within 60 s")

@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from .conftest import PACKAGING
+from tests.hang import HANG_S
 
 NSI = PACKAGING / "attnchat.nsi"
 
@@ -75,7 +76,7 @@ def test_nsis_script_compiles(tmp_path):
         (app / name).write_bytes(b"stand-in")
     out = tmp_path / "attnchat-installer-check.exe"
     r = subprocess.run(["makensis", "-V2", "-WX", "-DVERSION=0.1.0", f"-DSRCDIR={app}", f"-DOUTFILE={out}", str(NSI)],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, r.stdout + r.stderr
     assert out.read_bytes()[:2] == b"MZ"
 

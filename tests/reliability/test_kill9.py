@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from desktop.chat.store import Store
+from tests.hang import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,7 +92,7 @@ def test_kill_9_while_a_reply_streams_keeps_every_earlier_message(tmp_path):
                 streaming = (int(conv), int(turn))
                 os.kill(proc.pid, signal.SIGKILL)   # mid-reply, mid-whatever it is doing
                 break
-        proc.wait(timeout=30)
+        proc.wait(timeout=HANG_S)
     finally:
         watchdog.cancel()
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read()

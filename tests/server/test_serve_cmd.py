@@ -17,6 +17,7 @@ import pytest
 from attnchat import cli
 from attnchat.server.command import API_KEY_ENV, is_loopback
 from tests.live_server import serve_env
+from tests.hang import HANG_S
 
 MISSING = "/nonexistent/model.gguf"
 LIBRARY_ENV = ("TQDM_DISABLE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TRANSFORMERS_VERBOSITY",
@@ -61,7 +62,7 @@ def test_is_loopback(host, loopback):
 def test_refuses_a_public_address_without_a_key():
     """Through the real entry point, ``python -m attnchat``."""
     r = subprocess.run([sys.executable, "-m", "attnchat", "serve", "--model", MISSING, "--host", "0.0.0.0",
-                        "--port", "0"], capture_output=True, text=True, timeout=60, env=serve_env())
+                        "--port", "0"], capture_output=True, text=True, timeout=HANG_S, env=serve_env())
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("attnchat: error:") and "--api-key" in lines[0], r.stderr
@@ -81,7 +82,7 @@ def test_a_taken_port_is_one_line_before_the_load(serve):
 def test_the_server_imports_no_qt():
     code = ("import sys, attnchat.server, attnchat.server.command\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'PySide6', 'shiboken6', 'pyqtgraph', 'desktop'}))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
 

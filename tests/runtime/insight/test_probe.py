@@ -16,6 +16,7 @@ from runtime.insight.probe import (
 )
 from runtime.model.attention import attention
 from runtime.model.rope import apply_rope
+from tests.hang import HANG_S
 
 
 def _planted(T: int, N: int, kind: str) -> torch.Tensor:
@@ -108,7 +109,7 @@ def test_default_model_has_induction_and_previous_token_heads(default_model):
 @pytest.mark.slow
 def test_heads_command_json(default_model_file):
     out = subprocess.run([sys.executable, "-m", "attnchat", "heads", "--model", str(default_model_file), "--json"],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert set(data) == {"induction", "previous_token"}

@@ -2,17 +2,25 @@
 whatever rows come with it and whatever the thread count (issue 30, item 1)."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from runtime.kernels import choice as kernels
-from runtime.kernels.choice import ONE_ROW_ALONE, REPRODUCIBLE, KernelChoice, reproducible_choice
+from runtime.kernels.choice import ONE_ROW_ALONE
 from runtime.kernels.cpu import KERNELS, WeightRef, fbgemm_f16_available
 from runtime.kernels.invariant import rows_invariant, rows_product, two_rows
+from runtime.kernels.reproducible import REPRODUCIBLE, reproducible_choice
 from runtime.model.attention import attention_reference
 from runtime.model.attention_rows import BLOCK, attention_rows
 from runtime.quantize import quantize_int8
+from tests.hang import HANG_S, ROOT
 
 #: The default model's matrix shapes, narrowed (speed) but with its row lengths: 576 (the
 #: hidden size) and 1536 (the MLP's) along ``in``.
@@ -28,14 +36,14 @@ def _ref(dtype: torch.dtype, out: int, inp: int) -> WeightRef:
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("dtype,name", [(d, n) for d, names in REPRODUCIBLE.items() for n in names])
-def test_every_reproducible_kernel_is_row_invariant(dtype, name, shape):
-    """One row, 2-257 rows, 1 and 2 threads: bitwise the same rows (the rule the reproducible
-    mode stands on), and the product right."""
-    if name == "fbgemm-f16" and not fbgemm_f16_available():
-        pytest.skip("this torch has no FBGEMM")
+@pytest.mark.parametrize("dtype", list(REPRODUCIBLE))
+def test_the_kernel_the_mode_chooses_here_is_row_invariant(dtype, shape):
+    """The kernel the reproducible mode chooses on this machine (after checking its
+    candidates on the matrix): one row, 2-257 rows, 1 and 2 threads give bitwise the same
+    rows (the rule the mode stands on), and the product is right."""
     ref = _ref(dtype, *shape)
-    choice = KernelChoice(name, name, reproducible=True)
+    choice = reproducible_choice(dtype, [ref], threads=(1, 2))
+    assert choice.reproducible and choice.prefill in REPRODUCIBLE[dtype]
     assert rows_invariant(lambda x: kernels.apply(choice, x, ref, None), shape[1], threads=(1, 2)) == []
     x = torch.randn(5, shape[1], generator=torch.Generator().manual_seed(1))
     w = ref.weight.float() if ref.scale is None else ref.weight.float() * ref.scale.unsqueeze(1)
@@ -43,26 +51,74 @@ def test_every_reproducible_kernel_is_row_invariant(dtype, name, shape):
         torch.testing.assert_close(kernels.apply(choice, x, ref, None), F.linear(x, w), rtol=1e-4, atol=1e-4)
 
 
-def test_the_check_catches_kernels_that_are_not():
-    """The default choice's one-row kernels (a matrix-vector product; float16's also rounds
-    its input) and MKL's products are not row-invariant: the check says so, which is why
-    the reproducible mode does not use them."""
-    ref32, ref16 = _ref(torch.float32, 96, 576), _ref(torch.float16, 96, 576)
-    default16 = kernels.default_choice(torch.float16)
-    assert rows_invariant(lambda x: kernels.apply(default16, x, ref16, None), 576)  # f16-gemv vs widen-onednn
-    assert rows_invariant(lambda x: KERNELS["mkl"](x, ref32, None), 576)
-    # oneDNN's one-row path is a matrix-vector kernel: only two rows at a time keep it in step
-    assert rows_invariant(lambda x: KERNELS["onednn"](x, ref32, None), 576, rows=(2, 3, 64))
-    assert "onednn" not in ONE_ROW_ALONE
+def _noisy(calls: list):
+    """A kernel whose rows depend on the row count (as a GEMM whose blocking changes with M):
+    float32 oneDNN plus 1e-6 per row beyond the first two."""
+    def kernel(x, ref, b):
+        calls.append(x.shape)
+        rows = x.reshape(-1, x.shape[-1]).shape[0]
+        return KERNELS["onednn"](x, ref, b) + 1e-6 * max(0, rows - 2)
+    return kernel
 
 
-def test_reproducible_choice_per_dtype():
-    for dtype in REPRODUCIBLE:
-        ref = _ref(dtype, 32, 64)
-        c = reproducible_choice(dtype, ref, threads=(1, 2))
-        assert c.reproducible and c.decode == c.prefill and c.prefill in REPRODUCIBLE[dtype]
-    if fbgemm_f16_available():
-        assert reproducible_choice(torch.float16).prefill == "fbgemm-f16"
+def test_the_mode_refuses_a_kernel_that_fails_the_check(monkeypatch):
+    calls: list = []
+    monkeypatch.setitem(KERNELS, "noisy", _noisy(calls))
+    monkeypatch.setitem(REPRODUCIBLE, torch.float32, ("noisy", "onednn"))
+    ref = _ref(torch.float32, *SHAPES[0])
+    choice = reproducible_choice(torch.float32, [ref], threads=(1, 2))
+    assert choice.prefill == "onednn" and calls
+    assert choice.reason.startswith("onednn (row-invariant here); noisy: rows differ here (576 wide, ")
+    monkeypatch.setitem(REPRODUCIBLE, torch.float32, ("noisy",))
+    with pytest.raises(ValueError, match="no row-invariant kernel for float32 weights here: noisy: rows differ"):
+        reproducible_choice(torch.float32, [ref], threads=(1, 2))
+
+
+def test_the_verdicts_are_kept_per_machine(monkeypatch, tmp_path):
+    """Checked once per machine and folder: a second load reads the verdicts (the noisy
+    kernel is not run again); other thread counts or widths are checked anew."""
+    calls: list = []
+    monkeypatch.setitem(KERNELS, "noisy", _noisy(calls))
+    monkeypatch.setitem(REPRODUCIBLE, torch.float32, ("noisy", "onednn"))
+    refs = [_ref(torch.float32, *SHAPES[0]), _ref(torch.float32, *SHAPES[1])]
+    first = reproducible_choice(torch.float32, refs, threads=(1, 2), folder=tmp_path)
+    kept = json.loads(next(tmp_path.glob("kernels-*.json")).read_text())
+    verdicts = kept["reproducible"]["float32"]
+    assert verdicts["onednn"] == {"widths": [576, 1536], "threads": [1, 2], "failures": []}
+    assert verdicts["noisy"]["failures"][0].startswith("576 wide, ")
+    seen = len(calls)
+    again = reproducible_choice(torch.float32, refs, threads=(1, 2), folder=tmp_path)
+    assert (again.prefill, again.reason) == (first.prefill, first.reason) and len(calls) == seen
+    reproducible_choice(torch.float32, refs, threads=(1,), folder=tmp_path)
+    assert len(calls) > seen
+
+
+def test_fbgemm_with_its_avx2_kernels_is_refused_or_passes_the_check():
+    """FBGEMM's AVX2 float16 kernels (an AVX2-only CPU such as AMD Zen 3; forced here by
+    FBGEMM_ENABLE_INSTRUCTIONS) are not row-invariant on the default model's widths: the mode
+    then runs what passes, and that is row-invariant."""
+    if not fbgemm_f16_available():
+        pytest.skip("this torch has no FBGEMM")
+    code = textwrap.dedent("""
+        import json, torch
+        from runtime.kernels import choice as kernels
+        from runtime.kernels.cpu import WeightRef
+        from runtime.kernels.invariant import rows_invariant
+        from runtime.kernels.reproducible import reproducible_choice
+        refs = [WeightRef((torch.randn(96, n, generator=torch.Generator().manual_seed(n)) / 20).half())
+                for n in (576, 1536)]
+        c = reproducible_choice(torch.float16, refs, threads=(1, 2))
+        bad = [f for r in refs for f in rows_invariant(lambda x: kernels.apply(c, x, r, None), r.weight.shape[1],
+                                                         threads=(1, 2))]
+        print(json.dumps({"kernel": c.prefill, "reason": c.reason, "bad": bad}))
+    """)
+    env = dict(os.environ, FBGEMM_ENABLE_INSTRUCTIONS="AVX2")
+    r = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=HANG_S)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert got["bad"] == []
+    assert got["kernel"] == "widen-onednn" and "fbgemm-f16: rows differ here (576 wide, " in got["reason"]
 
 
 def test_two_rows_keeps_shapes():

@@ -10,6 +10,7 @@ import pytest
 from runtime.config.model import ModelConfig
 from runtime.memory.planner import count_parameters, plan, plan_for_config
 from runtime.memory.sizes import kv_bytes_per_token
+from tests.hang import HANG_S
 
 
 def test_issue_example_32_layers_8_kv_heads_128_dims_2_bytes():
@@ -87,7 +88,7 @@ def test_memory_command_with_numbers():
     out = subprocess.run(
         [sys.executable, "-m", "attnchat", "memory", "--layers", "32", "--kv-heads", "8", "--head-dim", "128",
          "--cache-dtype", "bfloat16", "--context", "100000", "--budget-mib", "1024", "--json"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=HANG_S,
     )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
@@ -102,7 +103,7 @@ def test_memory_command_on_the_default_model(default_model_file, default_model):
     out = subprocess.run(
         [sys.executable, "-m", "attnchat", "memory", "--model", str(default_model_file),
          "--cache-dtype", "float16", "--context", "1000", "--budget-mib", "10", "--json"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=HANG_S,
     )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
@@ -133,7 +134,7 @@ def test_memory_command_weights_dtype_widens(default_model_file, default_model, 
 
 def test_memory_command_half_given_numbers_exit_2():
     out = subprocess.run([sys.executable, "-m", "attnchat", "memory", "--layers", "3", "--context", "5"],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "give all three" in out.stderr
 

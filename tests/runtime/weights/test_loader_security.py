@@ -28,6 +28,7 @@ from runtime.errors import ModelLoadError, UnsupportedModelError
 from models.safety.gguf_scan import scan_header
 from tests.models import gguf_files
 from tests.runtime.tiny_models import make_tiny_model
+from tests.hang import HANG_S
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -62,7 +63,7 @@ def _chat(model: Path, tmp_path: Path) -> subprocess.CompletedProcess:
            "HF_HUB_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", "attnchat", "chat", "--model", str(model), "--prompt", "hi",
                            "--max-new-tokens", "1", "--device", "cpu"],
-                          input="y\ny\ny\n", capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+                          input="y\ny\ny\n", capture_output=True, text=True, timeout=HANG_S, env=env, cwd=ROOT)
 
 
 def test_auto_map_in_the_tokenizer_config_is_refused_without_a_prompt(tmp_path, tiny_llama):
