@@ -23,10 +23,19 @@ def kernel_pairs(btype: BlockType, device: str | torch.device = "cpu") -> list[t
     """The ``(decode, prefill)`` kernel pairs tried for ``btype`` on ``device``, the default first.
 
     A pair shares one form of the weights, so the choice never holds two: ggml decodes
-    from the raw blocks and prefill widens the same blocks (or runs ggml too); int4pack
-    repacks once for both. Without ggml the CPU runs torch's int4pack on 4-bit types and
-    a float16 copy for the others (twice to four times their bytes), and says so once.
-    CUDA: tinygemm for 4-bit types, a float16 copy for the others.
+    from the raw blocks and prefill widens the same blocks (or runs ``ggml-exact`` on
+    them); int4pack repacks once for both. Without ggml the CPU runs torch's int4pack on
+    4-bit types and a float16 copy for the others (twice to four times their bytes), and
+    says so once. CUDA: tinygemm for 4-bit types, a float16 copy for the others.
+
+    Prefill never runs ggml's rounded product (activations to 8 bits per block): the
+    prompt's products decide a reply's first token, where a small model's openings are
+    near-ties. The default model's "What is the capital of France?" (float32 logits "The"
+    25.325, "L" 25.243) answered "L'Étoile, la Cité, la Nation" with its Q4_1 prompt
+    products through ggml (its AVX2 kernels on an AMD EPYC Zen 3, its AVX-512 ones on a
+    Zen 4) and "The capital of France is Paris." with them widened or through
+    ``ggml-exact``, decode rounded or not (tests/runtime/loader/test_default_answers.py
+    asks every pair).
     """
     kind = torch.device(device).type
     four = _four_bit(btype)
@@ -38,7 +47,7 @@ def kernel_pairs(btype: BlockType, device: str | torch.device = "cpu") -> list[t
         return [("f16", "f16")]
     pairs = []
     if QUANT_KERNELS["ggml"].available():
-        pairs += [("ggml", "widen"), ("ggml", "ggml")]
+        pairs += [("ggml", "widen"), ("ggml", "ggml-exact")]
     if four:
         pairs.append(("int4pack-bf16", "int4pack-bf16"))
     if not pairs:
