@@ -26,7 +26,8 @@ def model_info(model: "runtime.Model") -> dict[str, Any]:
         "weights_bytes": getattr(model, "weights_bytes", None),
         "reproducible": bool(getattr(model, "reproducible", False)),
         # Which row-invariant kernel the reproducible mode runs on this machine, and why.
-        "reproducible_kernel": getattr(getattr(model, "kernels", None), "reason", "") if model.reproducible else "",
+        "reproducible_kernel": (getattr(getattr(model, "kernels", None), "reason", "")
+                                if getattr(model, "reproducible", False) else ""),
         "chat_template": bool(getattr(model, "has_chat_template", True)),
         # What the template sends as the system prompt when none is set (SmolLM2's names itself).
         "builtin_system_prompt": runtime.builtin_system_prompt(getattr(model, "tokenizer", None)),
