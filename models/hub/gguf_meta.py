@@ -7,17 +7,15 @@ GGUF carries them in its first kilobytes: llama.cpp's converter writes ``general
 then ``ARCH.*`` (block_count, attention.head_count...), then ``tokenizer.*``, so the
 walk stops at the first tokenizer key once it has what it needs.
 
-Layout (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md, versions 2 and 3,
-little-endian): magic ``GGUF``, version u32, tensor count u64, metadata count u64, then
-per entry a key (u64 length + UTF-8) and a typed value.
+The walk is :class:`models.safety.gguf_scan.MetadataReader`'s, the reader the safety scan and
+runtime's tensor reader use (one scalar table, one set of limits), over ranged reads.
 """
 from __future__ import annotations
 
-import struct
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..kv_bytes import bytes_at
+from ..safety.gguf_scan import GGUFHeaderError, HeaderStats, MetadataReader, ReadAt
 
 __all__ = ["GGUFMetaError", "GGUFShape", "SUPPORTED_ARCHITECTURES", "read_shape", "shape_from_file"]
 
@@ -29,15 +27,10 @@ SUPPORTED_ARCHITECTURES = {
     "gemma2": "gemma2", "gemma3": "gemma3_text", "gpt2": "gpt2",
 }
 
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
-MAX_READ_BYTES = 64 << 20
-"""The most of a file's start the walk reads (real headers reach the arch keys in a few KB)."""
 BLOCK = 256 << 10
 """Bytes fetched at a time (one ranged request each on the Hub)."""
-
-ReadAt = Callable[[int, int], bytes]
-"""``read_at(offset, length) -> bytes`` (fewer only at the end of the file)."""
+#: Per-layer arrays (head counts, a sliding-window pattern) kept as lists up to this many items.
+KEPT_ARRAY_ITEMS = 4096
 
 
 class GGUFMetaError(ValueError):
@@ -76,52 +69,6 @@ class GGUFShape:
         return bytes_at(self.windows, self.n_kv_heads, self.head_dim, elem_bytes, tokens)
 
 
-class _Walk:
-    def __init__(self, read_at: ReadAt):
-        self.read_at, self.buf, self.pos = read_at, bytearray(), 0
-
-    def take(self, n: int) -> bytes:
-        while self.pos + n > len(self.buf):
-            if len(self.buf) >= MAX_READ_BYTES:
-                raise GGUFMetaError(f"its metadata runs past {MAX_READ_BYTES >> 20} MiB before the model's shape")
-            got = self.read_at(len(self.buf), max(BLOCK, self.pos + n - len(self.buf)))
-            if not got:
-                raise GGUFMetaError("the file ends inside its metadata (truncated)")
-            self.buf += got
-        out = bytes(self.buf[self.pos:self.pos + n])
-        self.pos += n
-        return out
-
-    def scalar(self, kind: int):
-        fmt = _SCALARS[kind]
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
-
-    def string(self) -> str:
-        n = self.scalar(10)
-        if n > 16 << 20:
-            raise GGUFMetaError(f"a string of {n:,} bytes in its metadata")
-        return self.take(n).decode("utf-8", "replace")
-
-    def value(self, kind: int):
-        if kind in _SCALARS:
-            return self.scalar(kind)
-        if kind == _STRING:
-            return self.string()
-        if kind == _ARRAY:
-            item, count = self.scalar(4), self.scalar(10)
-            if item in _SCALARS:
-                size = struct.calcsize(_SCALARS[item])
-                if count * size > MAX_READ_BYTES:
-                    raise GGUFMetaError(f"an array of {count:,} items in its metadata")
-                raw = self.take(count * size)
-                return list(struct.unpack(f"<{count}{_SCALARS[item][1]}", raw)) if count <= 4096 else None
-            if count > 4 << 20:
-                raise GGUFMetaError(f"an array of {count:,} items in its metadata")
-            values = [self.value(item) for _ in range(count)]
-            return values if count <= 64 else None  # long lists (a vocabulary) are walked, not kept
-        raise GGUFMetaError(f"unknown metadata value type {kind}")
-
-
 def _windows(arch: str, n_layers: int, window: int, context: int, pattern) -> tuple[int | None, ...]:
     """Per-layer windows as transformers sets them for each family (runtime.config._layer_windows)."""
     if not window or window >= context:
@@ -138,6 +85,22 @@ def _windows(arch: str, n_layers: int, window: int, context: int, pattern) -> tu
     return (window,) * n_layers
 
 
+def _metadata(read_at: ReadAt) -> tuple[dict[str, object], str]:
+    """The metadata up to the tokenizer's keys (once the architecture's are read), and the architecture."""
+    r = MetadataReader(read_at, None, HeaderStats(), chunk=BLOCK)
+    r.preamble()
+    meta: dict[str, object] = {}
+    arch = ""
+    for i in range(r.stats.keys):
+        key = r.name(f"metadata key {i}")
+        if key.startswith("tokenizer.") and arch and f"{arch}.block_count" in meta:
+            break  # the converter writes every ARCH.* key before the tokenizer's
+        meta[key] = r.value(r.u32(), f"'{key}'", keep_items=KEPT_ARRAY_ITEMS)
+        if key == "general.architecture":
+            arch = str(meta[key])
+    return meta, arch
+
+
 def read_shape(read_at: ReadAt) -> GGUFShape:
     """Walk the start of a GGUF file through ``read_at`` and return its shape.
 
@@ -145,22 +108,10 @@ def read_shape(read_at: ReadAt) -> GGUFShape:
         GGUFMetaError: not GGUF v2/v3, truncated, or missing a key the shape needs.
         OSError: ``read_at`` failed (passed on).
     """
-    w = _Walk(read_at)
-    if w.take(4) != b"GGUF":
-        raise GGUFMetaError("it is not a GGUF file (no b'GGUF' at its start)")
-    version = w.scalar(4)
-    if version not in (2, 3):
-        raise GGUFMetaError(f"GGUF version {version} is not supported (2 or 3)")
-    _tensors, keys = w.scalar(10), w.scalar(10)
-    meta: dict[str, object] = {}
-    arch = ""
-    for _ in range(keys):
-        key = w.string()
-        if key.startswith("tokenizer.") and arch and f"{arch}.block_count" in meta:
-            break  # the converter writes every ARCH.* key before the tokenizer's
-        meta[key] = w.value(w.scalar(4))
-        if key == "general.architecture":
-            arch = str(meta[key])
+    try:
+        meta, arch = _metadata(read_at)
+    except GGUFHeaderError as exc:
+        raise GGUFMetaError(str(exc)) from None
     if not arch:
         raise GGUFMetaError("its metadata has no general.architecture")
 

@@ -37,10 +37,13 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
-#: Fixed sizes (bytes) of the scalar value types, by GGUF type id.
-SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+#: The scalar value types, by GGUF type id: their ``struct`` formats (little-endian), the one
+#: table every GGUF reader here uses (the scan, runtime's tensor reader, the Hub's shape).
+SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+#: Their fixed sizes (bytes).
+SCALAR_BYTES = {kind: struct.calcsize(fmt) for kind, fmt in SCALAR_FORMATS.items()}
 STRING, ARRAY = 8, 9
 
 #: Limits, each well above what real models carry: the largest vocabularies (Gemma 3)
@@ -104,22 +107,45 @@ class HeaderStats:
 CHUNK = 1 << 20
 _U64 = struct.Struct("<Q")
 
+ReadAt = Callable[[int, int], bytes]
+"""``read_at(offset, length) -> bytes`` (fewer only at the end of the file)."""
 
-class _Reader:
-    def __init__(self, f: BinaryIO, stats: HeaderStats):
-        self.f, self.stats = f, stats
-        self.size = os.fstat(f.fileno()).st_size
+
+class MetadataReader:
+    """The one GGUF metadata reader: a bounded walk of a header through ``read_at``, every value
+    counted against the limits above, in :class:`HeaderStats`.
+
+    Args:
+        read_at: reads the file (a local file: :meth:`of_file`; the Hub: ranged requests).
+        size: the file's size in bytes (None: unknown; a short read then means truncated).
+        stats: where the counts go. chunk: bytes read at a time.
+    """
+
+    def __init__(self, read_at: ReadAt, size: int | None, stats: HeaderStats, *, chunk: int = CHUNK):
+        self.read_at, self.size, self.stats, self.chunk = read_at, size, stats, chunk
         self.buf, self.pos, self.base = b"", 0, 0  # buf holds the file from offset base
+
+    @classmethod
+    def of_file(cls, f: BinaryIO, stats: HeaderStats) -> "MetadataReader":
+        """A reader over an open binary file (its size from ``fstat``)."""
+        def read_at(offset: int, length: int) -> bytes:
+            f.seek(offset)
+            return f.read(length)
+        return cls(read_at, os.fstat(f.fileno()).st_size, stats)
+
+    @property
+    def offset(self) -> int:
+        """Where in the file the walk is (bytes)."""
+        return self.base + self.pos
 
     def _fill(self, n: int) -> None:
         """Make ``buf[pos:pos + n]`` hold the next ``n`` bytes of the file."""
         if self.pos + n <= len(self.buf):
             return
         self.base += self.pos
-        if self.base + n > self.size:
+        if self.size is not None and self.base + n > self.size:
             raise GGUFHeaderError("the file ends inside its metadata (truncated)")
-        self.f.seek(self.base)
-        self.buf, self.pos = self.f.read(max(n, CHUNK)), 0
+        self.buf, self.pos = self.read_at(self.base, max(n, self.chunk)), 0
         self.stats.bytes_read += len(self.buf)
         if len(self.buf) < n:
             raise GGUFHeaderError("the file ends inside its metadata (truncated)")
@@ -166,13 +192,23 @@ class _Reader:
             raise GGUFHeaderError(f"{what} has a name of {n:,} bytes")
         return self.take(n).decode("utf-8", "replace")
 
-    def skip(self, n: int, what: str) -> None:
+    def _count_bytes(self, n: int, what: str) -> None:
         self.stats.metadata_bytes += n
         if self.stats.metadata_bytes > MAX_METADATA_BYTES:
             raise GGUFHeaderError(f"its metadata passes {MAX_METADATA_BYTES >> 20} MiB (at {what})")
-        if self.base + self.pos + n > self.size:
+
+    def skip(self, n: int, what: str) -> None:
+        self._count_bytes(n, what)
+        if self.size is not None and self.base + self.pos + n > self.size:
             raise GGUFHeaderError("the file ends inside its metadata (truncated)")
+        if self.size is None:  # an unknown size: read what is skipped (a short read is a truncation)
+            self._fill(n)
         self.pos += n
+
+    def take_counted(self, n: int, what: str) -> bytes:
+        """The next ``n`` bytes of metadata, counted against :data:`MAX_METADATA_BYTES`."""
+        self._count_bytes(n, what)
+        return self.take(n)
 
     def strings(self, count: int, what: str) -> None:
         """Skip ``count`` strings (a vocabulary: the loop that must stay cheap, so the
@@ -226,9 +262,10 @@ class _Reader:
             self.strings(count, what)
         else:
             for _ in range(count):
-                self.value(item, what, depth + 1)
+                self.skip_value(item, what, depth + 1)
 
-    def value(self, kind: int, what: str, depth: int = 0) -> None:
+    def skip_value(self, kind: int, what: str, depth: int = 0) -> None:
+        """Walk past one value, counting it (the scan keeps nothing)."""
         if kind in SCALAR_BYTES:
             self.skip(SCALAR_BYTES[kind], what)
         elif kind == STRING:
@@ -243,6 +280,63 @@ class _Reader:
             self.array_items(item, count, what, depth)
         else:
             raise GGUFHeaderError(f"{what} has an unknown value type {kind}")
+
+
+    # ---- values kept (runtime's tensor reader, the Hub's shape) ---------------------------
+    def scalar(self, kind: int) -> int | float | bool:
+        """One scalar of type ``kind`` (:data:`SCALAR_FORMATS`)."""
+        return struct.unpack(SCALAR_FORMATS[kind], self.take(SCALAR_BYTES[kind]))[0]
+
+    def text(self, what: str, keep: int = MAX_STRING_BYTES) -> str | tuple[str, int]:
+        """One string, decoded (undecodable bytes replaced); one longer than ``keep`` bytes is
+        skipped and returned as ``("string", length)``.
+
+        Raises:
+            GGUFHeaderError: a string over :data:`MAX_STRING_BYTES`, metadata past its limit.
+        """
+        n = self.u64()
+        if n > MAX_STRING_BYTES:
+            raise GGUFHeaderError(f"{what} holds a string of {n:,} bytes (the limit is {MAX_STRING_BYTES:,})")
+        if n > keep:
+            self.skip(n, what)
+            return ("string", n)
+        return self.take_counted(n, what).decode("utf-8", "replace")
+
+    def texts(self, count: int, what: str) -> list[str]:
+        """``count`` strings, decoded (a vocabulary, merges)."""
+        return [self.text(what) for _ in range(count)]
+
+    def array_start(self, what: str) -> tuple[int, int]:
+        """(item type, count) of the array starting here, its count checked against
+        :data:`MAX_ARRAY_ITEMS` and added to the items of every array (:data:`MAX_TOTAL_ITEMS`)."""
+        item, count = self.array_header()
+        if count > MAX_ARRAY_ITEMS:
+            raise GGUFHeaderError(f"{what} is an array of {count:,} items (the limit is {MAX_ARRAY_ITEMS:,})")
+        self.stats.items += count
+        if self.stats.items > MAX_TOTAL_ITEMS:
+            raise GGUFHeaderError(f"its metadata arrays hold over {MAX_TOTAL_ITEMS:,} items (at {what})")
+        return item, count
+
+    def value(self, kind: int, what: str, *, keep_string: int = MAX_STRING_BYTES, keep_items: int = 0):
+        """One metadata value of type ``kind``: a scalar, a string (:meth:`text`), or an array:
+        a list when its items are scalars and at most ``keep_items``, else walked past and
+        returned as ``("array", item type, count)``.
+
+        Raises:
+            GGUFHeaderError: past a limit, truncated, an unknown type.
+        """
+        if kind in SCALAR_FORMATS:
+            return self.scalar(kind)
+        if kind == STRING:
+            return self.text(what, keep_string)
+        if kind == ARRAY:
+            item, count = self.array_start(what)
+            if item in SCALAR_FORMATS and keep_items and count <= keep_items:
+                raw = self.take_counted(count * SCALAR_BYTES[item], what)
+                return list(struct.unpack(f"<{count}{SCALAR_FORMATS[item][1]}", raw))
+            self.array_items(item, count, what)
+            return ("array", item, count)
+        raise GGUFHeaderError(f"{what} has an unknown value type {kind}")
 
 
 def _count_other(stats: HeaderStats, count: int, what: str) -> None:
@@ -288,13 +382,13 @@ def scan_header(path: str | Path, stats: HeaderStats | None = None) -> HeaderSta
     stats = HeaderStats() if stats is None else stats
     lengths: dict[str, int] = {}
     with open(path, "rb", buffering=0) as f:
-        r = _Reader(f, stats)
+        r = MetadataReader.of_file(f, stats)
         r.preamble()
         for i in range(stats.keys):
             key = r.name(f"metadata key {i}")
             kind, what = r.u32(), f"'{key}'"
             if kind != ARRAY:
-                r.value(kind, what)
+                r.skip_value(kind, what)
                 continue
             item, count = r.array_header()
             _admit(key, item, count, stats, lengths)

@@ -5,7 +5,7 @@ Why not ``gguf.GGUFReader``: it turns every element of every metadata array into
 views before it lists a single tensor. Measured on the Intel Xeon (2 cores, busy):
 22 s and 198 MB for the default model (49,152-token vocabulary), 79 s and 726 MB for
 Gemma 3 270M (262,144 tokens), the time of a first reply many times over. This reader
-walks the header with :mod:`models.safety.gguf_scan`'s bounded reader (the same limits,
+walks the header with :mod:`models.safety.gguf_scan`'s metadata reader (the same limits and scalar table,
 refusing the same oversized files), keeps the scalar metadata and the tensor table, and
 maps the data region once: a tensor is a ``uint8`` view of the file's pages, read from
 disk only when a product touches it (as llama.cpp's mmap). The tests check it against
@@ -26,12 +26,9 @@ import numpy as np
 import torch
 
 from models.safety.gguf_scan import (
-    ARRAY, MAX_ARRAY_ITEMS, MAX_METADATA_BYTES, MAX_STRING_BYTES, MAX_TOTAL_ITEMS, SCALAR_BYTES, STRING,
-    GGUFHeaderError, HeaderStats, _Reader,
+    ARRAY, SCALAR_BYTES, SCALAR_FORMATS, STRING, GGUFHeaderError, HeaderStats, MetadataReader,
 )
 
-#: struct formats of the scalar metadata types (GGUF type id -> format).
-_SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 #: Strings kept as metadata values up to this many bytes (a chat template is tens of KB;
 #: longer ones are skipped and recorded as their length).
 MAX_KEPT_STRING = 1 << 18
@@ -98,69 +95,16 @@ class GGUFTensors:
         self._map = None
 
 
-#: numpy dtypes of the numeric array item types (GGUF type id -> dtype).
-_ARRAY_DTYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
-
-
-def _array_header(r: _Reader, what: str, stats: HeaderStats) -> tuple[int, int]:
-    """(item type, count) of the array starting here, its count checked against
-    :data:`MAX_ARRAY_ITEMS` and added to the items of every array (:data:`MAX_TOTAL_ITEMS`)."""
-    item, count = r.array_header()
-    if count > MAX_ARRAY_ITEMS:
-        raise GGUFHeaderError(f"{what} is an array of {count:,} items (the limit is {MAX_ARRAY_ITEMS:,})")
-    stats.items += count
-    if stats.items > MAX_TOTAL_ITEMS:
-        raise GGUFHeaderError(f"its metadata arrays hold over {MAX_TOTAL_ITEMS:,} items (at {what})")
-    return item, count
-
-
-def _array(r: _Reader, what: str, stats: HeaderStats):
+def _array(r: MetadataReader, what: str):
     """An array read whole (a tokenizer's tokens, types, merges): strings as ``list[str]``,
-    numbers as a numpy array. Bounded as every other value."""
-    item, count = _array_header(r, what, stats)
-    if item in _ARRAY_DTYPES:
-        n = count * SCALAR_BYTES[item]
-        stats.metadata_bytes += n
-        if stats.metadata_bytes > MAX_METADATA_BYTES:
-            raise GGUFHeaderError(f"its metadata passes {MAX_METADATA_BYTES >> 20} MiB (at {what})")
-        return np.frombuffer(r.take(n), dtype=_ARRAY_DTYPES[item]).copy()
+    numbers as a numpy array (its dtype from the reader's scalar table). Bounded as every other value."""
+    item, count = r.array_start(what)
+    if item in SCALAR_FORMATS:
+        raw = r.take_counted(count * SCALAR_BYTES[item], what)
+        return np.frombuffer(raw, dtype=np.dtype(SCALAR_FORMATS[item])).copy()
     if item == STRING:
-        out = []
-        for _ in range(count):
-            n = r.u64()
-            if n > MAX_STRING_BYTES:
-                raise GGUFHeaderError(f"{what} holds a string of {n:,} bytes (the limit is {MAX_STRING_BYTES:,})")
-            stats.metadata_bytes += n
-            out.append(r.take(n).decode("utf-8", "replace"))
-        if stats.metadata_bytes > MAX_METADATA_BYTES:
-            raise GGUFHeaderError(f"its metadata passes {MAX_METADATA_BYTES >> 20} MiB (at {what})")
-        return out
+        return r.texts(count, what)
     raise GGUFHeaderError(f"{what} is an array of arrays (not read whole)")
-
-
-def _value(r: _Reader, kind: int, what: str, stats: HeaderStats):
-    """Read one metadata value: scalars and strings up to :data:`MAX_KEPT_STRING` bytes are
-    returned; longer strings as ``("string", length)``; arrays are skipped (bounded, as
-    :func:`models.safety.gguf_scan.scan_header`) and returned as ``("array", item type, count)``."""
-    if kind in _SCALAR_FORMATS:
-        return struct.unpack(_SCALAR_FORMATS[kind], r.take(SCALAR_BYTES[kind]))[0]
-    if kind == STRING:
-        n = r.u64()
-        if n > MAX_STRING_BYTES:
-            raise GGUFHeaderError(f"{what} holds a string of {n:,} bytes (the limit is {MAX_STRING_BYTES:,})")
-        if n > MAX_KEPT_STRING:
-            r.skip(n, what)
-            return ("string", n)
-        text = r.take(n)
-        stats.metadata_bytes += n
-        if stats.metadata_bytes > MAX_METADATA_BYTES:
-            raise GGUFHeaderError(f"its metadata passes {MAX_METADATA_BYTES >> 20} MiB (at {what})")
-        return text.decode("utf-8", "replace")
-    if kind == ARRAY:
-        item, count = _array_header(r, what, stats)
-        r.array_items(item, count, what)
-        return ("array", item, count)
-    raise GGUFHeaderError(f"{what} has an unknown value type {kind}")
 
 
 def read_gguf_tensors(path: str | Path, arrays: tuple[str, ...] = ()) -> GGUFTensors:
@@ -177,16 +121,16 @@ def read_gguf_tensors(path: str | Path, arrays: tuple[str, ...] = ()) -> GGUFTen
     path = Path(path)
     stats = HeaderStats()
     with open(path, "rb", buffering=0) as f:
-        r = _Reader(f, stats)
+        r = MetadataReader.of_file(f, stats)
         r.preamble()
         metadata: dict[str, object] = {}
         for i in range(stats.keys):
             key = r.name(f"metadata key {i}")
             kind = r.u32()
             if kind == ARRAY and key in arrays:
-                metadata[key] = _array(r, f"'{key}'", stats)
+                metadata[key] = _array(r, f"'{key}'")
             else:
-                metadata[key] = _value(r, kind, f"'{key}'", stats)
+                metadata[key] = r.value(kind, f"'{key}'", keep_string=MAX_KEPT_STRING)
         raw_infos = []
         for i in range(stats.tensors):
             name = r.name(f"tensor {i}")
@@ -196,7 +140,7 @@ def read_gguf_tensors(path: str | Path, arrays: tuple[str, ...] = ()) -> GGUFTen
             ne = struct.unpack(f"<{n_dims}Q", r.take(8 * n_dims))
             kind, offset = r.u32(), r.u64()
             raw_infos.append((name, ne, kind, offset))
-        end_of_header = r.base + r.pos
+        end_of_header = r.offset
         size = r.size
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
