@@ -83,6 +83,12 @@ def parse_tools(tools: list[Any] | None, tool_choice: Any) -> tuple[list[Tool], 
         params = fn.get("parameters") or {"type": "object", "properties": {}}
         if not isinstance(params, dict):
             raise ToolError(f"tools[{i}].function.parameters", f"tools[{i}].function.parameters must be a JSON schema object.")
+        from runtime.generate.json_finite import NoFiniteValue, check_finite
+
+        try:
+            check_finite(params)
+        except NoFiniteValue as e:
+            raise ToolError(f"tools[{i}].function.parameters", f"tools[{i}].function.parameters: {e}.") from None
         strict = fn.get("strict")
         parsed.append(Tool(name, str(fn.get("description") or ""), params,
                            strict if isinstance(strict, bool) else None))

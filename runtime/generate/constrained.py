@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import torch
 
 from runtime.generate import json_bounds
+from runtime.generate.json_finite import NoFiniteValue, check_finite
 
 log = logging.getLogger("attnchat.constrained")
 
@@ -101,11 +102,17 @@ class GrammarCompiler:
         with a ``budget`` (tokens) the caps shrunk until the longest value fits it.
 
         Raises:
-            GrammarError: the schema is not a JSON object or uses what the engine cannot
+            GrammarError: the schema is not a JSON object, has no finite value (a ``$ref``
+                cycle with no way out: the grammar could never end,
+                :mod:`runtime.generate.json_finite`), or uses what the engine cannot
                 constrain (the message names it).
         """
         if schema is not None and not isinstance(schema, dict):
             raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
+        try:
+            check_finite(schema)
+        except NoFiniteValue as e:
+            raise GrammarError(str(e)) from None
         bounded, caps, size = json_bounds.fit(schema, budget, close=close)
         if budget is not None and size > budget:
             log.info("a reply under this schema may take %s tokens, more than the %d it may: it can end cut", size, budget)

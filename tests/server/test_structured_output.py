@@ -68,6 +68,11 @@ def test_parse_into_a_pydantic_model(client, model_id):
     {"type": "xml"},
     {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#/no"}}}}},
     {"type": "json_schema", "json_schema": "nope"},
+    # No finite value: the grammar could never end (a 200 with '{"a":' before).
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}},
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "$defs": {"A": {"type": "object", "properties": {"a": {"$ref": "#/$defs/B"}}, "required": ["a"]},
+                  "B": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"}}},
 ])
 def test_bad_response_format_is_a_400(client, model_id, fmt):
     with pytest.raises(openai.BadRequestError) as e:
