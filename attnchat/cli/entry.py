@@ -88,6 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from models import logfile as logfile_mod
 
     logfile = logfile_mod.to_file()  # None when the log folder cannot be written: run on without
+    # A library's warning (numpy's "overflow encountered" ...) goes to the log, never the
+    # user's terminal; with no log file, nowhere (not logging's last-resort stderr handler).
+    logging.captureWarnings(True)
+    logging.getLogger("py.warnings").addHandler(logging.NullHandler())
     try:
         if args.command == "models":
             return models_cmd.run(args)

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from models.safety.refused import Refused
+from models.safety.shape import check_metadata as check_shape
+
 from ..kv_bytes import bytes_at
 from ..safety.gguf_scan import GGUFHeaderError, HeaderStats, MetadataReader, ReadAt
 
@@ -114,6 +117,10 @@ def read_shape(read_at: ReadAt) -> GGUFShape:
         raise GGUFMetaError(str(exc)) from None
     if not arch:
         raise GGUFMetaError("its metadata has no general.architecture")
+    try:
+        check_shape(meta, "")  # the rule every local load runs
+    except Refused as e:
+        raise GGUFMetaError(str(e)) from None
 
     def need(name: str):
         if f"{arch}.{name}" not in meta:

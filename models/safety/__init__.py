@@ -15,6 +15,10 @@ The rules (each raises :class:`Refused`, one line; the limits are in the modules
 - **Chat templates** (:mod:`.template`): rendered in a child process with bounded memory
   (256 MiB + 16 bytes per byte of the request), time (10 s) and output; templates of at
   most 1 MiB.
+- **Shapes** (:mod:`.shape`): a GGUF's layers, heads, hidden size, context and vocabulary
+  whole numbers of at least 1 and within limits far past any real model's, the query heads
+  a multiple of the key/value heads; checked on a local file's metadata and a Hub file's
+  header alike.
 - **Key files** (:func:`check_key_file`): not readable by other users.
 
 Who calls them: every model load and config read (``runtime.weights.sources``: chat,
@@ -34,11 +38,12 @@ from pathlib import Path
 from .custom_code import CustomCodeError, find_custom_code
 from .gguf_scan import GGUFHeaderError, HeaderStats, scan_header
 from .refused import Refused
+from .shape import check_metadata as check_shape
 from .template import TemplateRefused, render_template
 
 __all__ = [
     "GGUF_MAGIC", "PICKLE_SUFFIXES", "Refused", "TemplateRefused", "check_folder", "check_gguf", "check_key_file",
-    "check_model", "is_pickle", "refuse_pickle", "render_template",
+    "check_model", "check_shape", "is_pickle", "refuse_pickle", "render_template",
 ]
 
 #: File name endings of pickled checkpoints: refused, never opened (unpickling runs code).

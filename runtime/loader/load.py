@@ -29,6 +29,7 @@ from runtime.model.attention import AttentionKernels, attention_kernels
 from runtime.model.decode_step import DECODE_MODES
 from runtime.model import quant_layers
 from runtime.model.decoder import Decoder
+from runtime.weights import validate
 from runtime.weights.gguf import open as gguf_open
 from runtime.weights.convert import decoder_state, quantize_state
 from runtime.weights.folder import read_folder
@@ -136,6 +137,7 @@ def load_model(
         del tensors
     elif path.exists() or path.suffix.lower() == ".gguf":
         g = gguf_open.open_gguf(path)
+        validate.check_gguf(path, g)  # before any reader divides by its numbers or reads its blocks
         if gguf_open.runs_from_blocks(g):
             cfg, tokenizer = gguf_open.config_and_tokenizer(path, g)
             quant = gguf_open.blocks(path, g, cfg)
@@ -285,6 +287,7 @@ def read_config(source: str | os.PathLike | None = None) -> ModelConfig:
         except Exception as e:
             raise UnsupportedModelError(f"{path.name}: its config could not be read ({one_line(e)})") from None
     check_gguf_file(path)
+    validate.check_gguf(path)  # the checks a load runs, also when the config is cached
     cached = gguf_cache_dir(path)
     cfg = cached_model_config(cached)
     if cfg is not None:
