@@ -17,7 +17,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnchat.server import routes, tools
-from attnchat.server.engine import MAX_QUEUED, POOL_BYTES, Engine
+from attnchat.server.engine import MAX_QUEUED, POOL_BYTES, POOL_IDLE_S, Engine
 from attnchat.server.errors import (
     APIError,
     from_validation,
@@ -39,7 +39,8 @@ def create_app(model: Model, *, api_key: str | Sequence[str] | None = None, mode
                settings: GenerationSettings | None = None, sessions: int = 4,
                default_temperature: float = 0.0, default_max_tokens: int = 1024, max_tokens_limit: int = 4096,
                max_body_bytes: int = MAX_BODY_BYTES, max_queued: int = MAX_QUEUED, allowed_hosts: Sequence[str] = (),
-               cors_origins: Sequence[str] = (), pool_bytes: int = POOL_BYTES) -> FastAPI:
+               cors_origins: Sequence[str] = (), pool_bytes: int = POOL_BYTES,
+               pool_idle_s: float | None = POOL_IDLE_S) -> FastAPI:
     """The HTTP app serving ``model``.
 
     Args:
@@ -61,6 +62,8 @@ def create_app(model: Model, *, api_key: str | Sequence[str] | None = None, mode
             address, ``--allowed-host``); see :mod:`attnchat.server.guard`.
         cors_origins: web origins whose pages may call the API (``--cors-origin``).
         pool_bytes: KV-cache bytes idle pooled sessions may keep (``--pool-mib``).
+        pool_idle_s: seconds without a request after which the pooled caches are freed
+            (``--pool-idle-s``; 0 or None: never).
 
     Raises:
         ValueError: settings the model cannot take (a context past its maximum, ...),
@@ -77,7 +80,7 @@ def create_app(model: Model, *, api_key: str | Sequence[str] | None = None, mode
     metrics = Metrics(lambda: {k: float(v) for k, v in engine.stats().items() if k != "last"
                                and isinstance(v, (int, float))})
     engine = Engine(model, settings=settings or GenerationSettings(overflow="stop"), sessions=sessions,
-                    max_queued=max_queued, pool_bytes=pool_bytes, on_reply=metrics.reply)
+                    max_queued=max_queued, pool_bytes=pool_bytes, pool_idle_s=pool_idle_s, on_reply=metrics.reply)
     created = int(time.time())
     # Tools through the model's own template where it renders them, else the fallback
     # prompt (see attnchat.server.tools); decided once, by rendering, before the engine runs.

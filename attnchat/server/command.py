@@ -94,6 +94,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--pool-mib", type=_count, default=256, metavar="M",
                    help="KV-cache MiB the idle sessions may keep; the least recently used caches are freed "
                         "past it (default 256)")
+    # engine.POOL_IDLE_S (not imported here: it imports torch; a test checks they agree)
+    p.add_argument("--pool-idle-s", type=float, default=10.0, metavar="S",
+                   help="seconds without a request after which the idle sessions' KV caches are freed and the memory "
+                        "given back; 0: never (default 10)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--dtype", default=None, help="weight dtype: float32, bfloat16, float16, int8 (8-bit, a scale per row; default per device: float16 on the CPU, computing in float32)")
     p.add_argument("--reproducible", action="store_true",
@@ -242,7 +246,8 @@ def _serve(args: argparse.Namespace, settings, sock: socket.socket) -> int:
                      default_max_tokens=args.max_tokens, max_tokens_limit=args.max_tokens_limit,
                      max_queued=args.max_queued,
                      allowed_hosts=[args.host, *args.allowed_host],
-                     cors_origins=args.cors_origin, pool_bytes=args.pool_mib << 20)
+                     cors_origins=args.cors_origin, pool_bytes=args.pool_mib << 20,
+                     pool_idle_s=args.pool_idle_s)
     config = server_config(app, max_connections=args.max_connections, api_key=args.api_key)
     logging.getLogger("uvicorn.access").addFilter(drop_query_strings)
     server = uvicorn.Server(config)

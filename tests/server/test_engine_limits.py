@@ -151,3 +151,35 @@ def test_the_access_log_keeps_no_query_string():
                                ("127.0.0.1:5", "GET", "/v1/models?api_key=sk-secret", "1.1", 200), None)
     assert drop_query_strings(record) is True
     assert record.getMessage() == '127.0.0.1:5 - "GET /v1/models HTTP/1.1" 200'
+
+
+def test_after_the_idle_time_the_pooled_caches_are_given_back(tiny, monkeypatch):
+    """A burst of one-off conversations fills the pool; once no request has come for
+    pool_idle_s, every cache is freed and the heap trimmed, and the next request still
+    answers (prefilling again)."""
+    from attnchat.server import engine as serve_engine
+
+    trims: list[int] = []
+    monkeypatch.setattr(serve_engine, "trim_heap", lambda: trims.append(1))
+    engine = Engine(tiny, settings=GenerationSettings(context_limit=128), sessions=3, pool_idle_s=0.2)
+    try:
+        first = _run(engine, *_job("one"))
+        for text in ("two", "three"):
+            _run(engine, *_job(text))
+        deadline = time.monotonic() + 60  # a hang detector: the release comes 0.2 s after the last reply
+        while engine.memory()["kv_allocated_bytes"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.memory() == {"kv_used_bytes": 0, "kv_allocated_bytes": 0} and trims
+        again = _run(engine, *_job("one"))
+        assert again.text == first.text and again.stats.reused_tokens == 0
+    finally:
+        engine.close()
+
+
+def test_the_idle_time_can_be_switched_off_and_its_default_is_the_command_lines(tiny):
+    from attnchat.server import command, engine as serve_engine
+
+    assert Engine(tiny, pool_idle_s=0).pool_idle_s is None
+    parser = __import__("argparse").ArgumentParser()
+    command.add_parser(parser.add_subparsers())
+    assert parser.parse_args(["serve"]).pool_idle_s == serve_engine.POOL_IDLE_S
