@@ -49,11 +49,9 @@ POOL_BYTES = 256 << 20
 #: Zen 3, shared, loaded). It runs on the engine thread after the reply has been sent.
 TRIM_AFTER_PREFILL = 256
 
-#: Seconds without a request after which the pooled sessions' KV caches are freed and the
-#: heap trimmed (``attnchat serve --pool-idle-s``; 0: never): the caches serve a client's
-#: next turn, which in an API loop comes within seconds; after a burst of one-off requests
-#: they would otherwise hold up to :data:`POOL_BYTES` (40 concurrent streams on the default
-#: model: RSS 509 MiB idle, 779 MiB 15 s after the last request).
+#: Seconds without a request after which the pooled KV caches are freed and the heap trimmed
+#: (``--pool-idle-s``; 0: never): they serve a client's next turn, which an API loop sends
+#: within seconds; after a burst they held up to :data:`POOL_BYTES` (RSS 509 -> 779 MiB).
 POOL_IDLE_S = 10.0
 
 #: Requests that may wait behind the running one; more are refused (the server answers 429).
@@ -279,7 +277,7 @@ class Engine:
                     idle = not self._wake.wait(timeout) and not self._jobs
                 job = None if idle else self._jobs.popleft()
             if idle:
-                self._release_pool()
+                self._trim_pool(keep=0)
                 continue
             if job is None:
                 return
@@ -298,21 +296,22 @@ class Engine:
                     self._running = None
                 self._trim_pool(prefilled)
 
-    def _trim_pool(self, prefilled: int = 0) -> int:
+    def _trim_pool(self, prefilled: int = 0, keep: int | None = None) -> int:
         """Give idle KV-cache memory back; returns the cache bytes freed.
 
         Every pooled session is idle here: each cache shrinks to the smallest chunk
         multiple that holds its tokens (a session reset for a short conversation, or
         cropped, no longer keeps a long one's buffers), then the least recently used
-        caches are freed until the pool's allocated bytes fit :attr:`pool_bytes` (a long
-        request's cache is not kept for ever). On the CPU the freed buffers, and the
+        caches are freed until the pool's allocated bytes fit ``keep`` (default
+        :attr:`pool_bytes`; 0 once idle for :attr:`pool_idle_s`: a long request's cache is
+        not kept for ever). On the CPU the freed buffers, and the
         activations of a prefill over :data:`TRIM_AFTER_PREFILL` tokens, are then handed
         back to the OS: glibc keeps freed memory in the process (RSS) otherwise.
         """
         freed = sum(s.cache.shrink_to_fit() for s in self._pool)
         total = sum(s.cache.allocated_bytes for s in self._pool)
         for s in self._pool:  # least recently used first
-            if total <= self.pool_bytes:
+            if total <= (self.pool_bytes if keep is None else keep):
                 break
             if s.cache.allocated_bytes:
                 total -= s.cache.allocated_bytes
@@ -322,21 +321,6 @@ class Engine:
                 self._owner(s).turns = []
         if (freed or prefilled > TRIM_AFTER_PREFILL) and self.model.device.type == "cpu":
             trim_heap()
-        return freed
-
-    def _release_pool(self) -> int:
-        """Free every pooled session's KV cache (the server has been idle for
-        :attr:`pool_idle_s`); their conversations are prefilled again if they come back.
-        Returns the cache bytes freed."""
-        freed = 0
-        for s in self._pool:
-            freed += s.cache.allocated_bytes
-            s.reset()
-            s.cache.release()
-            self._owner(s).turns = []
-        if self.model.device.type == "cpu":
-            trim_heap()
-        log.info("idle for %.0f s: freed %.1f MiB of pooled KV cache", self.pool_idle_s or 0, freed / (1 << 20))
         return freed
 
     def memory(self) -> dict[str, int]:
