@@ -1,19 +1,24 @@
 """Reading a request: its body (size and time limits), the chat request's fields, the
 conversation they hold, and what the request asks of the engine (stop sequences, a
-grammar, logits processors). Bad input raises :class:`attnchat.server.errors.APIError`.
+grammar, logits processors, sampling), made into the engine's job in one place:
+:func:`chat_job` and :func:`text_job`. Bad input raises :class:`attnchat.server.errors.APIError`.
 Must not import Qt.
 """
 from __future__ import annotations
 
 import asyncio
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from attnchat.server import tools
-from attnchat.server.errors import APIError, from_validation
-from runtime import Message, Model
+from attnchat.server import completions, tools
+from attnchat.server.engine import Engine, Job
+from attnchat.server.errors import APIError, from_validation, no_model
+from runtime import Message, Model, SamplingParams
+from runtime.generate.events import TEXT_ROLE
 from runtime.generate.logits_processors import LogprobsRecorder, PenaltyProcessor
 
 #: Largest request body (bytes); a longer one gets 413. 1 MiB holds far more text than
@@ -240,3 +245,115 @@ def logits_processors(frequency_penalty: float | None, presence_penalty: float |
     if recorder is not None:
         out.append(recorder)
     return tuple(out)
+
+
+# ---- a request made a job ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Serving:
+    """What the routes share: the model, its engine, and the server's defaults and limits
+    (see :func:`attnchat.server.app.create_app` for each)."""
+
+    model: Model
+    model_id: str
+    engine: Engine
+    aliases: frozenset[str]  # names a request may use for the model, lower case
+    template_tools: bool  # tools go through the model's chat template (else the fallback prompt)
+    default_temperature: float
+    default_max_tokens: int  # tokens
+    max_tokens_limit: int  # tokens
+    max_body_bytes: int
+
+
+@dataclass(frozen=True)
+class ChatJob:
+    """A chat request as the engine's :class:`Job`, with what its reply is shaped by: the
+    logprobs recorder (None: not asked for), the tools offered and the one forced (or None)."""
+
+    job: Job
+    recorder: LogprobsRecorder | None
+    offered: list
+    forced: str | None
+
+
+def _sampling(req, default_temperature: float) -> SamplingParams:
+    """The sampling a chat or text request asks for (its ``temperature`` or the server's default)."""
+    try:
+        return SamplingParams(
+            temperature=default_temperature if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else max(req.top_p, 1e-9),  # top_p 0: the top token only
+            top_k=req.top_k or 0, min_p=req.min_p or 0.0,
+            repetition_penalty=req.repetition_penalty or 1.0, seed=req.seed)
+    except ValueError as e:
+        raise APIError(400, str(e), code="invalid_value") from None
+
+
+def _within_limit(max_tokens: int, param: str, limit: int) -> int:
+    """``max_tokens`` when at most ``limit`` (``--max-tokens-limit``); else a 400 naming ``param``."""
+    if max_tokens > limit:
+        raise APIError(400, f"'{param}' is too large: {max_tokens}. This server answers with at most "
+                            f"{limit} tokens (--max-tokens-limit).", param=param, code="invalid_value")
+    return max_tokens
+
+
+async def chat_job(serving: Serving, req: ChatRequest, partition: str) -> ChatJob:
+    """The job a chat request asks for: the model named, the fields checked, the conversation,
+    tools or a JSON format (compiled into a grammar), sampling, the reply's length.
+
+    Raises:
+        APIError: bad input (another model, an unsupported field, invalid tools or format, past a limit).
+    """
+    if req.model.lower() not in serving.aliases:
+        raise no_model(req.model, serving.model_id)
+    unsupported(req)
+    try:
+        offered, forced = tools.parse_tools(req.tools, req.tool_choice)
+    except tools.ToolError as e:
+        raise APIError(400, e.args[1], param=e.args[0], code="invalid_value") from None
+    system, messages = conversation(req, tool_role=serving.template_tools)
+    if offered and (req.response_format or {}).get("type", "text") != "text":
+        raise APIError(400, "Send either 'tools' or a JSON 'response_format', not both.",
+                       param="response_format", code="invalid_value")
+    if offered and not serving.template_tools:
+        system = "\n\n".join(x for x in (system, tools.system_prompt(offered)) if x)
+    sampling = _sampling(req, serving.default_temperature)
+    max_tokens = req.max_completion_tokens or req.max_tokens or serving.default_max_tokens
+    _within_limit(max_tokens, "max_completion_tokens" if req.max_completion_tokens else "max_tokens",
+                  serving.max_tokens_limit)
+    reply_tokens = min(max_tokens, serving.engine.context_limit)
+    grammar = await (tools_grammar(serving.model, offered, forced, reply_tokens) if offered
+                     else response_grammar(serving.model, req.response_format, reply_tokens))
+    recorder = LogprobsRecorder(req.top_logprobs or 0) if req.logprobs else None
+    job = Job(system=system, messages=messages, sampling=sampling,
+              logits_processors=logits_processors(req.frequency_penalty, req.presence_penalty, grammar, recorder),
+              max_tokens=reply_tokens, stop=stops(req.stop),
+              tools=tuple(t.openai() for t in offered) if serving.template_tools else (),
+              emit=None, id=f"chatcmpl-{uuid.uuid4().hex}", partition=partition)
+    return ChatJob(job, recorder, offered, forced)
+
+
+def text_job(serving: Serving, req: completions.CompletionRequest, partition: str
+             ) -> tuple[Job, LogprobsRecorder | None, str]:
+    """``(job, logprobs recorder or None, prompt)`` of a text completion request (a raw prompt,
+    no chat template: :mod:`attnchat.server.completions`).
+
+    Raises:
+        APIError: bad input (another model, a bad prompt, past a limit).
+    """
+    if req.model.lower() not in serving.aliases:
+        raise no_model(req.model, serving.model_id)
+    try:
+        prompt = completions.prompt_text(req)
+    except ValueError as e:
+        param, message = e.args
+        raise APIError(400, message, param=param, code="invalid_value") from None
+    sampling = _sampling(req, serving.default_temperature)
+    recorder = LogprobsRecorder(req.logprobs) if req.logprobs is not None else None
+    processors = logits_processors(req.frequency_penalty, req.presence_penalty, None, recorder)
+    max_tokens = _within_limit(req.max_tokens or completions.DEFAULT_MAX_TOKENS, "max_tokens",
+                               serving.max_tokens_limit)
+    job = Job(system=None, messages=[Message(TEXT_ROLE, prompt)], sampling=sampling,
+              logits_processors=processors, max_tokens=min(max_tokens, serving.engine.context_limit),
+              stop=stops(req.stop), emit=None, id=f"cmpl-{uuid.uuid4().hex}", partition=partition,
+              # echo with logprobs: the prompt's tokens get theirs too, as OpenAI's do
+              prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None)
+    return job, recorder, prompt
