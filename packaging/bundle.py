@@ -239,7 +239,7 @@ def _has_ggml() -> bool:
 
 def ggml_binaries(collect_dynamic_libs) -> list[tuple[str, str]]:
     """ggml-python's shared libraries (``ggml/lib/*.so``), which it opens by path and
-    PyInstaller's analysis cannot see: the quantized kernels of issue 26. None when the
+    PyInstaller's analysis cannot see: the quantized GGUF kernels. None when the
     build machine has no ggml-python (the app then runs torch's kernels and says so).
     ``collect_dynamic_libs``: PyInstaller's hook helper (the spec passes it)."""
     return collect_dynamic_libs("ggml") if _has_ggml() else []

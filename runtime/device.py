@@ -71,7 +71,7 @@ def default_dtype(device: torch.device | str) -> torch.dtype:
 #: capital of France?" names Paris. Each computes as :func:`compute_dtype` has it on the
 #: CPU (float16 on a GPU computes in float16: same figures). Measured with
 #: ``tests/runtime/loader/test_default_dtypes.py`` (which checks them) on an AMD EPYC Zen 3
-#: (AVX2, no AVX-512), torch 2.13 (bfloat16 re-measured there: 227 of 227, was 99.1 %).
+#: (AVX2, no AVX-512), torch 2.13 (bfloat16 re-measured there: 227 of 227).
 #: The README's table ("Weights on the CPU") adds token-by-token figures and a longer text.
 WEIGHT_DTYPE_QUALITY: dict[str, dict] = {
     "float32": {"agreement": 1.0, "paris": True, "note": "the reference"},

@@ -1,5 +1,5 @@
 """langchain-openai's ``with_structured_output(method="json_schema")`` against a real
-``attnchat serve``, five seeds, with and without ``strict`` (issue 30, item 2).
+``attnchat serve``, five seeds, with and without ``strict``.
 
     .venv/bin/python scripts/langchain_structured.py [--model SRC] [--seeds 5] [--max-tokens 200]
 

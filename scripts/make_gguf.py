@@ -1,4 +1,4 @@
-"""Write a random-weight GGUF of a real model's shape, for the benchmark (issue 26).
+"""Write a random-weight GGUF of a real model's shape, for the benchmark.
 
     .venv/bin/python scripts/make_gguf.py OUT.gguf [--shape llama-3.2-1b] [--type Q4_K|Q4_0|...]
         [--embed-type Q6_K] [--tokenizer FILE.gguf] [--seed 0]

@@ -1,4 +1,4 @@
-"""Time and check the quantized linear kernels on a GGUF's own matrices (issue 26).
+"""Time and check the quantized linear kernels on a GGUF's own matrices.
 
     .venv/bin/python scripts/measure_quant_kernels.py FILE.gguf [FILE.gguf ...] [--threads N] [--json OUT]
 

@@ -1,6 +1,6 @@
 """Resident memory (RSS) of a process at each stage of serving a model: Python with torch and
 transformers imported, the tokenizer alone, the model loaded, after a first short turn and
-after a long one (issue 30, item 4: what the memory planner must count).
+after a long one (what the memory planner must count).
 
     .venv/bin/python scripts/memory_stages.py [--model SRC] [--dtype D] [--json PATH]
 

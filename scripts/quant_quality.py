@@ -1,4 +1,4 @@
-"""Greedy agreement of quantized engines with a float32-dequantized run (issue 26, item 6).
+"""Greedy agreement of quantized engines with a float32-dequantized run.
 
     .venv/bin/python scripts/quant_quality.py FILE.gguf [FILE.gguf ...] [--tokens 128] [--json OUT]
 

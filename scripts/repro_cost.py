@@ -1,4 +1,4 @@
-"""What the reproducible mode costs (issue 30, item 1): prefill and decode speed and resident
+"""What the reproducible mode costs: prefill and decode speed and resident
 memory of the default model as the app loads it, with and without ``reproducible=True``.
 
     .venv/bin/python scripts/repro_cost.py [--rounds 2] [--prompt-tokens 300] [--decode-tokens 32]

@@ -1,4 +1,4 @@
-"""The server's resident memory before and after one long request (issue 17's figure).
+"""The server's resident memory before and after one long request.
 
 Starts ``attnchat serve`` (the default model, CPU, ``--context 8192``), reads its RSS
 (``/proc/PID/status`` VmRSS) when idle, sends one request of about ``--tokens`` prompt

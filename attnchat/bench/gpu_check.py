@@ -35,7 +35,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 #: Tolerances of a cached decode step against the full forward, per weight dtype. float32:
 #: the issue's bound; 16-bit: what one rounding of the activations per layer allows.
 TOLERANCES = {"float32": 1e-3, "float16": 5e-2, "bfloat16": 3e-1}
-#: A quantized GGUF's own blocks (issue 26: tinygemm's int4 kernel takes bfloat16 activations,
+#: A quantized GGUF's own blocks (tinygemm's int4 kernel takes bfloat16 activations,
 #: other types float16 copies): checked like bfloat16, on a GGUF file only.
 GGUF_TOLERANCE = 3e-1
 

@@ -167,7 +167,7 @@ def _interactive(session) -> int:
             generating = True
             try:
                 # /regenerate: the prompt comes from the cache with the logits its prefill left, so at
-                # temperature 0 the reply is the same (issue 30; --reproducible: also read from scratch)
+                # temperature 0 the reply is the same (--reproducible: also read from scratch)
                 for ev in session.regenerate() if text == "/regenerate" else session.send(line):
                     if isinstance(ev, TextPiece):
                         sys.stdout.write(ev.text)

@@ -44,7 +44,7 @@ POOL_BYTES = 256 << 20
 
 #: A reply whose prefill passed this many tokens left megabytes of freed activations in
 #: the C heap: give them back to the OS after it (:func:`runtime.device.trim_heap`). Without
-#: it one long request kept the server's RSS up for good (600 -> 1,169 MiB, issue 17); after
+#: it one long request kept the server's RSS up for good (600 -> 1,169 MiB); after
 #: a 2,000-token prompt on the default model it took 80 ms, RSS 646 -> 558 MiB (AMD EPYC
 #: Zen 3, shared, loaded). It runs on the engine thread after the reply has been sent.
 TRIM_AFTER_PREFILL = 256

@@ -254,7 +254,7 @@ class HeaderDeadline(H11Protocol):
 class ConnectionCap(HeaderDeadline):
     """:class:`HeaderDeadline` that caps open connections at :attr:`max_connections`, holding
     the slots for the clients that use the server rather than for whoever opened the most
-    connections (issue 28: 64 idle connections without a key once shut everyone out).
+    connections (64 idle connections without a key would otherwise shut everyone out).
 
     The rule: a connection that arrives at the cap closes an idle one (no request in
     progress) to take its place, choosing first among those whose last request carried no

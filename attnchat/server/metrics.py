@@ -81,7 +81,7 @@ class CountRequests:
 
     A plain ASGI class, not ``@app.middleware("http")``: Starlette's ``BaseHTTPMiddleware``
     wraps ``receive`` so that ``Request.is_disconnected()`` never sees the client leave,
-    and a non-streamed request whose client hung up then ran to its end (issue 17).
+    and a non-streamed request whose client hung up then ran to its end.
 
     Args:
         app: the ASGI app behind it.

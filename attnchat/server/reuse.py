@@ -1,4 +1,4 @@
-"""What one request may reuse of the KV cache an earlier one left (issue 30; docs/server.md).
+"""What one request may reuse of the KV cache an earlier one left (docs/server.md).
 
 No HTTP, no asyncio and no Qt here; :class:`attnchat.server.engine.Engine` applies it to its
 pool of sessions. The rule:
@@ -13,7 +13,7 @@ whitespace around the replies it sends back (many do) reuses up to where its cop
 reply first differs; the same request twice reuses its whole prompt (and, greedy, gets
 the same reply: the session keeps the logits its prefill left). Never a partial earlier
 *prompt*: reusing a partial match let a client read another's prompt one token at a time
-from ``cached_tokens`` (issue 20: a victim's "My bank PIN is 4817", probed with "...PIN is
+from ``cached_tokens`` (a victim's "My bank PIN is 4817", probed with "...PIN is
 4" and "...48", came back with 30 and 31 cached tokens). A reply is readable that way by a
 client that knows the whole prompt before it, hence the partition by key. Without a key
 the server serves one local user, and any local process that can reach the port is that

@@ -5,7 +5,7 @@ Readers build every metadata array element as Python objects. gguf-py's ``GGUFRe
 (transformers' tensor path) makes numpy views per element: measured on the Intel Xeon
 (2 vCPUs, shared), ~720 bytes and ~25 us per number and ~1,600 bytes per string
 (``tests/models/test_safety_gguf.py`` measures it again); four arrays of 2^20 bytes (a
-4 MB file) cost 3.2 GB and 255 s before this scan bounded them (issue 28). transformers'
+4 MB file) cost 3.2 GB and 255 s without this scan's bounds. transformers'
 own metadata reader (config, tokenizer) turns numeric arrays into Python lists and keeps
 the vocabulary and merges as strings. So the scan, walking the header with ``struct``
 and ``seek`` and keeping nothing but counts, admits only what real models carry:

@@ -1,5 +1,7 @@
-"""The KV cache and what its memory costs: buffers grown in chunks, crops and evictions,
-int8 storage, sliding windows, byte accounting, and the memory planner.
+"""The KV cache: buffers grown in chunks, crops, sliding windows, and the parts it owns (float or
+int8 storage, the slot map a policy's evictions leave, byte figures); the cache policies
+(:mod:`.policies`).
 
-May import torch, :mod:`runtime.config` and the base modules; never the decoder or Qt.
+May import torch, :mod:`runtime.config`, the base modules and :mod:`models` (the KV byte
+formula); never the decoder or Qt.
 """

@@ -122,7 +122,7 @@ def builtin_system_prompt(tokenizer: Any) -> str | None:
     return builtin or None
 
 
-# ---- limits on the template (issues 20, 28) --------------------------------------------------
+# ---- limits on the template (what rendering one may cost) ------------------------------------
 #: A chat template gets this long to render one conversation (seconds): the sandbox's limit
 #: (:data:`models.safety.template.TEMPLATE_TIMEOUT_S`); its memory and output are bounded there too.
 RENDER_TIMEOUT_S = sandbox.TEMPLATE_TIMEOUT_S

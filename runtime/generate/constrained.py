@@ -213,7 +213,7 @@ def schema_of(response_format: dict[str, Any]) -> dict[str, Any] | None:
     """The JSON schema of an OpenAI ``response_format`` of type ``json_schema`` (``None``
     for ``json_object``). Its objects are closed whatever ``json_schema.strict`` says
     (``strict: false`` is langchain's default, not a wish for invented keys: with objects
-    left open the default model added keys until ``max_tokens``, issue 30); a schema that
+    left open the default model added keys until ``max_tokens``); a schema that
     wants more keys says ``additionalProperties``.
 
     Raises:

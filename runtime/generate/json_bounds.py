@@ -9,9 +9,9 @@ client, langchain-openai and a plain ``get_weather(city)`` tool):
   any further key (JSON Schema's default), and the model went on inventing them.
   :func:`for_generation` closes it (``additionalProperties: false``), recursively, whatever
   the request's ``strict`` says: langchain's ``strict: false`` is a default, not a wish
-  for invented keys (issue 30). An explicit ``true`` or a schema is kept (then only the
-  values are bounded, not how many keys come: llguidance bounds ``maxProperties`` only
-  where every listed property is required).
+  for invented keys (the default model adds them until ``max_tokens``). An explicit ``true``
+  or a schema is kept (then only the values are bounded, not how many keys come:
+  llguidance bounds ``maxProperties`` only where every listed property is required).
 - **Endless arrays and strings**: an array without ``maxItems`` repeated the same item
   until ``max_tokens``. Arrays get at most :attr:`Caps.items` items and strings at most
   :attr:`Caps.length` characters unless the schema bounds them itself.

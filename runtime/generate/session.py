@@ -83,7 +83,7 @@ class ChatSession(SessionCache):
         # (stream length, logits (V,)) of the last prompt's last token: a prompt the cache
         # holds whole (Regenerate, the same request again) reuses them instead of feeding
         # its last token again as a one-token step, whose products reduce in another order
-        # than the prefill's and can flip a greedy near-tie (issue 29, item 7).
+        # than the prefill's and can flip a greedy near-tie.
         self._prompt_logits: tuple[int, torch.Tensor] | None = None
 
     @property
@@ -226,7 +226,7 @@ class ChatSession(SessionCache):
             raise
         except PromptCancelled:  # stopped while a long conversation was being trimmed
             prompt, dropped, self._first_kept = None, 0, 0
-        if prompt is not None and not prompt:  # a template and tokenizer that give no token (issue 28)
+        if prompt is not None and not prompt:  # a template and tokenizer that give no token
             self.messages[:] = before
             raise ChatTemplateError("the model's chat template and tokenizer turned this conversation into no "
                                     "tokens; pick another model or fix its template")

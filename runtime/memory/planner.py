@@ -74,8 +74,7 @@ def weights_bytes(cfg: ModelConfig, weights_dtype: str | torch.dtype, compute: s
     loader keeps them: matrices at the weight dtype's bytes (int8: a float32 scale per row
     of the embeddings and every projection, :func:`runtime.weights.convert.quantize_state`),
     norm weights and biases in the compute dtype (``compute``; default the CPU's:
-    :func:`runtime.device.compute_dtype`, float32 for 16-bit weights; issue 30: they were
-    counted at 2 bytes).
+    :func:`runtime.device.compute_dtype`, float32 for 16-bit weights, not 2 bytes each).
 
     Raises:
         ValueError: an unknown dtype.
@@ -91,7 +90,7 @@ def weights_bytes(cfg: ModelConfig, weights_dtype: str | torch.dtype, compute: s
     return matrix_params + 4 * matrix_rows + 4 * positions + vectors  # int8 keeps the positions in float32
 
 
-# ---- what the process holds beside weights and KV cache (issue 30, item 4) ---------------------------
+# ---- what the process holds beside weights and KV cache --------------------------------------------
 #: Resident bytes a loaded tokenizer adds per vocabulary entry (its vocabulary, merges, scores and
 #: added tokens, in Rust and Python). Measured with scripts/memory_stages.py (anonymous RSS
 #: across ``load_model`` less the weights, which are a mapped file; Intel Xeon, torch 2.13):

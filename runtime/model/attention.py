@@ -314,7 +314,7 @@ def attention_kernels(device: torch.device | str) -> AttentionKernels:
       memory-efficient kernel runs in one launch; SDPA may use flash, memory-efficient
       or math attention but not cuDNN's, which builds a plan per new shape (a chat's
       prefill shapes are all new: the follow-up turn on an H200 took 631 ms).
-    - MPS: the fold (as before; enable_gqa support there varies with the macOS version).
+    - MPS: the fold (enable_gqa support there varies with the macOS version).
     """
     dev_type = torch.device(device).type
     if dev_type == "cuda":

@@ -1,5 +1,5 @@
 """Attention whose every query row is computed the same way however many queries come
-together: the reproducible mode's attention (issue 30).
+together: the reproducible mode's attention.
 
 Must not import Qt.
 

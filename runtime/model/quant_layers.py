@@ -1,4 +1,4 @@
-"""The decoder's linear layers and embedding on a GGUF's own blocks (issue 26).
+"""The decoder's linear layers and embedding on a GGUF's own blocks.
 Must not import Qt.
 
 :class:`QuantLinear` holds a matrix as parts in their file's blocks

@@ -3,7 +3,7 @@
 
 transformers builds a GGUF's config through ``load_gguf_checkpoint``, which opens the
 file with ``gguf.GGUFReader``: 22 s for the default model and 79 s for Gemma 3 270M on
-the busy Intel Xeon of issue 26 (most of the old first load). :func:`config_dict` is the
+a busy 2-vCPU Intel Xeon (most of a first load's time without this reader). :func:`config_dict` is the
 metadata half of that function (its mapping tables, defaults and special cases, applied
 the same way) over :func:`runtime.weights.gguf.mmap.read_gguf_tensors`' scalars;
 the tests check it gives transformers' own dict. The tokenizer comes from the class

@@ -1,11 +1,11 @@
-"""Open a GGUF for the decoder from its own blocks (issue 26): config and tokenizer (kept in
+"""Open a GGUF for the decoder from its own blocks: config and tokenizer (kept in
 the cache folder after the first load), the weights as memory-mapped blocks, and, for
 ``--dtype float16|float32|bfloat16|int8``, a widened state dict made from those blocks.
 Must not import Qt, the decoder or the kernels (the loader hands in the widening).
 
 Nothing full-precision is written to disk: the GGUF is the weights' cache. What the
 cache folder keeps is transformers' config and tokenizer files and our config
-(:mod:`runtime.weights.gguf.converted`), as before; the first load builds them from our own
+(:mod:`runtime.weights.gguf.converted`); the first load builds them from our own
 header reader (:mod:`runtime.weights.gguf.config`) instead of ``gguf.GGUFReader``.
 """
 from __future__ import annotations
