@@ -6,7 +6,7 @@ Eager decode (:meth:`runtime.model.decoder.Decoder.forward` with a cache) slices
 its length, so every step has a new key length. That is fine on the CPU, but on a GPU
 a step is ~740 small kernels launched from Python (about 7 us each on an H200, against
 ~1.8 ms of GPU work) and a new shape each time cannot be captured. The static step
-(:meth:`runtime.model.decoder.Decoder.decode_static`) has the same shapes at every position
+(:meth:`runtime.model.decoder.Decoder.forward` with ``input_pos``) has the same shapes at every position
 within a capacity bucket of the KV cache: the position is a device tensor, the new key
 and value are written with ``index_copy_``, and attention reads the whole buffer with
 a mask row. The modes (:data:`DECODE_MODES`):
@@ -159,7 +159,7 @@ class DecodeStep:
             if out is None:  # it could not compile: this token eagerly (the slot is reserved)
                 return decoder(tok.clone(), cache, last_only=True)
         else:
-            out = decoder.decode_static(tok, pos, cache)
+            out = decoder(tok, cache, input_pos=pos)
         cache.advance(1)
         return out
 
@@ -171,7 +171,7 @@ class DecodeStep:
             from runtime.kernels.onednn import register_compiled_op
 
             register_compiled_op()  # the traced step calls oneDNN only when probed before
-            self._compiled = torch.compile(self.decoder.decode_static, fullgraph=True)
+            self._compiled = torch.compile(self.decoder.forward, fullgraph=True)
         if self._marked != (id(cache), cache.capacity):
             # One graph for every capacity: the buffers' token axis is symbolic (else a
             # grown cache compiles a second, dynamic graph: minutes on a CPU).
@@ -183,7 +183,7 @@ class DecodeStep:
             # Outside inference mode (no gradients all the same): compiled code cannot
             # take views of the tensors it writes while inference mode is on.
             with torch.inference_mode(False), torch.no_grad():
-                out = self._compiled(tok, pos, cache)
+                out = self._compiled(tok, cache, input_pos=pos)
         except Exception as e:  # noqa: BLE001 - no C++ compiler, an inductor or dynamo error
             if not first:
                 raise
@@ -272,13 +272,13 @@ class DecodeStep:
         stream.wait_stream(torch.cuda.current_stream(cache.device))
         with torch.cuda.stream(stream):
             for _ in range(self.warmup):
-                decoder.decode_static(tok, pos, cache)
+                decoder(tok, cache, input_pos=pos)
         torch.cuda.current_stream(cache.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         # A private memory pool per graph (a step's activations: a few MB): graphs that
         # share a pool may overwrite each other's outputs when replayed out of order.
         with torch.cuda.graph(graph):
-            out = decoder.decode_static(tok, pos, cache)
+            out = decoder(tok, cache, input_pos=pos)
         self.captures += 1
         log.info("captured a CUDA graph for a %d-token KV cache", cache.capacity)
         return graph, out

@@ -315,45 +315,72 @@ class Decoder(nn.Module):
         cache: KVCache | None = None,
         *,
         last_only: bool = False,
+        input_pos: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits for ``input_ids (B, T)``.
+        """Logits for ``input_ids (B, T)``: one forward for a prefill, an eager decode step and
+        the static step (as gpt-fast's ``forward(idx, input_pos)``).
 
-        With a cache the tokens take positions ``cache.length ..``, attend to every
-        cached token before them (a sliding layer: to its window), and are appended to
-        the cache.
+        Without ``input_pos``, with a cache the tokens take positions ``cache.length ..``, attend
+        to every cached token before them (a sliding layer: to its window), and are appended
+        to the cache (reserved before, advanced after).
+
+        With ``input_pos`` (``(1,)`` int64 on the device, ``= cache.length``; ``T`` = 1): the
+        static step that :mod:`runtime.model.decode_step` captures or compiles. Nothing depends
+        on the position's value on the host: RoPE rows and learned positions are gathered at
+        ``input_pos``, the new keys and values written there (``index_copy_``), and attention
+        reads the cache's whole ``capacity`` with a mask row (key ``j`` visible iff ``j <= pos``).
+        The caller reserves the slot before and advances the cache after; its buffers must hold
+        finite values (they are zero-filled on allocation). No observer is called.
 
         Returns:
-            float32 logits ``(B, T, V)``, or ``(B, 1, V)`` with ``last_only``.
+            float32 logits ``(B, T, V)``, or ``(B, 1, V)`` with ``last_only`` (or ``input_pos``).
 
         Raises:
             CacheLimitError: the cache cannot hold ``T`` more tokens.
             ValueError: positions past the model's maximum context.
         """
         B, T = input_ids.shape
-        start = cache.length if cache is not None else 0
-        if start + T > self.cfg.max_position_embeddings:
-            raise ValueError(
-                f"{start + T} tokens pass the model's maximum context of {self.cfg.max_position_embeddings}"
-            )
-        if cache is not None:
-            cache.reserve(T)
+        mask = None
+        if input_pos is not None:  # the static step: positions are a tensor
+            slots = torch.arange(cache.capacity, device=input_pos.device)
+            mask = (slots <= input_pos).view(1, 1, 1, cache.capacity)  # (1, 1, 1, capacity)
+            start = 0
+        else:
+            start = cache.length if cache is not None else 0
+            if start + T > self.cfg.max_position_embeddings:
+                raise ValueError(
+                    f"{start + T} tokens pass the model's maximum context of {self.cfg.max_position_embeddings}"
+                )
+            if cache is not None:
+                cache.reserve(T)
         x = self.embed(input_ids).to(self.compute_dtype)  # (B, T, C)
         if self.cfg.embed_scale != 1.0:
             x = x * self.cfg.embed_scale
         if self.pos_embed is not None:
-            x = x + self.pos_embed.weight[start : start + T].to(self.compute_dtype)
+            rows = self.pos_embed.weight[start : start + T] if input_pos is None else \
+                self.pos_embed.weight.index_select(0, input_pos)
+            x = x + rows.to(self.compute_dtype)
+        observer = self.observer if input_pos is None else None
         ropes: dict[RopeSpec | None, tuple[torch.Tensor, torch.Tensor] | None] = {}
         for i, block in enumerate(self.blocks):
             spec = self.layer_ropes[i]
-            if spec not in ropes:
-                ropes[spec] = self.rope(i, start, T)  # (T, R) each, one per variant
-            x = block(x, ropes[spec], cache, i, self.observer)
-        if cache is not None:
+            if spec not in ropes:  # one per variant: (T, R) each
+                ropes[spec] = self._rope_rows(i, start, T, input_pos)
+            x = block(x, ropes[spec], cache, i, observer, input_pos, mask)
+        if cache is not None and input_pos is None:
             cache.advance(T)
         if last_only:
             x = x[:, -1:]
         x = self.final_norm(x)
         return self._logits(x)  # (B, T, V)
+
+    def _rope_rows(self, layer: int, start: int, T: int, input_pos: torch.Tensor | None):
+        """Layer ``layer``'s cos, sin rows for positions ``start .. start + T - 1``, or gathered at
+        the tensor ``input_pos`` (``(1, R)`` each; the static step's); None for GPT-2."""
+        if input_pos is None:
+            return self.rope(layer, start, T)
+        table = self.rope(layer, 0, self.cfg.max_position_embeddings)
+        return None if table is None else (table[0].index_select(0, input_pos), table[1].index_select(0, input_pos))
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         """float32 logits ``(B, T, V)`` of final-normed ``x (B, T, C)``: the LM head (the
@@ -404,40 +431,6 @@ class Decoder(nn.Module):
         rows = self.reproducible
         for block in self.blocks:
             block.attn.kernels = replace(kernels, rows=rows)
-
-    def decode_static(self, token: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """One decode step at fixed shapes (what :mod:`runtime.model.decode_step` captures or compiles).
-
-        The same blocks as :meth:`forward`, but nothing depends on the position's value
-        on the host: RoPE rows and learned positions are gathered at ``pos``, the new
-        keys and values written there (``index_copy_``), and attention reads the cache's
-        whole ``capacity`` with a mask row (key ``j`` visible iff ``j <= pos``). The
-        caller reserves the slot before and advances the cache after.
-
-        Args:
-            token: ``(B, 1)`` int64 token ids, on the model's device.
-            pos: ``(1,)`` int64, the new token's position (= ``cache.length``), on the device.
-            cache: a cache with ``capacity > pos``; its buffers must hold finite values
-                (they are zero-filled on allocation).
-
-        Returns:
-            float32 logits ``(B, 1, V)``.
-        """
-        x = self.embed(token).to(self.compute_dtype)  # (B, 1, C)
-        if self.cfg.embed_scale != 1.0:
-            x = x * self.cfg.embed_scale
-        if self.pos_embed is not None:
-            x = x + self.pos_embed.weight.index_select(0, pos).to(self.compute_dtype)
-        slots = torch.arange(cache.capacity, device=pos.device)
-        mask = (slots <= pos).view(1, 1, 1, cache.capacity)  # (1, 1, 1, capacity)
-        ropes: dict[RopeSpec | None, tuple[torch.Tensor, torch.Tensor] | None] = {}
-        for i, block in enumerate(self.blocks):
-            spec = self.layer_ropes[i]
-            if spec not in ropes:  # this variant's rows at ``pos``, (1, R) each
-                table = self.rope(i, 0, self.cfg.max_position_embeddings)
-                ropes[spec] = None if table is None else (table[0].index_select(0, pos), table[1].index_select(0, pos))
-            x = block(x, ropes[spec], cache, i, None, pos, mask)
-        return self._logits(self.final_norm(x))  # (B, 1, V)
 
     @torch.inference_mode()
     def shift_key_positions(self, cache: KVCache, start: int, end: int, delta: int) -> None:
