@@ -34,8 +34,7 @@ class ChatPage(QWidget):
         self.notice.setObjectName("notice")
         self.notice.setWordWrap(True)
         self.notice.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        # White on red reads in light and dark palettes alike.
-        self.notice.setStyleSheet("QLabel#notice { background: #b3261e; color: white; padding: 6px 10px; border-radius: 4px; }")
+        self.set_notice_kind("error")
         self.notice.hide()
         self.edit_banner = QLabel("Editing your last message: Enter sends it again, Esc cancels.")
         self.edit_banner.setObjectName("editBanner")
@@ -63,6 +62,16 @@ class ChatPage(QWidget):
         lay.addWidget(self.edit_banner)
         lay.addWidget(self.input)
         lay.addLayout(buttons)
+
+    #: The notice's looks: an error (white on red), or a note that is not one (dark on pale
+    #: yellow: a model without a chat template, a device fallback, a reply still being written).
+    #: Both read in light and dark palettes alike.
+    NOTICE_STYLES = {"error": "background: #b3261e; color: white;", "note": "background: #fff4ce; color: #3d2e00;"}
+
+    def set_notice_kind(self, kind: str) -> None:
+        """``"error"`` or ``"note"`` (see :data:`NOTICE_STYLES`)."""
+        self.notice.setProperty("kind", kind)
+        self.notice.setStyleSheet(f"QLabel#notice {{ {self.NOTICE_STYLES[kind]} padding: 6px 10px; border-radius: 4px; }}")
 
     def show_edit_banner(self, after: int, *, last: bool) -> None:
         """Say what sending an edit does: ``after`` messages follow the edited one (``last``:

@@ -47,6 +47,10 @@ def prefill_left(reply: dict, done: int, total: int, now: float) -> float | None
 class ReplyActions:
     """What the window does to get a reply and keep it (mixed into the window)."""
 
+    #: Said in the chat when Enter is pressed while a reply is written (it seemed to do nothing);
+    #: it goes when the reply ends.
+    BUSY_NOTE = "A reply is being written: wait for it, or press Stop (Esc), then send. Your message stays in the box."
+
     def generation(self) -> dict:
         out = self.settings.generation_values()   # every generation/* setting (desktop.settings.values)
         out.update(self.generation_overrides)
@@ -84,6 +88,8 @@ class ReplyActions:
 
     def _can_start(self) -> bool:
         if self._reply is not None:
+            # Said in the chat, not only the status bar: Enter seemed to do nothing.
+            self.show_note(self.BUSY_NOTE)
             self.status.showMessage("A reply is being written: wait for it, or press Stop", 4000)
             return False
         if not self.engine.model:
@@ -272,6 +278,8 @@ class ReplyActions:
         if r is None or result["request"] != r["request"]:
             return
         self._reply = None
+        if self.notice.text() == self.BUSY_NOTE:
+            self.notice.hide()
         result = dict(result, kind=r["kind"])   # an edit goes to the worker as a send
         conv, text, reason, stats = r["conv_id"], result["text"], result["reason"], result["stats"]
         if stats:   # the worker holds this conversation's cache now, made with these settings

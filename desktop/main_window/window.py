@@ -321,8 +321,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self.settings.set("model/source", self._model_source)
         notices = " ".join(info.get("notices") or ())  # a device fallback, a plain chat format (EngineWorker.load_model)
         if notices:  # before model_changed: the settings' resets it brings are added after them, not lost
-            self.notice.setText(notices)
-            self.notice.show()
+            self.show_note(notices)
         self.model_changed.emit(info)      # the panels take the new model first,
         self._show_context_of(self._conv_id)   # then the open conversation's figures,
         # and then the message: sized against the fields as they now are (shown before them, a
@@ -377,8 +376,15 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
                                     "send the message again", 8000)
         self.input.setFocus()
 
+    def show_note(self, message: str) -> None:
+        """A line the user should read that is not an error (pale yellow, not red)."""
+        self.page.set_notice_kind("note")
+        self.notice.setText(message)
+        self.notice.show()
+
     def show_error(self, message: str) -> None:
         """One line for the user, in the window (never a traceback)."""
+        self.page.set_notice_kind("error")
         self.notice.setText(message)
         self.notice.show()
         self.status.showMessage(message, 10000)

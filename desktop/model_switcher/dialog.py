@@ -80,12 +80,16 @@ def hub_details_html(f: "models.hub.LocalHubFile", state: str) -> str:
     """The details pane of a file downloaded from the Hub by reference."""
     m = f.manifest or {}
     page = f"https://huggingface.co/{f.repo_id}"
+    sha = str(m.get("sha256") or "")
+    # In groups of 16 with a break allowed between them: one 64-digit word ran past the pane's edge.
+    sha = "&#8203;".join(html.escape(sha[i:i + 16]) for i in range(0, len(sha), 16))
     rows = [("From", f'<a href="{html.escape(page)}">{html.escape(f.ref)}</a>'),
             ("Size", f"{_mb(f.size_bytes)} ({f.size_bytes:,} bytes)"),
             ("License", html.escape(str(m.get("license") or "not stated: read the model card"))),
-            ("Architecture", html.escape(str(m.get("architecture") or "?"))),
-            ("Commit", html.escape(str(m.get("commit") or "?")[:12])),
-            ("SHA-256", html.escape(str(m.get("sha256") or "?")))]
+            ("Architecture", html.escape(str(m.get("architecture") or ""))),
+            ("Commit", html.escape(str(m.get("commit") or "")[:12])),
+            ("SHA-256", f"<code>{sha}</code>" if sha else "")]
+    rows = [(k, v) for k, v in rows if v]   # a "?" said nothing: what is not known is left out
     table = "".join(f"<tr><td><b>{k}</b>&nbsp;&nbsp;</td><td>{v}</td></tr>" for k, v in rows)
     where = "Loaded now." if state == "loaded" else f"Installed: <code>{html.escape(str(f.path))}</code>"
     return f"<h3>{html.escape(f.path.stem)}</h3><p>Downloaded from the Hugging Face Hub.</p><table>{table}</table><p>{where}</p>"

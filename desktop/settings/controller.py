@@ -50,7 +50,7 @@ class SettingsController(QObject):
         notice = self.window.notice
         current = notice.text() if not notice.isHidden() else ""
         if text not in current:
-            self.window.show_error(f"{current} {text}".strip())
+            self.window.show_note(f"{current} {text}".strip())
 
     def _after_load(self, fixed: list[str]) -> None:
         fixed, self._startup_fixes = self._startup_fixes + fixed, []

@@ -225,3 +225,44 @@ def test_the_prompt_being_read_shows_its_time_left(qtbot, make_window):
         w.status.set_prefill(1500, 7500, 130.0)
         assert w.chat.delegate().state_text(w.messages.index(row)) == "Reading the prompt… 20% · about 2 min 10 s left"
         assert w.status.prefill.format() == "Reading prompt %p% · about 2 min 10 s left"
+
+
+def test_enter_during_a_reply_says_why_nothing_is_sent(qtbot, make_window):
+    w = make_window(delay=0.05)
+    with qtbot.waitSignal(w.reply_finished, timeout=10_000):
+        w.submit("first")
+        w.input.setPlainText("second")
+        qtbot.keyClick(w.input, Qt.Key.Key_Return)
+        assert w.notice.isVisible() and w.notice.text() == w.BUSY_NOTE and w.notice.property("kind") == "note"
+        assert w.input.toPlainText() == "second"
+    assert not w.notice.isVisible()   # the reply ended: the note goes
+
+
+def test_a_model_without_a_chat_template_is_a_note_not_an_error(qtbot, make_window):
+    w = make_window(load=False, worker=EngineWorker(load_fn=fake_load, session_fn=fake_session_factory()))
+    with qtbot.waitSignal(w.engine.model_loaded, timeout=5000):
+        w.load_model("fake.gguf")
+    w._on_model_loaded(dict(w.engine.model, notices=["fake-model has no chat template: it runs as plain text."]))
+    assert w.notice.isVisible() and w.notice.property("kind") == "note" and "#b3261e" not in w.notice.styleSheet()
+    w.show_error("Could not save")
+    assert w.notice.property("kind") == "error" and "#b3261e" in w.notice.styleSheet()
+
+
+def test_a_downloaded_models_card_leaves_out_what_it_does_not_know_and_wraps_its_sha(qtbot, tmp_path):
+    from types import SimpleNamespace
+
+    from PySide6.QtWidgets import QLabel
+
+    from desktop.model_switcher.dialog import hub_details_html
+
+    f = SimpleNamespace(manifest={"sha256": "ab" * 32, "license": "apache-2.0"}, repo_id="o/r",
+                        ref="hf.co/o/r/m.gguf", size_bytes=1_000_000, path=tmp_path / "m.gguf")
+    text = hub_details_html(f, "installed")
+    assert "Architecture" not in text and "Commit" not in text and "?" not in text
+    label = QLabel(text)
+    label.setWordWrap(True)
+    qtbot.addWidget(label)
+    label.setFixedWidth(300)
+    label.show()
+    assert label.sizeHint().width() <= 300 or label.heightForWidth(300) > label.fontMetrics().height() * 4
+    assert label.minimumSizeHint().width() <= 300   # the digits wrap instead of widening the pane
