@@ -266,3 +266,16 @@ def test_a_downloaded_models_card_leaves_out_what_it_does_not_know_and_wraps_its
     label.show()
     assert label.sizeHint().width() <= 300 or label.heightForWidth(300) > label.fontMetrics().height() * 4
     assert label.minimumSizeHint().width() <= 300   # the digits wrap instead of widening the pane
+
+
+def test_quit_runs_the_exit_handlers_then_ends_without_the_teardown(monkeypatch):
+    import atexit
+    import os
+
+    from desktop import launch
+
+    ran, ended = [], []
+    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: ran.append(True))
+    monkeypatch.setattr(os, "_exit", lambda rc: ended.append(rc))
+    launch.exit_now(3)
+    assert ran == [True] and ended == [3]
