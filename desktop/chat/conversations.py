@@ -1,10 +1,11 @@
-"""The conversation list: a list model over the store, a title filter, and the side panel.
+"""The conversation list: a list model over the store, a search (titles and messages), and the side panel.
 
 Renaming edits the title in place (F2, double-click or the context menu) and writes it
 through to the store. Must not import torch or runtime.
 """
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QSortFilterProxyModel, Qt, Signal
@@ -109,18 +110,45 @@ class ConversationListModel(QAbstractListModel):
             self._rows.insert(0, self._rows.pop(row))
             self.endMoveRows()
 
+    @property
+    def store(self) -> Store:
+        return self._store
+
     def title(self, conv_id: int) -> str:
         row = self.row_of(conv_id)
         return self._rows[row].title if row >= 0 else ""
 
 
 class ConversationFilter(QSortFilterProxyModel):
-    """Shows the conversations whose title contains the filter text (any case)."""
+    """Shows the conversations whose title contains the search text (any case), or whose
+    messages contain its words (:meth:`Store.search`, full-text); a match in the messages
+    is the row's tooltip."""
 
-    def __init__(self, parent=None):
+    def __init__(self, store: Store | None = None, parent=None):
         super().__init__(parent)
+        self._store = store
+        self.matches: dict[int, str] = {}   # conversation id -> a snippet of the match
         self.setFilterRole(ConversationListModel.TitleRole)
         self.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
+
+    def search(self, text: str) -> None:
+        """Show the conversations that ``text`` finds (all for ``""``)."""
+        try:
+            self.matches = self._store.search(text) if self._store is not None and text.strip() else {}
+        except sqlite3.Error:   # a locked or broken file: the titles still filter
+            self.matches = {}
+        self.setFilterFixedString(text.strip())
+
+    def filterAcceptsRow(self, row: int, parent: QModelIndex) -> bool:  # noqa: N802 - Qt API
+        conv = self.sourceModel().index(row, 0, parent).data(ConversationListModel.IdRole)
+        return conv in self.matches or super().filterAcceptsRow(row, parent)
+
+    def data(self, index: QModelIndex, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if role == Qt.ItemDataRole.ToolTipRole and self.filterRegularExpression().pattern():
+            snippet = self.matches.get(index.data(ConversationListModel.IdRole))
+            if snippet:
+                return f"{index.data(ConversationListModel.TitleRole)}\n…{snippet}…"
+        return super().data(index, role)
 
 
 class ConversationPanel(QWidget):
@@ -135,12 +163,13 @@ class ConversationPanel(QWidget):
         super().__init__(parent)
         self.setObjectName("conversationPanel")
         self.model = model
-        self.proxy = ConversationFilter(self)
+        self.proxy = ConversationFilter(model.store, self)
         self.proxy.setSourceModel(model)
 
-        self.filter = QLineEdit(placeholderText="Filter by title")
+        self.filter = QLineEdit(placeholderText="Search chats")
+        self.filter.setToolTip("Finds the chats whose title or messages contain these words")
         self.filter.setClearButtonEnabled(True)
-        self.filter.textChanged.connect(self.proxy.setFilterFixedString)
+        self.filter.textChanged.connect(self.proxy.search)
         self.new_button = QPushButton("New chat")
         self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
         self.new_button.clicked.connect(self.new_requested)

@@ -76,6 +76,19 @@ MIGRATIONS: tuple[str, ...] = (
     """,
 )
 _COLUMNS = "content, created_at, finish_reason, stats, token_ids, token_model"
+
+#: The messages' full-text index (FTS5 over the content, external-content, kept by triggers):
+#: what the conversation list's search reads (Store.search).
+SEARCH_SCHEMA = (
+    "CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(content, content='messages', content_rowid='id')",
+    "CREATE TRIGGER IF NOT EXISTS messages_fts_insert AFTER INSERT ON messages BEGIN "
+    "INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END",
+    "CREATE TRIGGER IF NOT EXISTS messages_fts_delete AFTER DELETE ON messages BEGIN "
+    "INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content); END",
+    "CREATE TRIGGER IF NOT EXISTS messages_fts_update AFTER UPDATE OF content ON messages BEGIN "
+    "INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content); "
+    "INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END",
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -170,6 +183,7 @@ class Store:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._migrate()
+        self.full_text = self._ensure_search()
 
     # ---- schema --------------------------------------------------------------------------
     @property
@@ -187,6 +201,43 @@ class Store:
                 for statement in _statements(MIGRATIONS[v]):
                     self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version={v + 1}")
+
+    def _ensure_search(self) -> bool:
+        """The full-text index of the messages (SQLite FTS5, kept by triggers), made once and
+        filled from what is stored; False where this SQLite has no FTS5 (:meth:`search` then
+        scans with LIKE). Not a migration: a file stays readable by an SQLite without FTS5."""
+        try:
+            with self._tx():
+                made = self._db.execute("SELECT 1 FROM sqlite_master WHERE name='messages_fts'").fetchone() is None
+                for statement in SEARCH_SCHEMA:
+                    self._db.execute(statement)
+                if made:
+                    self._db.execute("INSERT INTO messages_fts(messages_fts) VALUES('rebuild')")
+            return True
+        except sqlite3.OperationalError:   # no such module: fts5
+            return False
+
+    def search(self, text: str, limit: int = 200) -> dict[int, str]:
+        """Conversations whose messages contain every word of ``text`` (the last as a prefix,
+        any case): ``{conversation id: a snippet of the best match, the words in [brackets]}``."""
+        words = text.split()
+        if not words:
+            return {}
+        if self.full_text:
+            query = " ".join('"' + w.replace('"', '""') + '"' for w in words) + "*"
+            rows = self._db.execute(
+                "SELECT m.conversation_id, snippet(messages_fts, 0, '[', ']', '…', 10) FROM messages_fts "
+                "JOIN messages m ON m.id = messages_fts.rowid WHERE messages_fts MATCH ? ORDER BY rank LIMIT ?",
+                (query, limit)).fetchall()
+        else:
+            like = " AND ".join("content LIKE ? ESCAPE '\\'" for _ in words)
+            args = [f"%{w.replace('%', chr(92) + '%').replace('_', chr(92) + '_')}%" for w in words]
+            rows = [(c, content[:80]) for c, content in self._db.execute(
+                f"SELECT conversation_id, content FROM messages WHERE {like} LIMIT ?", (*args, limit)).fetchall()]
+        found: dict[int, str] = {}
+        for conv, snippet in rows:
+            found.setdefault(conv, " ".join(str(snippet).split()))
+        return found
 
     def _tx(self):
         return _Transaction(self._db)

@@ -279,3 +279,26 @@ def test_quit_runs_the_exit_handlers_then_ends_without_the_teardown(monkeypatch)
     monkeypatch.setattr(os, "_exit", lambda rc: ended.append(rc))
     launch.exit_now(3)
     assert ran == [True] and ended == [3]
+
+
+def test_the_chat_list_searches_the_messages_text(qtbot, make_window):
+    w = make_window(script=["The Uffizi is in Florence."])
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        w.submit("Where is a famous gallery?")
+    art = w.current_conversation
+    w.store.rename(art, "Art")
+    w.conversations.refresh(art)
+    w.new_conversation()
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        w.submit("Something else")
+    sb = w.sidebar
+    qtbot.keyClicks(sb.filter, "galler")
+    shown = [sb.proxy.index(r, 0).data(sb.model.IdRole) for r in range(sb.proxy.rowCount())]
+    assert shown == [art]   # found in a message's text, not the title
+    assert "[gallery]" in sb.proxy.index(0, 0).data(Qt.ItemDataRole.ToolTipRole)
+    sb.filter.setText("uffizi")
+    assert sb.proxy.rowCount() == 2   # both replies say it
+    sb.filter.setText("else")
+    assert sb.proxy.rowCount() == 1   # the titles still count
+    sb.filter.clear()
+    assert sb.proxy.rowCount() == 2

@@ -153,3 +153,34 @@ def test_reply_branches_are_kept_chosen_and_survive_a_reopen(tmp_path):
     assert [m.content for m in store.messages(conv)] == ["Where in Italy?"]
     assert store._db.execute("SELECT COUNT(*) FROM reply_versions").fetchone()[0] == 0
     store.close()
+
+
+def test_search_finds_conversations_by_their_messages_text(tmp_path):
+    path = tmp_path / "c.sqlite3"
+    store = Store(path)
+    trip = store.create_conversation("Trip").id
+    store.add_message(trip, "user", "Where should I go in Italy?")
+    store.add_message(trip, "assistant", "Florence: the Uffizi and the Duomo.")
+    cook = store.create_conversation("Cooking").id
+    store.add_message(cook, "user", "A recipe for risotto, please")
+    assert store.full_text
+    assert set(store.search("uffizi")) == {trip} and "[Uffizi]" in store.search("uffizi")[trip]
+    assert set(store.search("riso")) == {cook}              # the last word as a prefix
+    assert store.search("florence risotto") == {}           # every word, in one message
+    assert store.search('"; DROP TABLE') == {}              # the words are words, not a query
+    # Edits, regenerations and deletes keep the index.
+    store.add_reply_version(trip, "Rome: the Forum.")
+    assert store.search("forum").keys() == {trip} and store.search("uffizi") == {}
+    store.choose_version(trip, store.messages(trip)[1].id, 1)
+    assert store.search("uffizi").keys() == {trip}
+    store.delete(cook)
+    assert store.search("risotto") == {}
+    store.close()
+    # A database written before the index is indexed when opened.
+    db = sqlite3.connect(path)
+    db.execute("DROP TABLE messages_fts")
+    for t in ("insert", "delete", "update"):
+        db.execute(f"DROP TRIGGER messages_fts_{t}")
+    db.commit()
+    db.close()
+    assert set(Store(path).search("duomo")) == {trip}
