@@ -5,6 +5,7 @@ Layout only; :mod:`desktop.main_window` wires the behaviour. Must not import tor
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from desktop.chat.view import ChatView, MessageInput
@@ -52,6 +53,11 @@ class ChatPage(QWidget):
         buttons.addWidget(self.regen_button)
         buttons.addWidget(self.edit_button)
         buttons.addStretch(1)
+        #: The message's tokens and the whole prompt's against the context, while typing.
+        self.token_count = QLabel("")
+        self.token_count.setObjectName("tokenCount")
+        self.token_count.setForegroundRole(QPalette.ColorRole.PlaceholderText)
+        buttons.addWidget(self.token_count)
         buttons.addWidget(self.stop_button)
         buttons.addWidget(self.send_button)
         lay = QVBoxLayout(self)

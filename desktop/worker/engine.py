@@ -33,8 +33,10 @@ class Engine(QObject):
     stats = Signal(object)
     finished = Signal(object)
     error = Signal(str)
+    counted = Signal(object)   # EngineWorker.count's answer
 
     _load = Signal(str, str)
+    _count = Signal(int, int, object, str, object)
     _send = Signal(int, int, object, str, object)
     _regenerate = Signal(int, int, object, object)
     _forget = Signal(int)
@@ -53,6 +55,7 @@ class Engine(QObject):
         self._send.connect(self.worker.send)
         self._regenerate.connect(self.worker.regenerate)
         self._forget.connect(self.worker.forget)
+        self._count.connect(self.worker.count)
         self._configure.connect(self.worker.configure)
         w = self.worker
         w.model_loaded.connect(self._on_loaded)
@@ -62,6 +65,7 @@ class Engine(QObject):
         w.text_batch.connect(self.text_batch)
         w.stats.connect(self.stats)
         w.error.connect(self.error)
+        w.counted.connect(self.counted)
         w.finished.connect(self._on_finished)
 
     @property
@@ -88,6 +92,13 @@ class Engine(QObject):
 
     def forget(self, conv_id: int) -> None:
         self._forget.emit(conv_id)
+
+    def count(self, conv_id: int, history: list, text: str, settings: dict) -> int:
+        """Ask how many tokens ``text`` takes after ``history`` (:attr:`counted` answers, with
+        this id; not a reply: ``busy`` and ``finished`` are not touched)."""
+        self._count_request = getattr(self, "_count_request", 0) + 1
+        self._count.emit(self._count_request, conv_id, list(history), text, dict(settings))
+        return self._count_request
 
     def configure(self, options: dict) -> None:
         """Queue :meth:`EngineWorker.configure` (before a load, it applies to that load)."""

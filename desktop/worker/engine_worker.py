@@ -49,6 +49,7 @@ class EngineWorker(QObject):
     stats = Signal(object)                   # TurnStats.to_dict() + conv_id, request, model (model_key)
     finished = Signal(object)                # request, conv_id, kind, reason, text, stats (refused: too long)
     error = Signal(str)                      # one line for the user
+    counted = Signal(object)                 # request, message_tokens, prompt_tokens, context_limit
 
     MAX_SESSIONS = 4
 
@@ -184,6 +185,32 @@ class EngineWorker(QObject):
     @Slot(int, int, object, object)
     def regenerate(self, request: int, conv_id: int, history: list, settings: dict) -> None:
         self._generate(request, conv_id, "regenerate", history, settings, lambda s: s.regenerate())
+
+    @Slot(int, int, object, str, object)
+    def count(self, request: int, conv_id: int, history: list, text: str, settings: dict) -> None:
+        """How many tokens ``text`` takes, and the prompt it would make after ``history`` (the
+        chat template applied), against the context the reply would get: :attr:`counted`.
+        Nothing when no model is loaded or the session cannot say (a server's)."""
+        if self._model is None:
+            return
+        try:
+            session = self._session(conv_id, settings)
+            ids = getattr(session, "prompt_ids", None)
+            tokenizer = getattr(self._model, "tokenizer", None)
+            if ids is None or tokenizer is None:
+                return
+            kept = list(session.messages)
+            session.messages = [runtime.Message(m[0], m[1]) for m in history] + [runtime.Message("user", text)]
+            try:
+                prompt = len(ids())
+            finally:
+                session.messages = kept
+            message = len(tokenizer.encode(text, add_special_tokens=False))
+        except Exception:  # noqa: BLE001 - a count is not worth an error line
+            log.debug("could not count the tokens", exc_info=True)
+            return
+        self.counted.emit({"request": request, "message_tokens": message, "prompt_tokens": prompt,
+                           "context_limit": int(getattr(session, "context_limit", 0) or 0)})
 
     @Slot(int)
     def forget(self, conv_id: int) -> None:

@@ -15,7 +15,16 @@ REPLY = ["Here", " is", " a", " list", ":\n\n", "- one\n", "- two\n\n", "```pyth
 def fake_load(source: str, device: str):
     config = SimpleNamespace(max_position_embeddings=8192, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8)
     return SimpleNamespace(name="fake-model", path=Path(source or "fake.gguf"), device="cpu", dtype="float32",
-                           config=config, load_seconds=0.01)
+                           config=config, load_seconds=0.01, tokenizer=FakeTokenizer())
+
+
+class FakeTokenizer:
+    """One token per word."""
+
+    chat_template = "fake"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(range(len(text.split())))
 
 
 class FakeSession:
@@ -36,6 +45,12 @@ class FakeSession:
 
     def cancel(self) -> None:
         self._cancel.set()
+
+    context_limit = 8192
+
+    def prompt_ids(self) -> list[int]:
+        """One id per character of the messages (as ``prompt`` below counts them)."""
+        return list(range(sum(len(m.content) for m in self.messages)))
 
     def send(self, text):
         self.messages.append(Message("user", text))

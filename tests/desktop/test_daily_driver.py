@@ -302,3 +302,20 @@ def test_the_chat_list_searches_the_messages_text(qtbot, make_window):
     assert sb.proxy.rowCount() == 1   # the titles still count
     sb.filter.clear()
     assert sb.proxy.rowCount() == 2
+
+
+def test_the_message_box_counts_its_tokens_against_the_context(qtbot, make_window):
+    w = make_window()
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        w.submit("hello there")
+    label = w.page.token_count
+    with qtbot.waitSignal(w.engine.counted, timeout=5000) as got:
+        w.input.setPlainText("three small words")
+    d = got.args[0]
+    assert d["message_tokens"] == 3   # the fake tokenizer: a token a word
+    history = sum(len(m.content) for m in w.store.messages(w.current_conversation))
+    assert d["prompt_tokens"] == history + len("three small words")   # the fake session: a token a character
+    qtbot.waitUntil(lambda: label.text() != "", timeout=2000)
+    assert label.text() == f"3 tokens · prompt {history + 17:,} of 8,192"
+    w.input.clear()
+    qtbot.waitUntil(lambda: label.text() == "", timeout=2000)
