@@ -20,7 +20,7 @@ import models
 from desktop.worker import start_thread
 from models.hub.report import QUOTED_CONTEXT
 
-__all__ = ["HubService", "Job", "JobRunner", "QUOTED_CONTEXT", "default_fit", "open_repo"]
+__all__ = ["HubService", "Job", "JobRunner", "QUOTED_CONTEXT", "default_fit", "layer_windows", "open_repo"]
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +30,22 @@ def default_fit(size_bytes: int, shape: Any, context: int, device: str) -> dict:
     entry's numbers) at ``context`` tokens on ``device``, as a dict."""
     import runtime
 
-    windows = getattr(shape, "windows", None)
     return runtime.fit(size_bytes, layers=shape.n_layers, kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
-                       context=context, windows=windows, device=device).to_dict()
+                       context=context, windows=layer_windows(shape), device=device).to_dict()
+
+
+def layer_windows(shape: Any) -> list[int | None] | None:
+    """Each layer's sliding window in tokens (None: it sees the whole context): a GGUF shape's
+    own ``windows``, else a catalog entry's ``sliding_layers`` of ``sliding_window``. Without
+    them Gemma 3 270M's fit counted a full cache on every layer (555 MB) while its card, which
+    counts the windows, said 63 MiB of cache."""
+    windows = getattr(shape, "windows", None)
+    if windows is not None:
+        return list(windows)
+    window, sliding = int(getattr(shape, "sliding_window", 0) or 0), int(getattr(shape, "sliding_layers", 0) or 0)
+    if not window or not sliding:
+        return None
+    return [window] * sliding + [None] * (int(shape.n_layers) - sliding)
 
 
 def default_device(loaded: str = "") -> str:

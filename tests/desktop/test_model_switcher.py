@@ -88,3 +88,19 @@ def test_load_switches_to_an_installed_model(qtbot, make_window, folder):
 
 def test_the_catalog_names_a_license_text_for_every_model():
     assert all(e.license_url.startswith("https://") for e in models.CATALOG)
+
+
+def test_a_catalog_models_fit_counts_its_sliding_windows():
+    """Gemma 3 270M's fit line said 555 MB (a full cache on every layer) beside its card's 63 MiB of cache."""
+    import runtime
+
+    from desktop.model_switcher.hub_jobs import default_fit, layer_windows
+
+    gemma = next(e for e in models.CATALOG if e.id == "gemma3-270m")
+    windows = layer_windows(gemma)
+    assert len(windows) == gemma.n_layers and windows.count(gemma.sliding_window) == gemma.sliding_layers
+    f = default_fit(gemma.size_bytes, gemma, 8192, "cpu")
+    full = runtime.fit(gemma.size_bytes, layers=gemma.n_layers, kv_heads=gemma.n_kv_heads, head_dim=gemma.head_dim,
+                       context=8192, device="cpu").to_dict()
+    assert f["kv_bytes"] < full["kv_bytes"] / 3
+    assert abs(f["kv_bytes"] - gemma.kv_bytes_at(8192)) <= 0.05 * gemma.kv_bytes_at(8192)   # as its card says
