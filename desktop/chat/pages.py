@@ -131,7 +131,8 @@ class ChatPage(QWidget):
 
 
 class EmptyState(QWidget):
-    """First run: no model yet. Offers the download and File > Open model."""
+    """First run: no model yet. Offers the download, File > Open model and, when one fits this
+    machine, a recommended bigger model (:meth:`recommend`)."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -150,6 +151,18 @@ class EmptyState(QWidget):
         row.addWidget(self.download_button)
         row.addWidget(self.open_button)
         row.addStretch(1)
+        #: A usable first model for this machine (desktop.model_switcher.recommend), when one fits.
+        self.recommend_note = QLabel("")
+        self.recommend_note.setWordWrap(True)
+        self.recommend_note.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.recommend_note.hide()
+        self.recommend_button = QPushButton("")
+        self.recommend_button.setObjectName("recommendedModel")
+        self.recommend_button.hide()
+        rec = QHBoxLayout()
+        rec.addStretch(1)
+        rec.addWidget(self.recommend_button)
+        rec.addStretch(1)
         box = QWidget()
         box.setMaximumWidth(520)
         bl = QVBoxLayout(box)
@@ -157,6 +170,9 @@ class EmptyState(QWidget):
         bl.addWidget(text)
         bl.addSpacing(12)
         bl.addLayout(row)
+        bl.addSpacing(12)
+        bl.addWidget(self.recommend_note)
+        bl.addLayout(rec)
         centre = QHBoxLayout()
         centre.addStretch(1)
         centre.addWidget(box, 4)
@@ -165,3 +181,11 @@ class EmptyState(QWidget):
         lay.addStretch(1)
         lay.addLayout(centre)
         lay.addStretch(2)
+
+    def recommend(self, name: str, size_bytes: int, reason: str) -> None:
+        """Offer ``name`` (``size_bytes`` to download) as a better first model, saying why."""
+        self.recommend_note.setText(f"Better answers: <b>{name}</b> is {reason}. The default model is for the "
+                                    "first minute and offline use; it often repeats itself.")
+        self.recommend_button.setText(f"Download {name} ({size_bytes / 1e6:,.0f} MB)…")
+        self.recommend_note.show()
+        self.recommend_button.show()

@@ -16,6 +16,7 @@ Must not import torch or runtime (the fit is computed through :mod:`.hub_jobs`).
 from __future__ import annotations
 
 import html
+import logging
 from pathlib import Path
 from typing import Callable
 
@@ -30,10 +31,12 @@ import models
 from desktop.download_dialog import DownloadDialog
 from desktop.model_switcher.hub_browser import NOTE_STYLE, HubBrowser
 from desktop.model_switcher.hub_jobs import QUOTED_CONTEXT, HubService
+from desktop.model_switcher.recommend import Recommendation, recommend
 
 __all__ = ["ModelsDialog", "ModelSwitcher", "install", "details_html"]
 
 MIB = 2**20
+log = logging.getLogger(__name__)
 
 
 def _mb(n: int) -> str:
@@ -124,7 +127,7 @@ class ModelsDialog(QDialog):
 
     def __init__(self, parent=None, *, loaded_path: str = "", installed_fn: Callable | None = None,
                  fetch_fn: Callable | None = None, catalog=None, service: HubService | None = None,
-                 device: str = ""):
+                 device: str = "", recommended: Recommendation | None = None):
         super().__init__(parent)
         self.setObjectName("modelsDialog")
         self.setWindowTitle("Models")
@@ -135,6 +138,7 @@ class ModelsDialog(QDialog):
         self._fetch = fetch_fn
         self.service = service or HubService()
         self._device = device
+        self.recommended = recommended
         self.download: DownloadDialog | None = None
         self.rows: list[tuple[str, object]] = []   # ("catalog", CatalogEntry) or ("hub", LocalHubFile)
         self.list = QListWidget()
@@ -224,6 +228,8 @@ class ModelsDialog(QDialog):
             if kind == "catalog":
                 tag = {"loaded": "loaded", "installed": "installed", "missing": f"{_mb(item.size_bytes)} to download"}
                 text = f"{item.name}\n{tag[state]} · {item.license}"
+                if self.recommended is not None and self.recommended.entry.id == item.id:
+                    text += "\n★ recommended for this machine"
             else:
                 lic = (item.manifest or {}).get("license") or "license ?"
                 text = f"{item.path.stem}\n{'loaded' if state == 'loaded' else 'downloaded'} · {lic} · {item.repo_id}"
@@ -248,6 +254,8 @@ class ModelsDialog(QDialog):
         kind, item = self.rows[row]
         if kind == "catalog":
             extra = fit_line(self._fit(item)) if state == "missing" else ""
+            if self.recommended is not None and self.recommended.entry.id == item.id:
+                extra += f"<p><b>Recommended:</b> {html.escape(self.recommended.reason)}.</p>"
             self.details.setText(details_html(item, state, self.path(row)) + extra)
         else:
             self.details.setText(hub_details_html(item, state))
@@ -308,14 +316,44 @@ class ModelSwitcher:
         self.action.setStatusTip("Switch between the catalog's models; download one (size and license shown first)")
         self.action.triggered.connect(self.open)
         window.add_file_action(self.action)
+        self.recommended: Recommendation | None = None
+        window.stack.currentChanged.connect(self._first_run)
+        window.empty.recommend_button.clicked.connect(lambda: self.recommended and self.download(self.recommended.entry))
+
+    def _first_run(self, *_args) -> None:
+        """The empty state shows: recommend a usable first model beside the default one."""
+        if self.window.stack.currentWidget() is not self.window.empty or self.recommended is not None:
+            return
+        try:
+            self.recommended = recommend(fit=(self.service or HubService()).fit)
+        except Exception:  # noqa: BLE001 - the first run works without it
+            log.warning("could not recommend a model", exc_info=True)
+            return
+        r = self.recommended
+        if r is not None and r.entry.id != models.DEFAULT_MODEL.id:
+            self.window.empty.recommend(r.entry.name, r.entry.size_bytes, r.reason)
+
+    def download(self, entry: models.CatalogEntry) -> DownloadDialog:
+        """Download ``entry`` (the dialog names its size and license and asks first); then load it."""
+        dialog = DownloadDialog(self.window, fetch_fn=self.fetch_fn, entry=entry, headline=f"Download {entry.name}.")
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.downloaded.connect(self.window.load_model)
+        dialog.open()
+        return dialog
 
     def open(self) -> ModelsDialog:
         """Open the dialog (not blocking); a chosen or downloaded model is loaded."""
         info = self.window.engine.model or {}
         loaded = "" if info.get("remote") else str(info.get("path") or "")
         device = "" if info.get("remote") else str(info.get("device") or "")
+        if self.recommended is None:
+            try:
+                self.recommended = recommend(fit=(self.service or HubService()).fit, device=device or None)
+            except Exception:  # noqa: BLE001 - the dialog works without it
+                log.warning("could not recommend a model", exc_info=True)
         self.dialog = ModelsDialog(self.window, loaded_path=loaded, fetch_fn=self.fetch_fn,
-                                   installed_fn=self.installed_fn, service=self.service, device=device)
+                                   installed_fn=self.installed_fn, service=self.service, device=device,
+                                   recommended=self.recommended)
         self.dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         self.dialog.load_requested.connect(self.window.load_model)
         self.dialog.open()

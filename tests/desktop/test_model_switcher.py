@@ -104,3 +104,43 @@ def test_a_catalog_models_fit_counts_its_sliding_windows():
                        context=8192, device="cpu").to_dict()
     assert f["kv_bytes"] < full["kv_bytes"] / 3
     assert abs(f["kv_bytes"] - gemma.kv_bytes_at(8192)) <= 0.05 * gemma.kv_bytes_at(8192)   # as its card says
+
+
+def test_a_usable_first_model_is_recommended_for_this_machine(qtbot, tmp_path, monkeypatch):
+    from desktop.app import build_window
+    from desktop.chat.store import Store
+    from desktop.model_switcher.recommend import CPU_MAX_PARAMETERS, recommend
+    from desktop.settings.values import Settings
+    from desktop.worker import Engine, EngineWorker
+    from tests.desktop.fakes import fake_load
+
+    def fit(size, e, context, device, free=6_000_000_000):
+        total = size + e.kv_bytes_at(context)
+        return {"verdict": "fits" if total <= 0.8 * free else "does not fit", "total_bytes": total,
+                "free_bytes": free, "context": context, "device": device}
+
+    r = recommend(fit=fit, device="cpu", free_disk=50_000_000_000)
+    chat = [e for e in models.CATALOG if e.chat_template and e.parameters <= CPU_MAX_PARAMETERS
+            and fit(e.size_bytes, e, min(8192, e.context_length), "cpu")["verdict"] == "fits"]
+    assert r is not None and r.entry.parameters == max(e.parameters for e in chat)
+    assert "fits this machine" in r.reason and "usable speed" in r.reason
+    small = recommend(fit=fit, device="cpu", free_disk=500_000_000)   # the disk counts too
+    assert small is not None and small.entry.size_bytes * 1.1 <= 500_000_000 < r.entry.size_bytes * 1.1
+    big = recommend(fit=lambda *a: fit(*a, free=100_000_000_000), device="cuda:0", free_disk=10**12)
+    assert big.entry.parameters > CPU_MAX_PARAMETERS   # a GPU takes the largest that fits
+    # The first run offers it beside the default model.
+    w = build_window(Store(tmp_path / "c.sqlite3"), Settings(tmp_path / "s.ini"), Engine(EngineWorker(load_fn=fake_load)),
+                     confirm=lambda q: True)
+    qtbot.addWidget(w)
+    from desktop.model_switcher import dialog as switcher
+
+    monkeypatch.setattr(switcher, "recommend", lambda **kw: r)
+    w.show_first_run()
+    assert w.empty.recommend_button.isVisibleTo(w)
+    assert w.empty.recommend_button.text() == f"Download {r.entry.name} ({r.entry.size_bytes / 1e6:,.0f} MB)…"
+    assert "fits this machine" in w.empty.recommend_note.text()
+    w.empty.recommend_button.click()
+    shown = w.findChild(DownloadDialog)
+    assert shown is not None and shown.entry is r.entry
+    shown.close()
+    w.engine.shutdown()
