@@ -25,6 +25,7 @@ from runtime.errors import (
     ChatTemplateError,
     ContextOverflowError,
     DeviceError,
+    ModelFileChanged,
     ModelLoadError,
     UnsupportedModelError,
 )
@@ -95,6 +96,6 @@ __all__ = [
     "reply_positions", "FormulaByHand", "formula_by_hand",
     "LayerAttention", "FormulaSteps", "context_ids", "conversation_ids", "held_context", "kept_share", "token_strings", "read_config", "gguf_blocks_bytes", "ChatSession", "GenerationSettings", "OVERFLOW_POLICIES", "Event",
     "PrefillProgress", "TextPiece", "StatsUpdate", "Finish", "TurnStats",
-    "AttnchatError", "CacheLimitError", "ChatTemplateError", "ContextOverflowError", "DeviceError",
+    "AttnchatError", "CacheLimitError", "ChatTemplateError", "ContextOverflowError", "DeviceError", "ModelFileChanged",
     "ModelLoadError", "UnsupportedModelError",
 ]

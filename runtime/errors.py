@@ -18,6 +18,12 @@ class UnsupportedModelError(ModelLoadError):
     """The model's architecture is readable but not one our decoder runs."""
 
 
+class ModelFileChanged(AttnchatError):
+    """The loaded model's file was removed, replaced, resized or modified since the load
+    (:mod:`runtime.weights.file_guard`); ``str()`` starts "the model file changed on disk:
+    reload it"."""
+
+
 class ChatTemplateError(AttnchatError):
     """The model's chat template ran past its time limit or asks for a huge string."""
 

@@ -25,6 +25,7 @@ from runtime import (
     GenerationSettings,
     Message,
     Model,
+    ModelFileChanged,
     PrefillProgress,
     SamplingParams,
     TextPiece,
@@ -410,7 +411,7 @@ class Engine:
                     self._record(job, ev.reason, ev.stats)
                     self._send(job, Done(ev.reason, ev.text, ev.stats, ev.token_ids))
                     prefilled = ev.stats.prefilled_tokens
-        except ContextOverflowError as e:  # the session and its cache are unchanged
+        except (ContextOverflowError, ModelFileChanged) as e:  # the session and its cache are unchanged
             self._count("failed")
             self._send(job, Failed(e))
         except Exception:

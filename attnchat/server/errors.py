@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnchat.server.engine import Failed, Item
-from runtime import ChatTemplateError, ContextOverflowError
+from runtime import ChatTemplateError, ContextOverflowError, ModelFileChanged
 
 log = logging.getLogger("attnchat.serve")
 
@@ -92,6 +92,9 @@ def failure(item: Item) -> JSONResponse:
         # (models.safety.template): retrying the same request cannot help, hence no 5xx.
         return APIError(400, f"The model's chat template could not render this conversation: {item.error}",
                         code="chat_template_error").response()
+    if isinstance(item, Failed) and isinstance(item.error, ModelFileChanged):
+        # The model in memory is intact, but no longer the file: the operator reloads it.
+        return APIError(503, f"{item.error}.", type="server_error", code="model_file_changed").response()
     if isinstance(item, Failed):
         return APIError(500, f"The server failed to answer: {type(item.error).__name__}: {item.error}",
                         type="server_error").response()

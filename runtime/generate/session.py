@@ -21,7 +21,7 @@ from dataclasses import replace
 import torch
 
 from runtime.cache.policies.sinks_window import rolling_window
-from runtime.errors import ChatTemplateError, ContextOverflowError
+from runtime.errors import ChatTemplateError, ContextOverflowError, ModelFileChanged
 from runtime.generate.chat_format import Message, encode_conversation, token_counter
 from runtime.generate.context import PromptCancelled, fit_prompt
 from runtime.generate.events import (
@@ -212,6 +212,11 @@ class ChatSession(SessionCache):
         return self._events(before, max_reuse)
 
     def _events(self, before: list[Message], max_reuse: int | None = None) -> Iterator[Event]:
+        try:
+            self.model.check_file()  # a file changed under the app: said, not answered from
+        except ModelFileChanged:
+            self.messages[:] = before
+            raise
         st = self.settings
         t_start = time.perf_counter()
         stats = TurnStats(context_limit=self.context_limit)

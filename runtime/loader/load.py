@@ -29,7 +29,7 @@ from runtime.model.attention import AttentionKernels, attention_kernels
 from runtime.model.decode_step import DECODE_MODES
 from runtime.model import quant_layers
 from runtime.model.decoder import Decoder
-from runtime.weights import validate
+from runtime.weights import file_guard, validate
 from runtime.weights.gguf import open as gguf_open
 from runtime.weights.convert import decoder_state, quantize_state
 from runtime.weights.folder import read_folder
@@ -131,16 +131,19 @@ def load_model(
         raise ValueError(f"{e}, or gguf (a GGUF's own quantized blocks)") from None
     path = resolve_source(source)
     quant = None  # the GGUF's blocks, when the decoder runs them
+    identity = None  # the GGUF file as loaded (file_guard): a reply checks it is still that file
     if path.is_dir():
         cfg, tokenizer, tensors = read_folder(path, wdtype)
         state = decoder_state(path, cfg, tensors, wdtype)
         del tensors
     elif path.exists() or path.suffix.lower() == ".gguf":
         g = gguf_open.open_gguf(path)
+        identity = file_guard.FileIdentity.of(path)
         validate.check_gguf(path, g)  # before any reader divides by its numbers or reads its blocks
         if gguf_open.runs_from_blocks(g):
             cfg, tokenizer = gguf_open.config_and_tokenizer(path, g)
             quant = gguf_open.blocks(path, g, cfg)
+            file_guard.detach(quant, g)  # nothing of the file stays mapped: it may change under us
             # widened for comparison, or for reproducible replies (row-invariant float kernels): no copy on disk
             if (dtype is not None and not blocks_wanted) or reproducible:
                 state = gguf_open.widened_state(quant, torch.float32 if wdtype == torch.int8 else wdtype,
@@ -206,6 +209,7 @@ def load_model(
         tokenizer=tokenizer, path=path, config=cfg, device=dev, dtype=quant.file_type if quant else wdtype,
         decoder=decoder, compute_dtype=cdtype, load_seconds=time.perf_counter() - t0,
         stop_token_ids=_stop_ids(tokenizer, cfg), decode_mode=mode, kernels=choice, quant_kernels=qchoice,
+        file_identity=identity,
         reproducible=reproducible, **governors,
     )
     # What loading freed (a tokenizer's parsed JSON, a conversion's tensors, a kernel

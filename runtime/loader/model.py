@@ -62,6 +62,15 @@ class Model:
     #: Loaded with ``reproducible=True`` (:func:`runtime.loader.load.load_model`): a token's
     #: logits have the same bits however it was computed.
     reproducible: bool = False
+    #: The model file as loaded (:mod:`runtime.weights.file_guard`); None for a folder.
+    file_identity: Any = None
+
+    def check_file(self) -> None:
+        """Raise :class:`runtime.errors.ModelFileChanged` when the model file changed on disk
+        since the load (removed, replaced, resized, modified): one ``stat``, before each reply."""
+        from runtime.weights.file_guard import check
+
+        check(self.path, self.file_identity)
 
     @property
     def name(self) -> str:
