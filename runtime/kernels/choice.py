@@ -138,12 +138,22 @@ NOTABLE_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16",
                  "amx_bf16", "amx_int8", "amx_tile")
 
 
+#: Environment variables that limit which instructions torch's, oneDNN's, MKL's and FBGEMM's
+#: kernels use: they change a kernel's speed and its bits (FBGEMM's float16 product is
+#: row-invariant with its AVX-512 kernels, not with its AVX2 ones), so they are part of the key.
+ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+           "FBGEMM_ENABLE_INSTRUCTIONS")
+
+
 def machine_key() -> str:
-    """A short hash of what decides the kernels' speed: CPU model and flags, torch version, threads."""
+    """A short hash of what decides the kernels' speed and bits: CPU model and flags, torch
+    version, threads, and any of :data:`ISA_ENV` that is set."""
     info = cpu_info()
     from runtime.kernels.threads import max_threads
 
-    raw = json.dumps([CHOICE_VERSION, info["model"], info["flags"], torch.__version__, max_threads()])
+    isa = {k: os.environ[k] for k in ISA_ENV if os.environ.get(k)}
+    raw = json.dumps([CHOICE_VERSION, info["model"], info["flags"], torch.__version__, max_threads()]
+                     + ([isa] if isa else []))
     return hashlib.sha1(raw.encode()).hexdigest()[:16]
 
 

@@ -30,10 +30,10 @@ PEAK_CEILING_BYTES = 640 << 20
 #: it and the children it waited for (getrusage of this small wrapper's children).
 _WRAP = """
 import json, resource, subprocess, sys
-r = subprocess.run(sys.argv[1:], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=HANG_S)
+r = subprocess.run(sys.argv[1:], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=HANG_S_VALUE)
 peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
 print(json.dumps({"rc": r.returncode, "out": r.stdout, "err": r.stderr, "peak": peak}))
-"""
+""".replace("HANG_S_VALUE", str(HANG_S))
 
 
 def _run(tmp_path: Path, *args: str) -> dict:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from models import safety
+from tests.hang import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,7 +30,6 @@ def status(key):
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key))
 from models import safety
-from tests.hang import HANG_S
 resource.setrlimit(resource.RLIMIT_AS, (status("VmSize:") + (256 << 20), resource.RLIM_INFINITY))
 try:
     safety.check_model(sys.argv[1])

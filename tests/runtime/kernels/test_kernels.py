@@ -166,6 +166,21 @@ def test_machine_facts():
     assert len(kernels.machine_key()) == 16
 
 
+def test_an_instruction_limit_is_another_machine(monkeypatch):
+    """FBGEMM_ENABLE_INSTRUCTIONS=AVX2 (or ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, ...) runs other
+    kernels, with other speeds and bits: the choices and verdicts kept for the full set are not its."""
+    for name in kernels.ISA_ENV:
+        monkeypatch.delenv(name, raising=False)
+    plain = kernels.machine_key()
+    monkeypatch.setenv("FBGEMM_ENABLE_INSTRUCTIONS", "AVX2")
+    avx2 = kernels.machine_key()
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert len({plain, avx2, kernels.machine_key()}) == 3
+    monkeypatch.delenv("FBGEMM_ENABLE_INSTRUCTIONS")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    assert kernels.machine_key() == plain
+
+
 @pytest.mark.parametrize("dtype", ["float32", "int8", "bfloat16"])
 def test_a_loaded_model_runs_its_choice_and_matches_the_plain_path(tmp_path, dtype):
     model = load_model(make_tiny_model(tmp_path, "llama"), device="cpu", dtype=dtype)
