@@ -21,9 +21,26 @@ from desktop.qt_preflight import platform_problem
 from desktop.settings.values import Settings
 from models import logfile
 
-__all__ = ["exit_now", "main"]
+__all__ = ["exit_now", "main", "quiet_terminal"]
 
 log = logging.getLogger(__name__)
+
+
+def quiet_terminal() -> None:
+    """Library messages go to the log file, not to the terminal the window was started from:
+    huggingface_hub gives its logger a stderr handler of its own, so a download's retries
+    ("Retrying in 1s [Retry 1/5]") printed there. Its records still reach the log file (they
+    propagate to the root logger), as do ``warnings`` (captured into logging)."""
+    logging.captureWarnings(True)
+    try:
+        import huggingface_hub.utils.logging  # noqa: F401 - adds that handler once, at import
+    except ImportError:
+        return
+    hub = logging.getLogger("huggingface_hub")
+    for h in list(hub.handlers):
+        if type(h) is logging.StreamHandler and getattr(h, "stream", None) in (sys.stderr, sys.__stderr__):
+            hub.removeHandler(h)
+    hub.propagate = True
 
 
 def _no_display() -> bool:
@@ -53,6 +70,7 @@ def main(args: argparse.Namespace) -> int:
         print("attnchat: error: no display found (DISPLAY and WAYLAND_DISPLAY are unset); "
               "run `attnchat --terminal` to chat in the terminal", file=sys.stderr)
         return 2
+    quiet_terminal()
     app = application()
     try:
         store = open_store()

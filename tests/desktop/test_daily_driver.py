@@ -319,3 +319,20 @@ def test_the_message_box_counts_its_tokens_against_the_context(qtbot, make_windo
     assert label.text() == f"3 tokens · prompt {history + 17:,} of 8,192"
     w.input.clear()
     qtbot.waitUntil(lambda: label.text() == "", timeout=2000)
+
+
+def test_hub_retries_go_to_the_log_file_not_the_terminal(monkeypatch):
+    import logging
+
+    from desktop import launch
+
+    hub = logging.getLogger("huggingface_hub")
+    kept = list(hub.handlers)
+    try:
+        launch.quiet_terminal()
+        assert not [h for h in hub.handlers if type(h) is logging.StreamHandler] and hub.propagate
+    finally:
+        for h in kept:
+            if h not in hub.handlers:
+                hub.addHandler(h)
+        logging.captureWarnings(False)
