@@ -14,12 +14,12 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import torch
 
 from runtime import load_model
 from runtime.generate.chat_format import Message, encode_messages
 from runtime.kernels.quant_choice import QuantChoice, kernel_pairs
 from runtime.model import quant_layers
+from tests.runtime.session_helpers import greedy_ids
 
 pytestmark = pytest.mark.slow
 
@@ -29,18 +29,7 @@ SYSTEMS = [None, ""]  # the template's built-in system prompt; an empty one
 
 def _reply(model, question: str, system: str | None, n: int = 12) -> str:
     msgs = ([] if system is None else [Message("system", system)]) + [Message("user", question)]
-    ids = encode_messages(model.tokenizer, msgs)
-    out = []
-    with torch.inference_mode():
-        cache = model.new_cache(len(ids) + n + 1)
-        logits = model.logits(ids, cache, last_only=True)
-        for _ in range(n):
-            t = int(logits[0, -1].argmax())
-            if t in model.stop_token_ids:
-                break
-            out.append(t)
-            logits = model.decode_next(t, cache)
-    return model.decode(out)
+    return model.decode(greedy_ids(model, encode_messages(model.tokenizer, msgs), n))
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import torch
 from runtime import load_model
 from runtime.device import WEIGHT_DTYPE_QUALITY, compute_dtype, default_dtype
 from runtime.generate.chat_format import Message, encode_messages
+from tests.runtime.session_helpers import greedy_ids
 
 pytestmark = pytest.mark.slow
 
@@ -40,16 +41,7 @@ def chat_ids(default_model):
 
 def _answer(model) -> str:
     ids = encode_messages(model.tokenizer, [Message("user", "What is the capital of France?")])
-    cache = model.new_cache(128)
-    logits = model.logits(ids, cache, last_only=True)
-    out = []
-    for _ in range(12):
-        t = int(logits[0, -1].argmax())
-        if t in model.stop_token_ids:
-            break
-        out.append(t)
-        logits = model.decode_next(t, cache)
-    return model.decode(out)
+    return model.decode(greedy_ids(model, ids, 12))
 
 
 def _agreement(model, reference, ids) -> float:
