@@ -1,7 +1,7 @@
 """Knock attention heads out, and Olsson et al.'s induction-head test on a model.
 
 Must not import Qt. A :class:`HeadAblation` edits the heads' outputs inside our
-attention (``Attention.head_edit`` in :mod:`runtime.model`, ``None`` unless one is
+attention (``Attention.head_edit`` in :mod:`runtime.model.attention`, ``None`` unless one is
 active: one attribute check per layer, nothing else, when unused). Each ablated head's
 output ``(B, T, D)``, taken before the output projection ``o_proj`` mixes the heads, is
 

@@ -4,7 +4,7 @@ Must not import Qt. Nothing here runs during a reply: a :class:`LayerAttention` 
 extra forward over a conversation's token ids with no KV cache (the session's cache is
 not touched). The decoder runs on its ordinary fast path up to the layer asked for and
 stops there (a forward pre-hook raises once it has that layer's input); the layer's
-q, k, v are then recomputed exactly as :class:`runtime.model.decoder.Attention` does, and the
+q, k, v are then recomputed exactly as :class:`runtime.model.attention.Attention` does, and the
 weights come from :func:`runtime.model.attention.attention_reference`, the same function the
 capture uses.
 

@@ -2,7 +2,8 @@
 
 Must not import Qt. Pre-norm blocks, ``Block.forward`` is two residual lines. RoPE and
 its variants are :mod:`runtime.model.rope` (tables built once per variant, grown as positions
-need them). Attention is ``runtime.model.attention``; the KV cache is
+need them). Attention, the function and the layer (:class:`runtime.model.attention.Attention`),
+is :mod:`runtime.model.attention`; the KV cache is
 ``runtime.cache.kv_cache.KVCache``.
 
 Family pieces, each chosen by :class:`runtime.config.model.ModelConfig`: sliding-window
@@ -23,7 +24,6 @@ float32 matrix-vector product that ``F.linear`` hands to MKL reads weights at ab
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -34,8 +34,7 @@ from runtime.config.rope import RopeSpec
 from runtime.kernels.choice import KernelChoice
 from runtime.kernels.choice import apply as apply_kernel
 from runtime.kernels.cpu import WeightRef
-from runtime.model.attention import DEFAULT_KERNELS, AttentionKernels, attention
-from runtime.model.attention_rows import attention_rows
+from runtime.model.attention import Attention, AttentionKernels, AttentionObserver
 from runtime.model.layers import (
     LINEAR_PATHS,
     MLP,
@@ -48,116 +47,13 @@ from runtime.model.layers import (
     weight_ref,
 )
 from runtime.model.quant_layers import QuantEmbedding, QuantLinear
-from runtime.model.rope import apply_rope, rope_tables, rotate_half, shift_cached_keys
+from runtime.model.rope import apply_rope, rope_tables, rotate_half, shift_cached_keys  # noqa: F401 (re-exported)
 
 __all__ = ["Decoder", "Linear", "linear", "apply_rope", "rotate_half"]
-
-#: Called per layer with attention weights ``(B, H, Tq, Tk)`` when set (probe only); an
-#: observer with a true ``last_row_only`` attribute gets the newest query's row only,
-#: ``(B, H, 1, Tk)``, and attention keeps its fast path.
-AttentionObserver = Callable[[int, torch.Tensor], None]
-
 
 #: RoPE tables grow in steps of this many positions (not the whole context at once:
 #: Gemma 3's 32k x 256 float32 tables would take 64 MiB per variant).
 _ROPE_STEP = 4096
-
-
-class Attention(nn.Module):
-    """Multi-head / grouped-query / multi-query self-attention with a fused q/k/v projection,
-    full or sliding-window."""
-
-    def __init__(self, cfg: ModelConfig, layer: int = 0):
-        super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.window = cfg.window(layer)
-        self.scale = cfg.attn_scale or None
-        self.softcap = cfg.attn_softcap or None
-        qkv_out = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
-        self.qkv_proj = Linear(cfg.hidden_size, qkv_out, bias=cfg.qkv_bias)
-        self.o_proj = Linear(cfg.n_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
-        # Edits the heads' outputs (B, H, T, D) before o_proj: runtime.insight.ablation sets it while
-        # heads are knocked out; None (one attribute check per layer) otherwise.
-        self.head_edit: Callable[[int, torch.Tensor], torch.Tensor] | None = None
-        self.kernels: AttentionKernels = DEFAULT_KERNELS  # set by Decoder.set_attention_kernels
-        self.q_norm = Norm(cfg, cfg.head_dim) if cfg.qk_norm else None
-        self.k_norm = Norm(cfg, cfg.head_dim) if cfg.qk_norm else None
-
-    def project(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries ``(B, H, T, D)``, keys and values ``(B, Hkv, T, D)`` of the normed input
-        ``x (B, T, C)``: q/k head norms when the family has them, then RoPE when ``rope``
-        (cos, sin tables ``(T, R)``) is given."""
-        B, T, _ = x.shape
-        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = self.qkv_proj(x)  # (B, T, (H + 2 Hkv) D)
-        q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
-        q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        k = k.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
-        v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)  # RMSNorm over each head's D channels
-        if rope is not None:
-            cos, sin = rope
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        return q, k, v
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None,
-        cache: KVCache | None,
-        layer: int,
-        observer: AttentionObserver | None = None,
-        pos: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        B, T, _ = x.shape
-        H, D = self.n_heads, self.head_dim
-        q, k, v = self.project(x, rope)
-        first: int | None = 0  # position of key slot 0 (None: slots are not positions, a policy evicted)
-        kw = dict(scale=self.scale, window=self.window, softcap=self.softcap)
-        if pos is not None:
-            # The static decode step: write at a tensor position, attend over the whole
-            # fixed-capacity buffer with ``mask`` hiding the slots past the position.
-            k, v = cache.write_at(layer, pos, k, v)  # (B, Hkv, capacity, D)
-            y = attention(q, k, v, causal=False, mask=mask, kernels=self.kernels, scale=self.scale, softcap=self.softcap)
-        else:
-            if cache is not None:
-                first = None if cache.evicts and cache.windows[layer] is None else cache.start[layer]
-                k, v = cache.update(layer, k, v)  # (B, Hkv, held + T, D); a sliding layer holds its window
-                if cache.evictor is not None and cache.windows[layer] is None:  # a cache policy's observations
-                    cache.evictor.observe(cache, layer, q, k, scale=self.scale, softcap=self.softcap)
-
-            def spread(weights: torch.Tensor) -> torch.Tensor:  # over slots -> over positions 0 .. length + T - 1
-                return weights if cache is None else cache.spread(layer, weights, T)
-
-            if observer is not None and getattr(observer, "last_row_only", False):
-                # Only the newest query's weights are wanted (the live view): the fast path
-                # for the output, the formula for one row (it sees every key: no mask).
-                y = self._attend(q, k, v, first, kw)
-                _, weights = attention(q[:, :, -1:], k, v, causal=True, return_weights=True, **kw)  # (B, H, 1, Tk)
-                observer(layer, spread(weights))
-            elif observer is not None:
-                y, weights = attention(q, k, v, causal=True, return_weights=True, **kw)
-                if self.kernels.rows:
-                    y = self._attend(q, k, v, first, kw)
-                observer(layer, spread(weights))  # keys a sliding layer dropped or a policy evicted: weight 0
-            else:
-                y = self._attend(q, k, v, first, kw)  # (B, H, T, D)
-        if self.head_edit is not None:
-            y = self.head_edit(layer, y)
-        y = y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H D)
-        return self.o_proj(y)
-
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int | None, kw: dict) -> torch.Tensor:
-        """Causal attention over the layer's keys (slot 0 at position ``first``; None after a cache
-        policy's evictions): the fast path, or the reproducible mode's row-invariant one (set only
-        on the CPU: :func:`runtime.loader.load.load_model` refuses it elsewhere)."""
-        if self.kernels.rows and first is not None and q.dtype == torch.float32:
-            return attention_rows(q, k.to(q.dtype), v.to(q.dtype), first=first, **kw)
-        return attention(q, k, v, causal=True, kernels=self.kernels, **kw)
 
 
 class Block(nn.Module):

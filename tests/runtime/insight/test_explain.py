@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-import runtime.model.decoder as model_mod
+import runtime.model.attention as model_mod  # the module the Attention layer finds attention() in
 from runtime import load_model
 from runtime.insight.ablation import (
     HeadAblation,
