@@ -5,7 +5,7 @@ Must not import Qt. Nothing is probed or timed at import time.
 Why measure instead of deciding once: CPU kinds differ. On an AMD EPYC (Zen 4) VM,
 oneDNN's inner product read float32 weights at 24 GB/s and MKL's GEMV (``F.linear``) at
 10; on an Intel Xeon with AMX both read 17.6 GB/s and torch's float16 GEMV was slower
-than float32 (issue 19). So where several kernels compute the same product, each is
+than float32. So where several kernels compute the same product, each is
 timed on the model's own matrices once, on the first load on a machine, and the choice
 is kept in a small JSON file beside the converted weights, keyed by the CPU's model
 name, its flags, the torch version and the thread count (:func:`machine_key`).
@@ -17,7 +17,7 @@ weights) from the same weights; they differ in speed only. ``int8-dynamic`` (fbg
 dynamically quantized linear: activations rounded to 7 bits per call) is kept as a kernel
 but is no candidate: it was 15x faster than the weight-only int8 kernels on an AMD EPYC
 Zen 3, but the default model then agreed with float32 on only 83.6 % of greedy tokens
-(mean |logit difference| 0.72) and no longer answered "Paris" (issue 19).
+(mean |logit difference| 0.72) and no longer answered "Paris".
 """
 from __future__ import annotations
 

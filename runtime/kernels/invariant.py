@@ -1,6 +1,6 @@
 """Products whose rows do not depend on how many rows are computed together: what makes a
 greedy reply the same whether its tokens came from one prefill, chunks, one-token steps or
-a reused cache (issue 30).
+a reused cache.
 
 Must not import Qt. Nothing runs at import time.
 

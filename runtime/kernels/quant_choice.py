@@ -1,4 +1,4 @@
-"""Choosing the quantized kernels per machine and block type (issue 26): the ``(decode,
+"""Choosing the quantized kernels per machine and block type: the ``(decode,
 prefill)`` pairs each type may run (:func:`kernel_pairs`), timing them on the model's own
 matrices (:func:`measure_quant`), and keeping the choice per machine beside the GGUF's
 config (:func:`load_or_measure_quant`). Must not import Qt, transformers or the weights
@@ -98,7 +98,7 @@ def head_choice(choice: QuantChoice) -> QuantChoice:
     hangs on a logit gap of 0.08 between "The" and "L" (float32: 25.325 / 25.243); ggml's
     rounding of the head's input (0.43 % relative error in its logits) flips it to
     "L'Étoile, la Marseillaise", the exact head keeps "The capital of France is Paris."
-    (measured on the Intel Xeon of issue 26; the layers' rounding flips it in no run)."""
+    (measured on an Intel Xeon, and on an AMD EPYC Zen 4 with ggml built for AVX2 only)."""
     return QuantChoice({t: ("ggml-exact" if d == "ggml" else d, p) for t, (d, p) in choice.kernels.items()},
                        timings_us=choice.timings_us, measured=choice.measured)
 

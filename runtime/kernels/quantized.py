@@ -52,7 +52,7 @@ def widen(w: QuantWeight, dtype: torch.dtype = torch.float32, rows: slice | None
           out: torch.Tensor | None = None) -> torch.Tensor:
     """``w``'s weights ``(rows, cols)`` (or a slice of rows) in ``dtype`` (float32 into ``out``
     when given): ggml's ``to_float`` where it loads (C; ~100x torch's decoding on the Intel
-    Xeon of issue 26), else ``w.dequantized``. Both are bitwise ``gguf.quants.dequantize``."""
+    Xeon), else ``w.dequantized``. Both are bitwise ``gguf.quants.dequantize``."""
     from runtime.kernels import ggml_ops
 
     raw = w.raw if rows is None else w.raw[rows]
