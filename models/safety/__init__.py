@@ -1,5 +1,5 @@
 """Every rule on whether a model file, a model folder, a chat template or a key file from
-someone else may be used here, and what it may cost, in one place (issue 28).
+someone else may be used here, and what it may cost, in one place.
 
 The rules (each raises :class:`Refused`, one line; the limits are in the modules named):
 

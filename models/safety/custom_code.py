@@ -5,7 +5,7 @@ the folder. Stdlib only; never imports or runs what it checks.
 Every ``*.json`` of the folder (subfolders too; links to folders are not followed) is read
 as JSON is parsed: each string literal is found in order and decoded, so ``"auto\\u005fmap"``
 is the key ``auto_map`` as transformers reads it (a byte search for ``"auto_map"`` missed
-it, issue 28). The strings are matched over the file's bytes, one at a time, so checking a
+it). The strings are matched over the file's bytes, one at a time, so checking a
 file costs its size in memory (not the ~12x a parse into Python objects can cost) and
 about a second for a 33 MB tokenizer.json on the Intel Xeon.
 """
@@ -167,7 +167,7 @@ def check_entries(folder: Path) -> None:
     and its chat templates (``*.jinja``) are at most :data:`MAX_TEMPLATE_FILE_BYTES`.
 
     A link to ``/dev/zero`` as ``generation_config.json`` took a reader to 10.9 GB, and a
-    FIFO kept it waiting forever (found outside the suite, issue 28); transformers reads a
+    FIFO kept it waiting forever (found outside the suite); transformers reads a
     ``chat_template.jinja`` whole, whatever its size.
 
     Raises:

@@ -3,7 +3,7 @@
 A chat template is code from whoever made the model file. Rendered in attnchat's own
 process, one string operation can take gigabytes before any check between steps sees it
 (``{{ 'x' * 4000000000 }}`` reached 16 GB in 150 s; doubling a string 40 times 6.7 GB
-before a 10 s deadline fired: issue 28). So templates render in one long-lived child
+before a 10 s deadline fired). So templates render in one long-lived child
 (:mod:`models.safety.template_worker`: the stdlib and jinja2, ~20 MB), which
 
 - maps at most :data:`TEMPLATE_MEMORY_BYTES` (plus :data:`TEMPLATE_MEMORY_PER_INPUT_BYTE`
