@@ -46,6 +46,20 @@ def bytes_at(windows: Sequence[int | None], kv_heads: int, head_dim: int, elem_b
     return sum(per_layer * tokens_held(w, context) for w in windows)
 
 
+def policy_tokens(windows: Sequence[int | None], kv_heads: int, head_dim: int, elem_bytes: int, limit: int,
+                  scale_bytes: int = 0, *, batch: int = 1) -> int:
+    """The most tokens a cache policy may keep per full-attention layer for the cache to take at
+    most ``limit`` bytes, each sliding layer at its whole window (the worst case): ``(limit -
+    sliding bytes) // full bytes per token``. 0 or less: not one token fits beside the windows;
+    :data:`UNBOUNDED` when no layer is full-attention."""
+    per_layer = layer_bytes_per_token(kv_heads, head_dim, elem_bytes, scale_bytes, batch)
+    full = per_layer * sum(1 for w in windows if w is None)
+    if full == 0:
+        return UNBOUNDED
+    sliding = per_layer * sum(w for w in windows if w is not None)
+    return (limit - sliding) // full
+
+
 def longest_context(windows: Sequence[int | None], kv_heads: int, head_dim: int, elem_bytes: int, budget: int,
                     scale_bytes: int = 0, *, batch: int = 1, most: int = UNBOUNDED) -> int:
     """The most tokens (at most ``most``) whose KV cache fits ``budget`` bytes (:func:`bytes_at`

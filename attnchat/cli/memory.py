@@ -1,7 +1,10 @@
 """``attnchat memory``: the memory planner on the command line.
 
 ``attnchat memory [--model SRC | --layers N --kv-heads N --head-dim N] [--cache-dtype D]
---context N [--budget-mib M] [--device D] [--json]``
+--context N [--budget-mib M] [--cache-policy P --cache-budget N] [--device D] [--json]``
+
+Under a cache policy the cache holds at most its budget per full-attention layer (the same
+ceiling the chat keeps), and the plan counts that.
 
 The plan is for ``--device``'s defaults (its weights' dtype, and the cache in the dtype it
 computes in: float32 on the CPU, float16 on CUDA and MPS) even on a machine without that
@@ -13,6 +16,10 @@ import argparse
 import dataclasses
 import json
 from typing import Any
+
+from attnchat import cache_options
+
+from models.kv_bytes import UNBOUNDED
 
 MIB = 1024 * 1024
 #: Longer contexts are refused: no model reads that far (the longest claim 10 million tokens).
@@ -37,6 +44,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--budget-mib", type=float, default=None, metavar="M", help="a KV-cache budget in MiB")
     p.add_argument("--device", default="cpu",
                    help="the device planned for, and whose free memory to report: cpu, cuda, cuda:N, mps, auto")
+    cache_options.add_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
     return p
@@ -51,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     numbers = [args.layers, args.kv_heads, args.head_dim]
     if any(n is not None for n in numbers) and args.model:
         raise ValueError("give either --model or --layers/--kv-heads/--head-dim, not both")
+    kept = cache_options.settings(args)
+    policy = dict(cache_budget=kept["cache_budget"], cache_budget_bytes=kept["cache_budget_bytes"])
     budget = None
     if args.budget_mib is not None:
         if args.budget_mib < 0:
@@ -63,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("with a model given as numbers, --context is needed")
         result = plan(layers=args.layers, kv_heads=args.kv_heads, head_dim=args.head_dim,
                       cache_dtype=args.cache_dtype, context=args.context, budget_bytes=budget, device=device,
-                      weights_dtype=args.weights_dtype)
+                      weights_dtype=args.weights_dtype, **policy)
         name, limit = None, None
     else:
         from runtime.loader.load import gguf_blocks_bytes, read_config
@@ -72,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         context = args.context if args.context is not None else cfg.max_position_embeddings
         result = plan_for_config(cfg, cache_dtype=args.cache_dtype, context=context, budget_bytes=budget,
                                  weights_dtype=args.weights_dtype, device=device,
-                                 blocks=gguf_blocks_bytes(args.model))
+                                 blocks=gguf_blocks_bytes(args.model), **policy)
         name, limit = args.model or "default", cfg.max_position_embeddings
     if missing:  # whatever torch answered, this machine has no such device to measure
         result = dataclasses.replace(result, free_device_bytes=None, fits_device=None)
@@ -89,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
         ("device", f"{result.device}" + (f": {missing}; planned for its defaults, free memory unknown" if missing else "")),
         ("KV bytes per token", f"{result.kv_bytes_per_token:,} ({result.cache_dtype})"),
         (f"KV bytes at {result.context:,} tokens",
-         f"{result.kv_bytes:,} ({result.kv_bytes / MIB:,.1f} MiB){past(result.context)}"),
+         f"{result.kv_bytes:,} ({result.kv_bytes / MIB:,.1f} MiB){past(result.context)}"
+         + (f"; {args.cache_policy} keeps at most {result.cache_budget:,} tokens per layer"
+            if result.cache_budget is not None else "")),
     ]
     if any(t["kind"] == "sliding" for t in result.layer_types):
         for t in result.layer_types:
@@ -110,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
                      + "; ".join(result.leaves_out)))
     if result.max_context_in_budget is not None:
         rows.append((f"longest context in {args.budget_mib:g} MiB",
+                     "any length (no layer grows past it)" if result.max_context_in_budget >= UNBOUNDED else
                      f"{result.max_context_in_budget:,} tokens{past(result.max_context_in_budget)}"))
     if result.free_device_bytes is not None:
         rows.append((f"free memory on {result.device}", f"{result.free_device_bytes / MIB:,.0f} MiB"))

@@ -14,7 +14,7 @@ import runtime
 from desktop.settings.values import DEFAULTS, Settings
 from desktop.worker import generation_settings
 
-__all__ = ["validate", "repair", "has_shape", "effective_context", "CONTEXT_KEYS", "MIN_CONTEXT", "WEIGHT_DTYPES",
+__all__ = ["validate", "repair", "has_shape", "effective_context", "policy_budget", "CONTEXT_KEYS", "MIN_CONTEXT", "WEIGHT_DTYPES",
            "KEYS", "MODEL_OPTIONS", "MIB"]
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,21 @@ def _cache_dtype(values: dict[str, Any], model: dict | None) -> str | None:
 
 
 #: The settings :func:`effective_context` reads.
-CONTEXT_KEYS = ("generation/context", "generation/cache_limit_mib", "generation/cache_dtype")
+CONTEXT_KEYS = ("generation/context", "generation/cache_limit_mib", "generation/cache_dtype",
+                "generation/cache_policy", "generation/cache_budget", "generation/cache_budget_unit")
+
+
+def policy_budget(values: Mapping[str, Any]) -> dict:
+    """The cache policy of these settings and its budget as the planner takes them:
+    ``{"policy": name, "policy_tokens": tokens or None, "policy_bytes": bytes or None}``
+    (``policy`` ``"none"``: no budget)."""
+    policy = str(values.get("generation/cache_policy") or "none")
+    budget = float(values.get("generation/cache_budget") or 0.0)
+    if policy == "none" or budget <= 0:
+        return {"policy": "none", "policy_tokens": None, "policy_bytes": None}
+    in_mib = str(values.get("generation/cache_budget_unit") or "tokens") == "MiB"
+    return {"policy": policy, "policy_tokens": None if in_mib else int(budget),
+            "policy_bytes": int(budget * MIB) if in_mib else None}
 
 
 def effective_context(values: Mapping[str, Any], model: dict | None) -> int:
@@ -74,7 +88,9 @@ def effective_context(values: Mapping[str, Any], model: dict | None) -> int:
     As :class:`runtime.ChatSession` computes it: the context setting (0: the model's
     maximum) capped at the model's maximum, then at the longest context the KV-cache
     memory limit holds (:func:`runtime.plan`'s ``max_context_in_budget``, sliding-window
-    layers included) in the cache dtype (``auto``: the loaded model's compute dtype).
+    layers included) in the cache dtype (``auto``: the loaded model's compute dtype) -- unless
+    a cache policy's budget is below that: then the cache holds only the budget and the
+    conversation runs to the first figure.
     The status bar and the KV-cache panel both show this one figure before a reply.
     ``values``: settings keys (:data:`CONTEXT_KEYS`) -> values; ``model``: the info dict.
     """
@@ -90,13 +106,19 @@ def effective_context(values: Mapping[str, Any], model: dict | None) -> int:
     if dtype not in runtime.CACHE_DTYPES:
         return limit
     windows = list(model.get("layer_windows") or []) or None
+    shape = dict(layers=int(model["n_layers"]), kv_heads=int(model["n_kv_heads"]), head_dim=int(model["head_dim"]),
+                 cache_dtype=dtype, context=limit, windows=windows)
     try:
-        p = runtime.plan(layers=int(model["n_layers"]), kv_heads=int(model["n_kv_heads"]),
-                         head_dim=int(model["head_dim"]), cache_dtype=dtype, context=limit,
-                         budget_bytes=int(mib * MIB), windows=windows)
-    except ValueError:   # a window list that does not match the layers: no cap we can tell
+        p = runtime.plan(budget_bytes=int(mib * MIB), **shape)
+        capped = min(limit, p.max_context_in_budget)
+        kept = policy_budget(values)
+        if kept["policy"] != "none":   # the session's rule (runtime.generate.session_cache): a budget it can pass
+            q = runtime.plan(cache_budget=kept["policy_tokens"], cache_budget_bytes=kept["policy_bytes"], **shape)
+            if q.cache_budget is not None and q.cache_budget < capped:
+                return limit
+    except ValueError:   # a window list that does not match the layers, a budget below a token: no cap we can tell
         return limit
-    return min(limit, p.max_context_in_budget)
+    return capped
 
 
 def validate(values: dict[str, Any], model: dict | None, devices: list[str]) -> dict[str, str]:

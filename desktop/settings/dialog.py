@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 import runtime
-from desktop.settings.checks import MIB, MODEL_OPTIONS, WEIGHT_DTYPES, has_shape, validate
+from desktop.settings.checks import MIB, MODEL_OPTIONS, WEIGHT_DTYPES, has_shape, policy_budget, validate
 from desktop.settings.generation_tab import generation_tab, sync_preset
 from desktop.settings.labels import POLICY_TEXT, cache_policy_hint, cache_policy_label, weight_dtype_label
 from desktop.settings.memory_planner import MemoryPlanner, resolve_device
@@ -347,7 +347,7 @@ class SettingsDialog(QDialog):
         device = resolve_device(v["model/device"], [d for d, _ in self.devices], self.planner.model)
         self.planner.update_plan(context=int(v["generation/context"]), cache_dtype=v["generation/cache_dtype"],
                                  budget_bytes=int(limit * MIB) if limit > 0 else None, device=device,
-                                 weights_dtype=v["model/weight_dtype"])
+                                 weights_dtype=v["model/weight_dtype"], **policy_budget(v))
 
     def _update_reload(self, values: dict[str, Any]) -> None:
         pending = has_shape(self.model) and any(values[k] != self.loaded_with.get(k, values[k]) for k in MODEL_OPTIONS)

@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox,
 
 import runtime
 from desktop.settings.variants_table import VariantsTable
+from models.kv_bytes import UNBOUNDED
 
 __all__ = ["MemoryPlanner", "fmt_mib", "resolve_device"]
 
@@ -157,11 +158,13 @@ class MemoryPlanner(QGroupBox):
         return self._free[device]
 
     def update_plan(self, *, context: int, cache_dtype: str, budget_bytes: int | None, device: str,
-                    weights_dtype: str) -> runtime.MemoryPlan | None:
+                    weights_dtype: str, policy: str = "none", policy_tokens: int | None = None,
+                    policy_bytes: int | None = None) -> runtime.MemoryPlan | None:
         """Recompute the figures. ``context`` 0 = the model's maximum; ``cache_dtype``
         ``"auto"`` = the compute dtype (:func:`runtime.compute_dtype`), ``weights_dtype``
         ``"auto"`` = the loaded model's dtype or the device's default; ``device``
-        already resolved (no ``"auto"``)."""
+        already resolved (no ``"auto"``). ``policy`` other than ``"none"``: a cache policy keeping
+        ``policy_tokens`` per full layer or ``policy_bytes`` of cache: the cache never holds more."""
         m = self.model if self.source.currentIndex() == self.LOADED else None
         wdtype = weights_dtype
         if wdtype == "auto":
@@ -190,10 +193,11 @@ class MemoryPlanner(QGroupBox):
             context = self.context.value()
             weights = int(self.params_m.value() * 1e6) * runtime.element_bytes(wdtype) or None
             shape = f"{layers} layers × {kv_heads} KV heads × {head_dim} dims"
+        kept = {} if policy == "none" else dict(cache_budget=policy_tokens, cache_budget_bytes=policy_bytes)
         try:
             p = runtime.plan(layers=layers, kv_heads=kv_heads, head_dim=head_dim, cache_dtype=cdtype,
                              context=context, budget_bytes=budget_bytes, device="cpu", windows=windows,
-                             n_heads=n_heads)
+                             n_heads=n_heads, **kept)
         except ValueError as e:
             self.rows["model"].setText(str(e))
             self.variants.clear("Attention variants: no plan (see above).")
@@ -208,7 +212,9 @@ class MemoryPlanner(QGroupBox):
         per_dtype = ", ".join(f"{d} {runtime.cache_bytes_per_token(layers, kv_heads, head_dim, d):,}" for d in others)
         r["per_token"].setText(f"{p.kv_bytes_per_token:,} bytes ({p.cache_dtype}); {per_dtype}")
         self._titles["at_context"].setText(f"KV cache at {context:,} tokens")
-        r["at_context"].setText(fmt_mib(p.kv_bytes))
+        capped = p.cache_budget is not None and p.cache_budget < context
+        r["at_context"].setText(fmt_mib(p.kv_bytes) + (f" (the {policy} cache policy keeps at most {p.cache_budget:,} "
+                                                       "tokens per layer)" if capped else ""))
         self._titles["free"].setText(f"Free memory on {device}")
         r["free"].setText(fmt_mib(free) if free is not None else "unknown")
         # The loaded model's weights already sit in that memory: only the cache needs room.
@@ -222,15 +228,24 @@ class MemoryPlanner(QGroupBox):
         else:
             verdict = f": does not fit ({fmt_mib(need - free)} short); shorten the context or use a smaller cache dtype"
         r["total"].setText(fmt_mib(total) + verdict)
-        r["in_limit"].setText(f"{p.max_context_in_budget:,} tokens in {fmt_mib(budget_bytes)}"
-                              if budget_bytes else "no cache limit set")
+        if not budget_bytes:
+            r["in_limit"].setText("no cache limit set")
+        elif p.max_context_in_budget >= UNBOUNDED:
+            r["in_limit"].setText(f"any length: {fmt_mib(p.kv_bytes)} of {fmt_mib(budget_bytes)} at most"
+                                  + (f" ({policy} keeps {p.cache_budget:,} tokens)" if p.cache_budget else ""))
+        else:
+            r["in_limit"].setText(f"{p.max_context_in_budget:,} tokens in {fmt_mib(budget_bytes)}")
         if free is None:
             r["in_free"].setText("unknown")
         else:
             room = free - (0 if resident or not weights else weights)
             n = runtime.plan(layers=layers, kv_heads=kv_heads, head_dim=head_dim, cache_dtype=cdtype, context=1,
-                             budget_bytes=max(room, 0), device="cpu", windows=windows).max_context_in_budget
+                             budget_bytes=max(room, 0), device="cpu", windows=windows, **kept).max_context_in_budget
             limit = int(m["context_limit"]) if m else None
-            r["in_free"].setText(f"{n:,} tokens" + ("" if resident else " after the weights" if weights else "")
-                                 + (f" (the model stops at {limit:,})" if limit and n > limit else ""))
+            after = "" if resident else " after the weights" if weights else ""
+            if n >= UNBOUNDED:
+                r["in_free"].setText("any length" + after + (f" (the model stops at {limit:,})" if limit else ""))
+            else:
+                r["in_free"].setText(f"{n:,} tokens" + after
+                                     + (f" (the model stops at {limit:,})" if limit and n > limit else ""))
         return p

@@ -421,18 +421,20 @@ class KVCache:
             self.evictor.cropped(self)
 
     @torch.inference_mode()
-    def shrink_to_fit(self) -> int:
-        """Reallocate each layer's buffers at the smallest chunk multiple that holds what it
-        holds now (:meth:`held`; :meth:`release` when ``length`` is 0); nothing is dropped. For
-        an idle cache (a pooled server session): a long reply's buffers otherwise stay at their
-        peak. Returns the bytes freed (:attr:`allocated_bytes` before minus after)."""
+    def shrink_to_fit(self, room: int = 0, layers: Sequence[int] | None = None) -> int:
+        """Reallocate the buffers of ``layers`` (default all; :meth:`release` when all and ``length``
+        is 0) at the smallest chunk multiple holding :meth:`held` + ``room`` tokens; nothing is
+        dropped. For an idle cache (a pooled server session) or after a policy's eviction, whose
+        buffers otherwise stay at their peak. Returns the bytes freed."""
         before = self.allocated_bytes
-        if self.length == 0:
+        if self.length == 0 and layers is None:
             self.release()
             return before
-        for i in range(len(self.k)):
+        for i in range(len(self.k)) if layers is None else layers:
+            if i >= len(self.k):
+                continue
             held = self.held(i)
-            cap = self._target(i, max(held, 1))
+            cap = self._target(i, max(held + room, 1))
             if cap >= self.k[i].shape[2]:
                 continue
             self.storage.resize(i, cap, held)

@@ -43,10 +43,7 @@ class SessionCache:
         """The cache policy's evictor on :attr:`cache` (None: no policy, or a budget the
         conversation can never pass). Under a policy the conversation may run to ``limit``
         tokens: only the budget is cached, so the memory limit bounds the budget, not the
-        context.
-
-        Raises:
-            ValueError: a budget that leaves no room to read a prompt under the memory limit.
+        context. A budget close to the memory limit reads a prompt in the chunks that fit beside it.
         """
         st = self.settings
         if st.cache_policy == "none":
@@ -57,14 +54,12 @@ class SessionCache:
         budget = min(budgets)
         if budget >= min(limit, self.cache.token_limit):
             return None  # never full: nothing to evict, no observing either
-        # The cache holds up to budget + step - 1 tokens, plus a prompt chunk while it is read.
-        room = self.cache.token_limit - (budget + DEFAULT_STEP - 1)
-        if room < 1:
-            raise ValueError(f"a cache budget of {budget} tokens leaves no room under the KV-cache memory limit "
-                             f"({self.cache.token_limit} tokens); lower the budget or raise the limit")
-        self._chunk = min(self._chunk, room)
+        # The budget is a ceiling: after each forward the cache holds at most ``budget`` tokens
+        # (Evictor.within), plus a prompt chunk while it is read.
+        evictor = Evictor.within(st.cache_policy, budget, step=DEFAULT_STEP)
+        self._chunk = min(self._chunk, self.cache.token_limit - evictor.ceiling)   # >= 1: budget < token_limit
         self.context_limit = limit
-        return Evictor(st.cache_policy, budget, step=DEFAULT_STEP).attach(self.cache)
+        return evictor.attach(self.cache)
 
     @property
     def cached_token_ids(self) -> list[int]:

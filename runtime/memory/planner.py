@@ -13,7 +13,9 @@ With sliding-window layers (Mistral, Gemma 2/3, Phi-3) a layer holds at most its
 so the KV cache at a context of ``n`` tokens is, per layer,
 ``min(n, window) x 2 x KV heads x head dim x bytes`` (the same count
 :meth:`runtime.cache.kv_cache.KVCache.bytes_at` makes), and the planner reports it per layer
-type. It also compares, for the model's shape, what multi-head (one KV head per query
+type. Under a cache policy (:mod:`runtime.cache.policies`) a full layer holds at most the
+policy's budget (a ceiling the cache never passes, :meth:`runtime.cache.policies.evictor.Evictor.within`),
+so its tokens at ``n`` are ``min(n, budget)``, as a window's are. It also compares, for the model's shape, what multi-head (one KV head per query
 head), grouped-query (the model's), multi-query (one KV head, Shazeer 2019, "Fast
 Transformer Decoding: One Write-Head is All You Need") and sliding-window attention would
 cost.
@@ -25,7 +27,7 @@ from typing import Sequence
 
 import torch
 
-from models.kv_bytes import bytes_at, longest_context
+from models.kv_bytes import bytes_at, longest_context, policy_tokens
 from runtime import device as devices
 from runtime.config.model import ModelConfig
 from runtime.device import compute_dtype, default_dtype
@@ -138,7 +140,10 @@ class MemoryPlan:
         kv_bytes: KV bytes at ``context``.
         budget_bytes: the KV budget asked about (None if none).
         max_context_in_budget: whole tokens whose KV cache fits ``budget_bytes``
-            (None without a budget; capped by nothing else).
+            (None without a budget; capped by nothing else; :data:`models.kv_bytes.UNBOUNDED`
+            when no layer grows past it: sliding windows or a cache policy bound them all).
+        cache_budget: tokens a cache policy keeps per full-attention layer (None: no policy);
+            ``kv_bytes`` and ``layer_types`` count full layers at ``min(context, cache_budget)``.
         weights_bytes: the weights' bytes at ``weights_dtype`` (None without a model), norm
             weights and biases at the compute dtype as the loader keeps them.
         weights_dtype: dtype of the weights in that figure.
@@ -168,6 +173,7 @@ class MemoryPlan:
     kv_bytes: int
     budget_bytes: int | None = None
     max_context_in_budget: int | None = None
+    cache_budget: int | None = None
     weights_bytes: int | None = None
     weights_dtype: str | None = None
     parameters: int | None = None
@@ -199,6 +205,8 @@ def plan(
     windows: Sequence[int | None] | None = None,
     n_heads: int | None = None,
     blocks: tuple[int, str] | None = None,
+    cache_budget: int | None = None,
+    cache_budget_bytes: int | None = None,
 ) -> MemoryPlan:
     """Plan the memory of a model at a context length.
 
@@ -221,9 +229,13 @@ def plan(
         blocks: for a GGUF run from its own quantized blocks (the default for one, issue
             26), ``(bytes, name)``: its weights' bytes and its quantization (``"Q4_K_M"``),
             used when ``weights_dtype`` is not given (it computes as float16 weights do).
+        cache_budget, cache_budget_bytes: a cache policy's budget, in tokens per full layer or
+            in bytes of the whole cache (sliding layers at their whole window,
+            :func:`models.kv_bytes.policy_tokens`); with both, the smaller. None: no policy.
 
     Raises:
-        ValueError: non-positive numbers, an unknown dtype, a window list of the wrong length.
+        ValueError: non-positive numbers, an unknown dtype, a window list of the wrong length,
+            a policy budget below one token.
     """
     if context <= 0:
         raise ValueError(f"the context must be a positive number of tokens; got {context}")
@@ -244,7 +256,10 @@ def plan(
     windows = tuple(windows) if windows else (None,) * layers
     if len(windows) != layers or any(w is not None and w < 1 for w in windows):
         raise ValueError(f"give {layers} windows (a positive number of tokens or None); got {windows}")
-    kv = bytes_at(windows, kv_heads, head_dim, eb, context, sb)
+    policy = _policy_budget(windows, kv_heads, head_dim, eb, sb, cache_budget, cache_budget_bytes)
+    # A full layer under a policy holds what a window of its budget would.
+    held = windows if policy is None else tuple(policy if w is None else w for w in windows)
+    kv = bytes_at(held, kv_heads, head_dim, eb, context, sb)
     params = weights = wdtype = tok = turn = None
     if config is not None and as_blocks:  # the file's tensors as stored (norms included), computing as float16 weights do
         params, (weights, wdtype) = count_parameters(config), blocks
@@ -265,15 +280,27 @@ def plan(
     return MemoryPlan(
         layers=layers, kv_heads=kv_heads, head_dim=head_dim,
         cache_dtype=dtype_name(parse_cache_dtype(cache_dtype)), kv_bytes_per_token=per_token,
-        context=context, kv_bytes=kv, budget_bytes=budget_bytes,
-        max_context_in_budget=None if budget_bytes is None else longest_context(windows, kv_heads, head_dim, eb, budget_bytes, sb),
+        context=context, kv_bytes=kv, budget_bytes=budget_bytes, cache_budget=policy,
+        max_context_in_budget=None if budget_bytes is None else longest_context(held, kv_heads, head_dim, eb, budget_bytes, sb),
         weights_bytes=weights, weights_dtype=wdtype, parameters=params, device=str(torch.device(device)),
         free_device_bytes=free, total_bytes=total if config is not None else None,
         fits_device=None if free is None else total <= free, tokenizer_bytes=tok, turn_bytes=turn,
-        layer_types=layer_type_figures(windows, kv_heads, head_dim, eb, context, sb),
+        layer_types=layer_type_figures(windows, kv_heads, head_dim, eb, context, sb, policy=policy),
         variants=attention_variants(windows, kv_heads, head_dim, eb, context,
                                     n_heads=config.n_heads if config is not None else n_heads, scale_bytes=sb),
     )
+
+
+def _policy_budget(windows, kv_heads: int, head_dim: int, eb: int, sb: int, tokens: int | None,
+                   nbytes: int | None) -> int | None:
+    """Tokens a cache policy keeps per full layer: the smaller of ``tokens`` and what ``nbytes``
+    holds (None: no policy). Raises ValueError below one token."""
+    budgets = [] if tokens is None else [int(tokens)]
+    if nbytes is not None:
+        budgets.append(policy_tokens(windows, kv_heads, head_dim, eb, nbytes, sb))
+    if budgets and min(budgets) < 1:
+        raise ValueError("a cache policy's budget must hold at least one token per layer; raise the budget")
+    return min(budgets) if budgets else None
 
 
 #: A model whose weights and KV cache take more than this share of the free memory is

@@ -44,15 +44,15 @@ def cache_bytes_per_token(layers: int, kv_heads: int, head_dim: int, cache_dtype
 
 
 def layer_type_figures(windows: Sequence[int | None], kv_heads: int, head_dim: int, elem_bytes: int, context: int,
-                       scale_bytes: int = 0) -> list[dict]:
+                       scale_bytes: int = 0, *, policy: int | None = None) -> list[dict]:
     """Per kind of layer (full first, then each window): kind, window, layers,
     bytes_per_token, tokens and used_bytes at ``context`` (the KV cache's
-    ``layer_types()`` fields)."""
+    ``layer_types()`` fields); ``policy``: a cache policy's budget, the most a full layer holds."""
     per_layer = layer_bytes_per_token(kv_heads, head_dim, elem_bytes, scale_bytes)
     out = []
     for w in sorted(set(windows), key=lambda w: -1 if w is None else w):
         n = sum(1 for x in windows if x == w)
-        tokens = tokens_held(w, context)
+        tokens = tokens_held(w if w is not None or policy is None else policy, context)
         out.append({"kind": "full" if w is None else "sliding", "window": w, "layers": n,
                     "bytes_per_token": n * per_layer, "tokens": tokens, "used_bytes": n * per_layer * tokens})
     return out

@@ -149,6 +149,33 @@ def test_the_planner_in_the_dialog(big_window, monkeypatch):
     assert rows["weights"].text() == "1.9 GiB (1,907 MiB) (float16)"
 
 
+def test_the_planner_counts_the_cache_policys_budget(big_window, monkeypatch):
+    """The planner ignored the cache policy: with h2o keeping 256 tokens it still planned the
+    whole 8,192-token cache (1 GiB) and a 256 MiB limit's 2,048 tokens as the longest context,
+    while the session runs the conversation to 8,192 tokens with 256 of them cached."""
+    from desktop.settings.checks import CONTEXT_KEYS, effective_context
+
+    monkeypatch.setattr(runtime, "free_memory_bytes", lambda device: 2 * 2**30)
+    d = dialog(big_window)
+    rows = d.planner.rows
+    set_value(d, "generation/cache_dtype", "bfloat16")
+    set_value(d, "generation/cache_limit_mib", 256.0)
+    set_value(d, "generation/cache_policy", "h2o")
+    set_value(d, "generation/cache_budget", 256.0)
+    assert d.planner.last_plan.kv_bytes == 256 * 131_072
+    assert rows["at_context"].text() == "32.0 MiB (the h2o cache policy keeps at most 256 tokens per layer)"
+    assert rows["in_limit"].text() == "any length: 32.0 MiB of 256.0 MiB at most (h2o keeps 256 tokens)"
+    values = d.values()
+    assert effective_context({k: values[k] for k in CONTEXT_KEYS}, big_window.engine.model) == 8192
+    set_value(d, "generation/cache_budget_unit", "MiB")   # 256 MiB of cache: 2,048 tokens, the limit's own
+    set_value(d, "generation/cache_budget", 64.0)
+    assert d.planner.last_plan.cache_budget == 512 and rows["at_context"].text().startswith("64.0 MiB (the h2o")
+    set_value(d, "generation/cache_policy", "none")
+    assert rows["at_context"].text() == "1.0 GiB (1,024 MiB)" and rows["in_limit"].text() == "2,048 tokens in 256.0 MiB"
+    values = d.values()
+    assert effective_context({k: values[k] for k in CONTEXT_KEYS}, big_window.engine.model) == 2048
+
+
 def test_settings_reach_the_worker_and_the_session(qtbot, make_window, backend):
     systems, fake = [], fake_session_factory()
     w = make_window(worker=EngineWorker(load_fn=big_load, session_fn=lambda m, system, gen: (

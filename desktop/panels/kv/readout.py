@@ -80,7 +80,7 @@ def figures(s: KVSeries, limit: int, limit_bytes: int | None, *, window_note: st
     if s.events:
         before, after, kind = s.events[-1]
         lines.append(f"<span style='color:{event_color}'>Last {kind}: {before - after:,} tokens "
-                     f"at {before:,} (now {after:,}).</span>")
+                     f"at {before:,} (now {tokens:,}).</span>")
     return "<br>".join(lines)
 
 

@@ -39,6 +39,8 @@ class KVSeries:
     full: list[int] = field(default_factory=list)
     held: int = 0
     evicted: int = 0
+    #: The reply's tokens written (``completion_tokens``) at the newest point; None: unknown.
+    completion: int | None = None
     _before: int | None = None   # the conversation's length before the prompt being read (for a truncation)
 
     def add(self, stats: dict, policy: str) -> tuple[int, int, str] | None:
@@ -87,9 +89,10 @@ class KVSeries:
                 event = (before, tokens, "truncated")
                 self.events.append(event)
         elif self.tokens and tokens < self.tokens[-1]:   # within a reply: only the overflow policy shrinks it
-            event = (self.tokens[-1], tokens, "evicted" if policy == "rolling" else "truncated")
+            event = self._shrink(tokens, stats.get("completion_tokens"), policy)
             self.events.append(event)
         self.request, self.dropped_tokens = request, dropped
+        self.completion = None if stats.get("completion_tokens") is None else int(stats["completion_tokens"])
         if not self.tokens or tokens != self.tokens[-1] or event:
             self.tokens.append(tokens)
             self.used.append(int(kv.get("used_bytes", tokens * bpt)))
@@ -103,6 +106,21 @@ class KVSeries:
             for name in ("tokens", "used", "allocated", "full"):
                 setattr(self, name, getattr(self, name)[::2])
         return event
+
+    def _shrink(self, tokens: int, completion, policy: str) -> tuple[int, int, str]:
+        """The event of a cache that shrank within a reply: ``(length when cut, length right
+        after, kind)``. Points come every few decoded tokens, so the last point is not where the
+        rolling policy cut: the reply's tokens written since (``completion_tokens``) say how
+        long the cache grew before it, and so how many tokens went (the forecast's figure; the
+        points' difference was short by the tokens written between them)."""
+        before = self.tokens[-1]
+        if policy != "rolling":
+            return before, tokens, "truncated"
+        if completion is None or self.completion is None:
+            return before, tokens, "evicted"
+        removed = before + int(completion) - self.completion - tokens
+        cut_at = tokens + removed - 1   # the cut came before the newest token was written
+        return cut_at, cut_at - removed, "evicted"
 
     @property
     def evicting(self) -> bool:

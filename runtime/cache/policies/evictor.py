@@ -6,7 +6,10 @@ from its attention; the session, or the cache-eval harness, calls :meth:`Evictor
 
 The budget is in tokens per full-attention layer (:func:`budget_for_bytes` turns MiB into
 tokens). A reply's forward passes append to the cache; once it holds ``budget + step``
-tokens or more, :meth:`Evictor.evict` keeps ``budget`` of them (the policy's ``score()``
+tokens or more, :meth:`Evictor.evict` keeps ``budget`` of them, so after a forward the cache
+holds at most :attr:`Evictor.ceiling` = ``budget + step - 1``. A user's budget is a ceiling
+(a MiB budget must never be passed): :meth:`Evictor.within` sets ``budget`` and ``step`` for
+one (the policy's ``score()``
 chooses which, :mod:`runtime.cache.policies`). Evicting after a forward, not before, lets a prompt's last chunk (the
 question) choose what stays, as SnapKV does at the end of a prompt, and lets TOVA score
 with the current token's attention; the price is that the cache briefly holds up to a
@@ -30,7 +33,9 @@ import math
 
 import torch
 
+from models.kv_bytes import policy_tokens
 from runtime.cache.policies import LayerObservation, PolicyParams, make_policy
+from runtime.dtypes import cache_number_bytes
 
 #: Tokens evicted at least per eviction (decode): see the module docstring.
 DEFAULT_STEP = 16
@@ -56,12 +61,30 @@ class Evictor:
         if budget < 1 or step < 1:
             raise ValueError(f"the cache budget and eviction step must be at least 1 token; got {budget}, {step}")
         self.policy, self.budget, self.step, self.params = policy, int(budget), int(step), params
+        #: The most tokens a full layer holds after a forward (and its eviction): ``budget + step - 1``.
+        self.ceiling = self.budget + self.step - 1
         self.window = self.scorer.queries
         self.accumulates = "accumulated" in self.scorer.needs
         self._q: dict[int, torch.Tensor] = {}  # layer -> (B, H, <=W, D) newest queries
         self._qpos: dict[int, torch.Tensor] = {}  # layer -> (<=W,) their positions
         self._acc: dict[int, torch.Tensor] = {}  # layer -> (B, Hkv, capacity) float32
         self._scale: dict[int, tuple[float, float | None]] = {}  # layer -> (scale, softcap)
+
+    @classmethod
+    def within(cls, policy: str, ceiling: int, *, step: int = DEFAULT_STEP,
+               params: PolicyParams = PolicyParams()) -> "Evictor":
+        """An evictor under which a full layer never holds more than ``ceiling`` tokens after a
+        forward: it evicts once ``ceiling + 1`` are held, keeping ``ceiling - s + 1``, with ``s``
+        the ``step`` but at most a quarter of the ceiling (at least 1), so a small budget is not
+        emptied by a long step (a ceiling of 256: keeps 241, evicts at 257; of 4: keeps 4, evicts at 5).
+
+        Raises:
+            ValueError: as the constructor (a ceiling below 1).
+        """
+        if ceiling < 1:
+            raise ValueError(f"the cache budget must be at least 1 token; got {ceiling}")
+        s = max(1, min(int(step), int(ceiling) // 4))
+        return cls(policy, int(ceiling) - s + 1, step=s, params=params)
 
     def attach(self, cache) -> "Evictor":
         """Observe ``cache``'s full layers from now on (sets ``cache.evictor``); returns self."""
@@ -153,7 +176,12 @@ class Evictor:
         for i, acc in self._acc.items():
             idx = slots[i]
             acc[:, :, : self.budget] = acc[:, :, :held].gather(-1, idx)
-        return cache.keep(slots)
+        gone = cache.keep(slots)
+        # A prompt's chunk grew the buffers past what decoding under this budget needs: give
+        # that back, so "allocated" says what the policy holds (room kept for the next step's
+        # forward, ``step`` tokens, so decoding does not grow and shrink them again).
+        cache.shrink_to_fit(room=self.step, layers=list(slots))
+        return gone
 
     def observation(self, cache, layer: int) -> "LayerObservation":
         """What the policy sees of layer ``layer`` now (:class:`runtime.cache.policies.LayerObservation`)."""
@@ -191,17 +219,18 @@ class Evictor:
 
 def budget_for_bytes(cache, limit_bytes: int) -> int:
     """The most tokens a policy may keep per full-attention layer for the cache to take at
-    most ``limit_bytes``, sliding layers at their full window (the worst case).
+    most ``limit_bytes``, sliding layers at their full window (the worst case;
+    :func:`models.kv_bytes.policy_tokens`, which the memory planner uses too).
 
     Raises:
         ValueError: the sliding layers alone, or one token, pass ``limit_bytes``.
     """
-    full = sum(cache.layer_bytes_per_token(i) for i in cache.full_layers())
-    sliding = sum(w * cache.layer_bytes_per_token(i) for i, w in enumerate(cache.windows) if w is not None)
-    if full == 0:
+    if not cache.full_layers():
         raise ValueError("this model has no full-attention layers: its sliding windows already bound the cache")
-    tokens = (limit_bytes - sliding) // full
+    elem, scale = cache_number_bytes(cache.dtype)
+    tokens = policy_tokens(cache.windows, cache.n_kv_heads, cache.head_dim, elem, limit_bytes, scale, batch=cache.batch)
     if tokens < 1:
+        sliding = sum(w * cache.layer_bytes_per_token(i) for i, w in enumerate(cache.windows) if w is not None)
         raise ValueError(f"{limit_bytes / 2**20:.1f} MiB does not hold one token besides the sliding windows "
                          f"({sliding / 2**20:.1f} MiB); raise the cache budget")
     return int(tokens)

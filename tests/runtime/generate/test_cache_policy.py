@@ -64,7 +64,7 @@ class Feeds:
 def _replay(model, policy, calls) -> tuple[list[int], object]:
     """Greedy tokens after each call, fed to a fresh cache with the same evictor."""
     cache = model.new_cache(1024)
-    ev = Evictor(policy, BUDGET, step=DEFAULT_STEP).attach(cache)
+    ev = Evictor.within(policy, BUDGET, step=DEFAULT_STEP).attach(cache)
     out = []
     for ids in calls:
         row = _no_stop(model)(None, model.logits(ids, cache, last_only=True)[0, -1])
@@ -79,7 +79,7 @@ def test_turns_continue_from_the_evicted_cache_exactly(model, policy):
     rec = Feeds(s)
     t1 = run_turn(s, s.send(FIRST))
     assert t1.stats.prompt_tokens > BUDGET + CHUNK and t1.finish.reason == "length"
-    assert max(t.stats.kv_cache["tokens"] for t in [t1]) <= BUDGET + DEFAULT_STEP
+    assert max(t.stats.kv_cache["tokens"] for t in [t1]) <= BUDGET
     assert t1.stats.evicted_tokens == len(s._stream) - s.cache.held_tokens > 0
     kv = t1.stats.kv_cache
     assert (kv["positions"], kv["evicted_tokens"]) == (s.cache.length, t1.stats.evicted_tokens)
@@ -116,16 +116,16 @@ def test_the_conversation_runs_past_the_budget_to_the_context_limit(model):
     s = _session(model, "sinks-window", budget=40, context=200, max_new_tokens=300)
     t = run_turn(s, s.send(FIRST))
     assert t.finish.reason == "context" and s.cache.length == 200
-    assert max(t.cache_lengths) == 200 and s.cache.held_tokens < 40 + DEFAULT_STEP
+    assert max(t.cache_lengths) == 200 and s.cache.held_tokens <= 40
     assert t.stats.context_limit == 200 and t.stats.evicted_tokens == 200 - s.cache.held_tokens
 
 
 def test_budgets_in_bytes_and_settings_errors(model):
     per_token = model.new_cache(8).bytes_per_token
     s = _session(model, "tova", budget=None, cache_budget_bytes=30 * per_token)
-    assert s.evictor is not None and s.evictor.budget == 30
+    assert s.evictor is not None and s.evictor.ceiling == 30
     s = _session(model, "tova", budget=100, cache_budget_bytes=30 * per_token)
-    assert s.evictor.budget == 30  # the smaller of the two
+    assert s.evictor.ceiling == 30  # the smaller of the two
     assert _session(model, "tova", budget=5000).evictor is None  # never full: no policy at work
     with pytest.raises(ValueError, match="needs a budget"):
         GenerationSettings(cache_policy="h2o")
@@ -133,5 +133,48 @@ def test_budgets_in_bytes_and_settings_errors(model):
         GenerationSettings(cache_policy="h2o", cache_budget=64, overflow="rolling")
     with pytest.raises(ValueError, match="unknown cache policy 'lru'"):
         GenerationSettings(cache_policy="lru")
-    with pytest.raises(ValueError, match="no room"):
-        _session(model, "h2o", budget=60, cache_limit_bytes=64 * per_token)
+    # A budget just under the memory limit reads a prompt in the chunks that fit beside it.
+    s = _session(model, "h2o", budget=60, cache_limit_bytes=64 * per_token)
+    assert s.evictor.ceiling == 60 and s._chunk == 4
+    t = run_turn(s, s.send(FIRST))
+    assert t.finish.reason == "length" and s.cache.held_tokens <= 60
+
+
+def _held_after_each_event(session, events) -> list[int]:
+    held = []
+    run_turn(session, events, lambda ev, *_: held.append(session.cache.held_tokens))
+    return held
+
+
+@pytest.mark.parametrize("budget", [256, 40, 4])
+def test_the_budget_is_a_ceiling_the_cache_never_passes(model, budget):
+    """A 256-token budget kept 264 tokens: the evictor ran only at budget + 16, so between
+    evictions (and at a reply's end) the cache held up to 15 tokens past what the user set,
+    and a MiB budget was passed by as much. Now after every forward it holds at most the budget."""
+    s = _session(model, "h2o", budget=budget, max_new_tokens=60)
+    long = " ".join(WORDS * 4)   # ~400 tokens: read in chunks, past every budget here
+    held = _held_after_each_event(s, s.send(long))
+    assert max(held) <= budget and held[-1] > budget - DEFAULT_STEP
+    assert s.cache.length > budget + DEFAULT_STEP   # evictions did happen
+    held = _held_after_each_event(s, s.send(SECOND))
+    assert max(held) <= budget
+
+
+def test_a_budget_in_bytes_is_never_passed(model):
+    per_token = model.new_cache(8).bytes_per_token
+    s = _session(model, "snapkv", budget=None, cache_budget_bytes=50 * per_token, max_new_tokens=50)
+    run_turn(s, s.send(" ".join(WORDS * 3)))
+    assert s.cache.used_bytes <= 50 * per_token and s.cache.held_tokens <= 50
+
+
+def test_allocated_shrinks_to_what_the_policy_holds(model):
+    """A long prompt read under a 40-token budget grew the buffers to two 256-token chunks
+    while a chunk was read; after the eviction they stayed there ("allocated" never shrank).
+    Now they come back to the one chunk that holds the budget and the next step."""
+    st = GenerationSettings(max_new_tokens=20, context_limit=1024, cache_policy="h2o", cache_budget=40,
+                            overflow="stop", logits_processors=(_no_stop(model),))   # the default 256-token chunks
+    s = ChatSession(model, settings=st)
+    t = run_turn(s, s.send(" ".join(WORDS * 6)))
+    assert t.stats.prompt_tokens > 2 * 256 and s.cache.held_tokens <= 40
+    assert s.cache.allocated_bytes == 256 * s.cache.bytes_per_token
+    assert t.stats.kv_cache["allocated_bytes"] == s.cache.allocated_bytes

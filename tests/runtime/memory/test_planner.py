@@ -98,6 +98,17 @@ def test_memory_command_with_numbers():
     assert data["weights_bytes"] is None
 
 
+def test_memory_command_under_a_cache_policy():
+    out = subprocess.run(
+        [sys.executable, "-P", "-m", "attnchat", "memory", "--layers", "30", "--kv-heads", "3", "--head-dim", "64",
+         "--cache-dtype", "float32", "--context", "8192", "--cache-policy", "h2o", "--cache-budget", "1MiB", "--json"],
+        capture_output=True, text=True, timeout=HANG_S,
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["cache_budget"] == 2**20 // 46_080 == 22 and data["kv_bytes"] == 22 * 46_080
+
+
 @pytest.mark.slow
 def test_memory_command_on_the_default_model(default_model_file, default_model):
     out = subprocess.run(
@@ -198,3 +209,43 @@ def test_a_context_past_the_model_says_where_it_stops(capsys, default_model_file
     rows = _rows(out)
     assert rows["KV bytes at 100,000 tokens"] == "4,608,000,000 (4,394.5 MiB) (the model stops at 8,192)"
     assert rows["longest context in 10000 MiB"] == "227,555 tokens (the model stops at 8,192)"
+
+
+def test_a_cache_policy_budget_bounds_the_planned_cache():
+    """The planner ignored a cache policy's budget: a 256-token h2o budget at 8,192 tokens was
+    planned as the whole 360 MiB cache while the cache never holds more than 256 tokens."""
+    from models.kv_bytes import UNBOUNDED
+
+    full = plan(layers=30, kv_heads=3, head_dim=64, cache_dtype="float32", context=8192)
+    p = plan(layers=30, kv_heads=3, head_dim=64, cache_dtype="float32", context=8192, cache_budget=256,
+             budget_bytes=20 * 2**20)
+    assert full.kv_bytes == 8192 * 46_080 and p.kv_bytes == 256 * 46_080 and p.cache_budget == 256
+    assert p.layer_types[0]["tokens"] == 256 and p.max_context_in_budget == UNBOUNDED   # 11.25 MiB fits 20
+    short = plan(layers=30, kv_heads=3, head_dim=64, cache_dtype="float32", context=100, cache_budget=256)
+    assert short.kv_bytes == 100 * 46_080   # below the budget nothing is evicted
+    # In bytes: 1 MiB of the whole cache; Gemma-like windows are held whole beside the budget.
+    w = plan(layers=3, kv_heads=1, head_dim=16, cache_dtype="float32", context=5000, windows=[8, 8, None],
+             cache_budget_bytes=128 * (2 * 8 + 20))
+    assert w.cache_budget == 20 and w.kv_bytes == 128 * (2 * 8 + 20)
+    assert plan(layers=3, kv_heads=1, head_dim=16, cache_dtype="float32", context=5000, cache_budget=30,
+                cache_budget_bytes=128 * 3 * 20).cache_budget == 20   # the smaller of the two
+    with pytest.raises(ValueError, match="at least one token"):
+        plan(layers=3, kv_heads=1, head_dim=16, cache_dtype="float32", context=50, windows=[8, 8, None],
+             cache_budget_bytes=128 * 16)
+
+
+def test_the_planned_policy_cache_is_what_a_session_holds(tmp_path):
+    """The plan under a policy is the most the session's cache holds, to the byte, a long prompt
+    read past the budget (between evictions it holds less: the budget is a ceiling)."""
+    from runtime import ChatSession, GenerationSettings, load_model
+    from tests.runtime.tiny_models import WORDS, make_tiny_model
+
+    model = load_model(make_tiny_model(tmp_path, "llama", max_positions=1024), device="cpu", dtype="float32")
+    st = GenerationSettings(max_new_tokens=1, context_limit=1024, cache_policy="sinks-window", cache_budget=64,
+                            overflow="stop", prefill_chunk=32)
+    s = ChatSession(model, settings=st)
+    used = [s.cache.used_bytes for _ in s.send(" ".join(WORDS * 2))]
+    c = model.config
+    p = plan(layers=c.n_layers, kv_heads=c.n_kv_heads, head_dim=c.head_dim, cache_dtype="float32",
+             context=s.cache.length, cache_budget=64)
+    assert s.cache.length > 64 + 16 and p.kv_bytes == max(used) == 64 * 512 >= s.cache.used_bytes
