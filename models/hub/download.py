@@ -23,7 +23,8 @@ What is kept where, per outcome:
 - a name that is not a plain file name (``../``, an absolute path, NUL): refused before
   anything is written.
 
-Two processes fetching the same file take turns (a lock beside the part).
+Two processes fetching the same file take turns (a lock beside the part, :mod:`.part_lock`,
+removed when the turn ends).
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ from models.paths import models_dir
 
 from . import api
 from .local import find_installed, hub_path, part_path, read_manifest, write_manifest
+from .part_lock import part_lock
 from .ref import GGUFFile, HubFile, HubRef, parse_ref, choose
 from .transfer import Writer, transfer
 
@@ -121,8 +123,6 @@ def download_file(repo_id: str, revision: str, file: HubFile, *, progress: Progr
             sha256 differs, the disk is full, offline, gated, not found (one line each).
         KeyboardInterrupt: passed on (the part is kept for a resume).
     """
-    from huggingface_hub.utils import WeakFileLock
-
     where = f"hf.co/{repo_id}/{file.path}"
     final = hub_path(repo_id, file.path)
     listed = (file.sha256 or "").lower()
@@ -153,7 +153,7 @@ def download_file(repo_id: str, revision: str, file: HubFile, *, progress: Progr
         return final
     part = part_path(expected)
     folder = models_dir()
-    with WeakFileLock(str(part) + ".lock"):
+    with part_lock(str(part) + ".lock"):
         have = part.stat().st_size if part.is_file() else 0
         if have > size:
             part.unlink()

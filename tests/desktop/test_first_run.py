@@ -97,7 +97,7 @@ def test_the_bar_and_the_line_under_it_say_the_same_thing(qtbot):
     assert dialog.status.text() == ""
     dialog.download_button.click()
     # pip reports no bytes while it downloads: the line says what is happening, and for how long.
-    assert dialog.status.text().startswith("Downloading 98 MB from the package index… 0 s so far (pip shows")
+    assert dialog.status.text().startswith("Downloading 98 MB from the package index… 0 s so far (the bar")
     assert dialog.bar.maximum() == 0
     assert seen.wait(5)
     qtbot.waitUntil(lambda: dialog.bar.maximum() > 0, timeout=5000)
@@ -107,6 +107,31 @@ def test_the_bar_and_the_line_under_it_say_the_same_thing(qtbot):
     assert dialog.bar.text() == "98.4 of 98.4 MB · 100 % saved" and dialog.status.text() == "Saved. Checking its SHA-256…"
     with qtbot.waitSignal(dialog.downloaded, timeout=5000):
         gate.set()
+
+
+def test_pips_own_bytes_show_while_it_downloads(qtbot):
+    """The package index's download showed a busy bar until pip had the whole package: pip's
+    own counts (``downloading``) now fill the bar while it downloads, then the saving counts."""
+    gate, seen = threading.Event(), threading.Event()
+
+    def fetch(entry, progress, cancel, downloading):
+        downloading(24_500_000, 98_000_000)
+        seen.set()
+        gate.wait(5)
+        progress(49_200_000, 98_400_000)
+        return fetch_ok(entry, progress, cancel)
+
+    dialog = DownloadDialog(fetch_fn=fetch)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    dialog.download_button.click()
+    assert seen.wait(5)
+    qtbot.waitUntil(lambda: dialog.bar.maximum() > 0 and dialog.bar.value() == 250, timeout=5000)
+    assert dialog.bar.text().startswith("24.5 of 98.0 MB · 25 %") and "saved" not in dialog.bar.text()
+    assert dialog.status.text() == "Downloading from the package index…"
+    with qtbot.waitSignal(dialog.downloaded, timeout=5000):
+        gate.set()
+    assert "saved" in dialog.bar.text()
 
 
 def test_a_long_failure_is_shown_whole(qtbot):

