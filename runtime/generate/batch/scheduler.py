@@ -1,0 +1,169 @@
+"""Continuous batching: which replies run, and one step of all of them.
+
+Must not import Qt. One :meth:`Batcher.step` is one turn of the engine (Orca's
+iteration-level scheduling; vLLM's scheduler without preemption):
+
+1. Admit waiting replies while fewer than ``max_batch`` run and the pool's memory holds the
+   worst case of every admitted one (prompt plus its reply limit, :meth:`PagePool.bytes_for`):
+   a running reply then never finds the pool full.
+2. Feed one prefill chunk of the oldest admitted reply still reading its prompt: a long
+   prompt is read over several steps while the others keep decoding. Before its first chunk
+   a reply takes what it can share: a live reply's prefix (:meth:`PagedSequence.fork`), else
+   the pool's cached pages of its prefix (:meth:`PagedSequence.adopt`); the replies before it
+   have read their prompts by then.
+3. Decode every reply with a pending token in one call over a batch of rows
+   (:func:`runtime.model.batch_step.decode_rows`); each picks its own next token.
+
+A reply that ends (stop, length, context) or is cancelled gives its pages back at once.
+Everything runs on the caller's thread; :meth:`Batcher.cancel` is for that thread too (the
+server's engine checks its cancel flags between steps).
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import torch
+
+from runtime.cache.paged import PagePool, PagedSequence
+from runtime.generate.batch.reply import BatchReply, ReplyRequest
+from runtime.generate.events import Event
+from runtime.model.batch_step import decode_rows
+
+#: Replies decoding together unless told (a setting of the server).
+MAX_BATCH = 8
+#: Prompt tokens per prefill step.
+PREFILL_CHUNK = 128
+
+
+class Batcher:
+    """Replies over one model and one page pool, stepped together.
+
+    Args:
+        model: the loaded model.
+        pool: its :class:`runtime.cache.paged.PagePool`.
+        max_batch: the most replies running at once (at least 1).
+        prefill_chunk: prompt tokens fed per step (at least 1).
+        on_events: called with ``(reply, events)`` for every reply that has new events.
+        on_failed: called with ``(reply, error)`` for a reply that raised (a logits processor,
+            the pool): it has ended and given its pages back; the others go on.
+
+    Raises:
+        ValueError: a size below 1.
+    """
+
+    def __init__(self, model, pool: PagePool, *, max_batch: int = MAX_BATCH, prefill_chunk: int = PREFILL_CHUNK,
+                 on_events: Callable[[BatchReply, list[Event]], None] | None = None,
+                 on_failed: Callable[[BatchReply, Exception], None] | None = None):
+        if max_batch < 1 or prefill_chunk < 1:
+            raise ValueError(f"max_batch and prefill_chunk must be at least 1; got {max_batch}, {prefill_chunk}")
+        self.model, self.pool = model, pool
+        self.max_batch, self.prefill_chunk = max_batch, prefill_chunk
+        self.on_events, self.on_failed = on_events, on_failed
+        self.waiting: deque[BatchReply] = deque()
+        self.running: list[BatchReply] = []  # admitted, oldest first
+        #: Steps run and the rows each decode step had (for the stats: the batch sizes seen).
+        self.steps = 0
+        self.rows_decoded = 0
+
+    # ---- requests ----------------------------------------------------------------------
+    def add(self, request: ReplyRequest) -> BatchReply:
+        """Queue a reply; it is admitted at a later :meth:`step`.
+
+        Raises:
+            ValueError: its worst case cannot fit the pool even alone (it would never run).
+        """
+        if self.pool.limit_bytes is not None and self.pool.bytes_for(request.most_tokens) > self.pool.limit_bytes:
+            raise ValueError(f"a reply of up to {request.most_tokens} tokens needs "
+                             f"{self.pool.bytes_for(request.most_tokens):,} bytes of KV pages but the pool holds "
+                             f"{self.pool.limit_bytes:,}; lower max_tokens or raise the memory limit")
+        reply = BatchReply(self.model, request, PagedSequence(self.pool, request.most_tokens, salt=request.salt))
+        self.waiting.append(reply)
+        return reply
+
+    def cancel(self, reply: BatchReply) -> None:
+        """End ``reply`` now with ``"cancelled"`` (waiting or running): its pages are freed at once."""
+        if reply in self.waiting:
+            self.waiting.remove(reply)
+        elif reply in self.running:
+            self.running.remove(reply)
+        else:
+            return
+        self._emit(reply, reply.end("cancelled"))
+
+    @property
+    def busy(self) -> bool:
+        """Whether any reply waits or runs."""
+        return bool(self.waiting or self.running)
+
+    # ---- one step ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> None:
+        """Admit, feed one prefill chunk, decode every running reply once (see the module)."""
+        self.steps += 1
+        self._admit()
+        reading = next((r for r in self.running if r.state in ("waiting", "prefill")), None)
+        if reading is not None:
+            try:
+                if reading.state == "waiting":  # its turn to read: share what the others hold now
+                    self._emit(reading, reading.start(self._donor(reading)))
+                ids = reading.next_chunk(self.prefill_chunk)
+                logits = self.model.logits(ids, reading.seq, last_only=True)[0, -1]
+                self._emit(reading, reading.fed(ids, logits))
+            except Exception as e:  # this reply's, not the others'
+                self._fail(reading, e)
+        rows = [r for r in self.running if r.state == "decode" and r.pending is not None]
+        if rows:
+            self.rows_decoded += len(rows)
+            try:
+                logits = decode_rows(self.model.decoder, [r.pending for r in rows], [r.seq for r in rows])
+            except Exception as e:  # every row's step failed: their sequences no longer match their tokens
+                for r in rows:
+                    self._fail(r, e)
+            else:
+                for b, r in enumerate(rows):
+                    try:
+                        self._emit(r, r.choose(logits[b]))
+                    except Exception as e:
+                        self._fail(r, e)
+        self.running = [r for r in self.running if r.state != "done"]
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.max_batch:
+            reply = self.waiting[0]
+            if self.pool.limit_bytes is not None:
+                held = sum(self.pool.bytes_for(r.request.most_tokens) for r in self.running)
+                if held + self.pool.bytes_for(reply.request.most_tokens) > self.pool.limit_bytes:
+                    return
+            self.running.append(self.waiting.popleft())
+
+    def _donor(self, reply: BatchReply) -> PagedSequence | None:
+        """The live sequence of the same salt sharing the longest prefix with ``reply``'s prompt."""
+        prompt, best, best_n = reply.request.prompt, None, 0
+        for r in self.running:
+            if r is reply or r.seq.salt != reply.seq.salt or not r.seq.tokens:
+                continue
+            n = 0
+            for x, y in zip(r.seq.tokens, prompt):
+                if x != y:
+                    break
+                n += 1
+            if n > best_n:
+                best, best_n = r.seq, n
+        return best
+
+    def _fail(self, reply: BatchReply, error: Exception) -> None:
+        reply.fail()
+        if self.on_failed is not None:
+            self.on_failed(reply, error)
+        else:
+            raise error
+
+    def _emit(self, reply: BatchReply, events: list[Event]) -> None:
+        if events and self.on_events is not None:
+            self.on_events(reply, events)
+
+    def run(self) -> None:
+        """Step until every reply has ended (for callers that do not interleave)."""
+        while self.busy:
+            self.step()
