@@ -17,6 +17,8 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnchat.server import routes, tools
+from attnchat.server.batching import MAX_QUEUED as BATCH_QUEUED
+from attnchat.server.batching import BatchEngine
 from attnchat.server.engine import MAX_QUEUED, POOL_BYTES, POOL_IDLE_S, Engine
 from attnchat.server.errors import (
     APIError,
@@ -38,9 +40,9 @@ log = logging.getLogger("attnchat.serve")
 def create_app(model: Model, *, api_key: str | Sequence[str] | None = None, model_id: str | None = None,
                settings: GenerationSettings | None = None, sessions: int = 4,
                default_temperature: float = 0.0, default_max_tokens: int = 1024, max_tokens_limit: int = 4096,
-               max_body_bytes: int = MAX_BODY_BYTES, max_queued: int = MAX_QUEUED, allowed_hosts: Sequence[str] = (),
+               max_body_bytes: int = MAX_BODY_BYTES, max_queued: int | None = None, allowed_hosts: Sequence[str] = (),
                cors_origins: Sequence[str] = (), pool_bytes: int = POOL_BYTES,
-               pool_idle_s: float | None = POOL_IDLE_S) -> FastAPI:
+               pool_idle_s: float | None = POOL_IDLE_S, parallel: int = 1) -> FastAPI:
     """The HTTP app serving ``model``.
 
     Args:
@@ -57,13 +59,16 @@ def create_app(model: Model, *, api_key: str | Sequence[str] | None = None, mode
         max_tokens_limit: the most a request may ask for (tokens); more is a 400, so one
             request cannot hold the only worker for a whole context's worth of decoding.
         max_body_bytes: largest request body (bytes).
-        max_queued: requests that may wait behind the running one; more get 429.
+        max_queued: requests that may wait behind the running ones; more get 429 (default:
+            16 one at a time, 64 with ``parallel``: :data:`attnchat.server.batching.MAX_QUEUED`).
         allowed_hosts: ``Host`` names answered besides the loopback names (the bound
             address, ``--allowed-host``); see :mod:`attnchat.server.guard`.
         cors_origins: web origins whose pages may call the API (``--cors-origin``).
         pool_bytes: KV-cache bytes idle pooled sessions may keep (``--pool-mib``).
         pool_idle_s: seconds without a request after which the pooled caches are freed
             (``--pool-idle-s``; 0 or None: never).
+        parallel: replies decoding together (``--parallel``); above 1 the batching engine
+            (:mod:`attnchat.server.batching`) runs them over a paged KV cache of ``pool_bytes``.
 
     Raises:
         ValueError: settings the model cannot take (a context past its maximum, ...),
@@ -79,8 +84,13 @@ def create_app(model: Model, *, api_key: str | Sequence[str] | None = None, mode
     # (400, as OpenAI), never cut silently.
     metrics = Metrics(lambda: {k: float(v) for k, v in engine.stats().items() if k != "last"
                                and isinstance(v, (int, float))})
-    engine = Engine(model, settings=settings or GenerationSettings(overflow="stop"), sessions=sessions,
-                    max_queued=max_queued, pool_bytes=pool_bytes, pool_idle_s=pool_idle_s, on_reply=metrics.reply)
+    settings = settings or GenerationSettings(overflow="stop")
+    if parallel > 1:
+        engine = BatchEngine(model, settings=settings, parallel=parallel,
+                             max_queued=BATCH_QUEUED if max_queued is None else max_queued, pool_bytes=pool_bytes, pool_idle_s=pool_idle_s, on_reply=metrics.reply)
+    else:
+        engine = Engine(model, settings=settings, sessions=sessions,
+                        max_queued=MAX_QUEUED if max_queued is None else max_queued, pool_bytes=pool_bytes, pool_idle_s=pool_idle_s, on_reply=metrics.reply)
     created = int(time.time())
     # Tools through the model's own template where it renders them, else the fallback
     # prompt (see attnchat.server.tools); decided once, by rendering, before the engine runs.

@@ -86,8 +86,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     cache_options.add_args(p)
     p.add_argument("--sessions", type=_count, default=4, metavar="N",
                    help="conversations that keep their KV cache between requests (default 4)")
-    p.add_argument("--max-queued", type=_count, default=16, metavar="N",
-                   help="requests that may wait behind the running one; more get 429 with Retry-After (default 16)")
+    p.add_argument("--max-queued", type=_count, default=None, metavar="N",
+                   help="requests that may wait behind the running ones; more get 429 with Retry-After "
+                        "(default 16, with --parallel 64)")
+    p.add_argument("--parallel", type=_count, default=1, metavar="N",
+                   help="replies decoding together in one step over a paged KV cache of --pool-mib (continuous "
+                        "batching; needs --overflow stop); 1: one request at a time (default 1)")
     p.add_argument("--max-connections", type=_count, default=64, metavar="N",
                    help="open connections at most; a new one closes an idle one, one without a valid API key first, "
                         "and gets 503 only when every one has a request in progress (default 64)")
@@ -197,6 +201,9 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(args.api_key, str) and not args.api_key.strip():
         raise ValueError("--api-key is empty; give a key, or leave it out on loopback")
     settings = _settings(args)  # check before the slow load
+    if args.parallel > 1 and (settings.overflow != "stop" or settings.cache_policy != "none"):
+        raise ValueError(f"--parallel {args.parallel} needs --overflow stop and no cache policy; "
+                         "drop --parallel (one request at a time) or those options")
     sock = bind(args.host, args.port)
     try:
         return _serve(args, settings, sock)
@@ -244,7 +251,7 @@ def _serve(args: argparse.Namespace, settings, sock: socket.socket) -> int:
     app = create_app(model, api_key=args.api_key, model_id=args.model_id, settings=settings,
                      sessions=args.sessions, default_temperature=args.temperature,
                      default_max_tokens=args.max_tokens, max_tokens_limit=args.max_tokens_limit,
-                     max_queued=args.max_queued,
+                     max_queued=args.max_queued, parallel=args.parallel,
                      allowed_hosts=[args.host, *args.allowed_host],
                      cors_origins=args.cors_origin, pool_bytes=args.pool_mib << 20,
                      pool_idle_s=args.pool_idle_s)

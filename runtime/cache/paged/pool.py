@@ -240,6 +240,18 @@ class PagePool:
             out.append(x.unsqueeze(0))
         return out[0], out[1]
 
+    def release_arenas(self) -> int:
+        """Free every arena when no page is in use (the cached prefixes are forgotten); returns
+        the bytes freed (0 while a sequence holds a page)."""
+        if any(any(g.refs) for g in self.groups):
+            return 0
+        freed = self.allocated_bytes
+        for planes in (self.k, self.v, self.k_scale, self.v_scale):
+            planes[:] = [None] * self.n_layers
+        for i, g in enumerate(self.groups):
+            self.groups[i] = LayerGroup(g.window, g.layers, g.page_bytes)
+        return freed
+
     # ---- figures -------------------------------------------------------------------------
     @property
     def bytes_per_page(self) -> int:

@@ -38,6 +38,8 @@ class ReplyRequest:
         logits_processors: per-step hooks made for this reply alone (grammar, penalties, logprobs).
         context_limit: the most tokens prompt and reply may take together.
         salt: whose cached prefixes the reply may share (the server's partition).
+        share_limit: the most prompt tokens it may take from pages other replies wrote (the
+            server's reuse rule: an earlier whole prompt it extends); None: no limit.
 
     Raises:
         ValueError: an empty prompt, ``max_new_tokens`` below 1, a prompt that fills the context.
@@ -50,6 +52,7 @@ class ReplyRequest:
     logits_processors: tuple[LogitsProcessor, ...] = ()
     context_limit: int = 2048
     salt: str = ""
+    share_limit: int | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt:
@@ -94,12 +97,13 @@ class BatchReply:
     def start(self, donor: PagedSequence | None = None) -> list[Event]:
         """Take what can be shared of the prompt (from a live ``donor`` with the longest
         common prefix, else the pool's prefix index) and begin the prefill."""
-        prompt = list(self.request.prompt)
+        prompt, limit = list(self.request.prompt), self.request.share_limit
+        most = len(prompt) - 1 if limit is None else min(len(prompt) - 1, limit)
         reused = 0
-        if donor is not None:
-            reused = self.seq.fork(donor, _common(donor.tokens, prompt, len(prompt) - 1))
-        if reused == 0:
-            reused = self.seq.adopt(prompt)
+        if donor is not None and most > 0:
+            reused = self.seq.fork(donor, _common(donor.tokens, prompt, most))
+        if reused == 0 and most > 0:
+            reused = self.seq.adopt(prompt, most)
         self._done = self.stats.reused_tokens = reused
         self.state = "prefill"
         self._t_prefill = time.perf_counter()

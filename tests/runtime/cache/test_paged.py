@@ -142,3 +142,18 @@ def test_crop_gives_back_the_pages_after_the_point(models):
     assert torch.equal(_run(model, seq, [[77]])[-1], _run(model, again, [[77]])[-1])
     with pytest.raises(CacheLimitError, match="context of 8"):
         PagedSequence(pool, 8).reserve(9)
+
+
+def test_an_idle_pool_gives_its_arenas_back(models):
+    model = models["llama"]
+    pool = _pool(model)
+    seq = PagedSequence(pool, 64)
+    _run(model, seq, [IDS[:10]])
+    assert pool.release_arenas() == 0  # a page is in use
+    seq.release()
+    assert pool.release_arenas() == 32 * pool.bytes_per_page and pool.allocated_bytes == 0
+    assert pool.stats()["pages_cached"] == 0
+    again = PagedSequence(pool, 64)
+    assert again.adopt(IDS[:10]) == 0  # the cached prefix went with them
+    _run(model, again, [IDS[:10]])
+    assert pool.stats()["pages_used"] == 3

@@ -1,0 +1,149 @@
+"""The batching engine (``attnchat serve --parallel N``) on a tiny seeded model: replies decoded
+together equal the one-at-a-time engine's, a cancelled stream frees its pages at once, 40
+concurrent requests are all answered, and the reuse rule holds for pages."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import httpx2 as httpx
+import pytest
+
+from attnchat.server.app import create_app
+from attnchat.server.batching import BatchEngine
+from attnchat.server.engine import Delta, Done, Engine, Job
+from runtime import GenerationSettings, Message, SamplingParams, load_model
+from tests.runtime.tiny_models import WORDS, make_tiny_model
+
+SETTINGS = GenerationSettings(context_limit=128, overflow="stop")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return load_model(make_tiny_model(tmp_path_factory.mktemp("batching"), "llama"), device="cpu", dtype="float32",
+                      threads=1)
+
+
+def _job(user: str, history=(), max_tokens: int = 8, **kw) -> tuple[Job, list, threading.Event]:
+    items: list = []
+    done = threading.Event()
+    job = Job(system=None, messages=[*history, Message("user", user)],
+              emit=lambda item: (items.append(item), isinstance(item, Done) and done.set()),
+              sampling=SamplingParams(temperature=0), max_tokens=max_tokens, **kw)
+    return job, items, done
+
+
+def _done(items) -> Done:
+    return next(i for i in items if isinstance(i, Done))
+
+
+ASKS = [" ".join(WORDS[i : i + 3 + i % 5]) for i in range(0, 36, 6)]
+
+
+def test_replies_together_equal_the_one_at_a_time_engine(tiny):
+    serial = Engine(tiny, settings=SETTINGS, sessions=1)
+    batched = BatchEngine(tiny, settings=SETTINGS, parallel=4)
+    try:
+        want = []
+        for ask in ASKS:
+            job, items, done = _job(ask)
+            serial.submit(job)
+            assert done.wait(60)
+            want.append(_done(items))
+        jobs = [_job(ask) for ask in ASKS]
+        for job, _, _ in jobs:
+            batched.submit(job)
+        for (job, items, done), w in zip(jobs, want):
+            assert done.wait(60)
+            got = _done(items)
+            assert (got.reason, got.token_ids, got.text) == (w.reason, w.token_ids, w.text)
+            assert got.stats.prompt_tokens == w.stats.prompt_tokens
+            assert "".join(i.text for i in items if isinstance(i, Delta)) == got.text
+        stats = batched.stats()
+        assert stats["decoded_rows"] > stats["decode_steps"]  # some steps decoded several rows
+        assert sum(stats["finished"].values()) == len(ASKS)
+        assert stats["pages"]["pages_used"] == 0 and stats["running"] == 0
+        assert stats["kv_allocated_bytes"] > 0
+    finally:
+        serial.close()
+        batched.close()
+
+
+def test_a_cancelled_stream_frees_its_pages_at_once(tiny):
+    engine = BatchEngine(tiny, settings=SETTINGS, parallel=2)
+    try:
+        first_piece = threading.Event()
+        job, items, done = _job("who are you and what do they have", max_tokens=100)
+        inner = job.emit
+        job.emit = lambda item: (inner(item), isinstance(item, Delta) and first_piece.set())
+        other, other_items, other_done = _job("how", max_tokens=100)
+        engine.submit(job)
+        engine.submit(other)
+        assert first_piece.wait(60)
+        engine.cancel(job)
+        assert done.wait(60) and _done(items).reason == "cancelled"
+        engine.cancel(other)
+        assert other_done.wait(60)
+        assert engine.stats()["pages"]["pages_used"] == 0
+        assert engine.pool.stats()["pages_used"] == 0
+    finally:
+        engine.close()
+
+
+def test_another_conversation_never_reuses_pages(tiny):
+    engine = BatchEngine(tiny, settings=SETTINGS, parallel=2)
+
+    def run(user, history=()):
+        job, items, done = _job(user, history)
+        engine.submit(job)
+        assert done.wait(60)
+        return _done(items)
+
+    try:
+        victim = run("my bank pin is what " * 4)
+        assert victim.stats.prompt_tokens > 32
+        for probe in ("my bank pin is what " * 3, "my bank pin is what " * 4 + "and"):
+            assert run(probe).stats.reused_tokens == 0, probe
+        # The same client's next turn, resending its conversation, reuses its full pages.
+        history = [Message("user", "my bank pin is what " * 4), Message("assistant", victim.text)]
+        again = run("and then", history)
+        assert again.stats.reused_tokens >= (victim.stats.prompt_tokens // 16) * 16 > 0
+        assert again.stats.reused_tokens % 16 == 0
+    finally:
+        engine.close()
+
+
+def test_forty_concurrent_requests_are_all_answered(tiny):
+    app = create_app(tiny, settings=SETTINGS, parallel=4)
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1",
+                                     timeout=120) as c:
+            async def ask(i):
+                body = {"model": tiny.name, "max_tokens": 4, "messages": [{"role": "user", "content": ASKS[i % 6]}]}
+                if i % 3 == 0:
+                    body |= {"logprobs": True, "top_logprobs": 2}
+                return await c.post("/v1/chat/completions", content=json.dumps(body),
+                                    headers={"Content-Type": "application/json"})
+            return await asyncio.gather(*(ask(i) for i in range(40)))
+
+    try:
+        responses = asyncio.run(go())
+        assert [r.status_code for r in responses] == [200] * 40
+        texts = {}
+        for i, r in enumerate(responses):
+            choice = r.json()["choices"][0]
+            texts.setdefault(i % 6, set()).add(choice["message"]["content"])
+            if i % 3 == 0:
+                assert len(choice["logprobs"]["content"]) == r.json()["usage"]["completion_tokens"]
+        assert all(len(t) == 1 for t in texts.values())  # greedy: one reply per question
+        stats = app.state.engine.stats()
+        assert stats["refused"] == 0 and stats["requests"] == 40 and stats["parallel"] == 4
+    finally:
+        app.state.engine.close()
+
+
+def test_parallel_needs_the_stop_policy(tiny):
+    with pytest.raises(ValueError, match="overflow stop"):
+        BatchEngine(tiny, settings=GenerationSettings(context_limit=128, overflow="rolling"))
