@@ -60,7 +60,7 @@ class InsightProbe(QObject):
         #: (:meth:`InsightClient.cancel_explain`); a running one stops before its next batch of passes.
         self.cancel_upto = 0
         self._seconds_per_token: dict[str, float] = {}   # model path -> seconds per token pass (measured)
-        self._timed_by_forward: set[str] = set()   # model paths whose rate is one forward's, not a run's
+        self._timed_by_forward: set[str] = set()   # model paths whose rate is one gradient pass's, not a run's
 
     def _target(self, model, conv_id: int, history: list, system: str, position: int) -> tuple[list[int], int]:
         """The conversation's ids and the chosen token's position (``-1``: the newest reply token)."""
@@ -104,22 +104,19 @@ class InsightProbe(QObject):
     def _plan(self, model, window: list[int], ig_steps: int, permutations: int, ig_positions: int) -> dict:
         """What Explain will take for the token ending ``window``: ``tokens``, ``passes``,
         ``token_passes``, ``peak_bytes``, ``seconds`` (typical) and ``most_seconds`` (token passes x this
-        machine's seconds per forwarded token: measured by the last run, else by the faster of two
-        forwards now, ~4 % of the work) and ``basis`` (which of the two)."""
+        machine's seconds per forwarded token: measured by the last run, else by one input x gradient
+        pass now, :func:`runtime.explain_rate`, ~15 % of the work) and ``basis`` (which of the two)."""
         n = len(window) - 1
         cost = runtime.explain_cost(model, n, ig_steps=ig_steps, permutations=permutations, ig_positions=ig_positions)
         key = str(model.path)
         basis = "this machine: measured by the last Explain"
         if key not in self._seconds_per_token:
-            took = []
-            for _ in range(2):   # the faster of two: a first forward after loading also warms up
-                started = time.perf_counter()
-                runtime.top_and_probs(model, window, n)
-                took.append(time.perf_counter() - started)
-            self._seconds_per_token[key] = min(took) / max(1, n)
+            # Timed from a gradient pass, the kind most of the time goes to (a forward through
+            # the quantized kernels said too little: runtime.explain_rate).
+            self._seconds_per_token[key] = runtime.explain_rate(model, window, n)
             self._timed_by_forward.add(key)
         if key in self._timed_by_forward:
-            basis = "this machine: one forward timed now"
+            basis = "this machine: one gradient pass timed now"
         rate = self._seconds_per_token[key]
         return {"tokens": n, "passes": cost["passes"], "token_passes": cost["token_passes"], "basis": basis,
                 "peak_bytes": cost["peak_bytes"], "seconds": cost["typical_token_passes"] * rate,

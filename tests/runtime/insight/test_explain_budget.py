@@ -104,3 +104,18 @@ def test_progress_counts_every_pass_and_cancel_stops_between_batches(tiny_pair):
         explain_token(model, IDS, 8, layer=0, head=1, ig_steps=6, permutations=5,
                       progress=lambda d, n: calls.append(d), cancelled=lambda: bool(calls) and calls[-1] >= stop_after)
     assert calls[-1] == stop_after   # nothing ran after the cancel was seen
+
+
+def test_the_rate_is_timed_from_a_gradient_pass(tiny_pair, monkeypatch):
+    """Explain's time is said in no-gradient forwards of one token (explain_work): the rate is
+    one input x gradient pass's time over its 2.5 forwards per token, in widened weights."""
+    from runtime.insight import explain as explain_mod
+
+    model = tiny_pair[0]
+    calls = []
+    real = ex_mod._logprob_grads
+    monkeypatch.setattr(ex_mod, "_logprob_grads", lambda *a: (calls.append(a[1].shape), real(*a))[1])
+    ticks = iter([10.0, 13.0])
+    rate = explain_mod.explain_rate(model, IDS, 8, clock=lambda: next(ticks))
+    assert rate == pytest.approx(3.0 / (explain_mod.GRADIENT_PASS_FORWARDS * 8))
+    assert calls == [(1, 8)]   # one pass over the 8 context tokens
