@@ -50,7 +50,7 @@ def _llamacpp_paths() -> list[str]:
 
 #: The options the report records (the global ones of the app are left out).
 SETTINGS = ("model", "quick", "repeats", "engines", "dtype", "device", "random_weights", "depths", "decode_tokens",
-            "prefill_tokens", "followup_context", "followup_tokens", "busy", "cold", "json", "plot")
+            "prefill_tokens", "followup_context", "followup_tokens", "busy", "cold", "json", "plot", "concurrency")
 FIGURES = ("load_s", "ttft_s", "prefill_tokens_per_s", "followup_ttft_s", "peak_rss_bytes")
 #: Report name -> (bench_worker engine, the weights' dtype: ``True`` = ``--dtype``, None = the
 #: engine's default). ``ours-default`` is our engine as the app runs it
@@ -101,6 +101,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cold", action="store_true",
                    help="run our engines with an empty cache folder each time (a first load: nothing converted "
                         "or kept yet) and report what each run left there")
+    p.add_argument("--concurrency", metavar="N,N,...",
+                   help="instead: the batching engine at these numbers of concurrent requests (e.g. 1,2,4,8), each "
+                        "level in its own process on the same prompts: aggregate and per-request decode tok/s, TTFT, "
+                        "peak RSS (--prefill-tokens, --decode-tokens; --dtype default: as the app runs)")
     p.add_argument("--json", metavar="PATH", help="write the raw figures, summary and ratios as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of decode tok/s against depth")
     p.set_defaults(func=run)
@@ -203,6 +207,7 @@ def _check_lengths(model: str, args: argparse.Namespace, depths: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    dtype_asked = args.dtype
     depths = _check_args(args)
     if args.random_weights:
         from attnchat.bench.worker import random_model_folder
@@ -218,6 +223,11 @@ def run(args: argparse.Namespace) -> int:
         model = str(model_source(args.model))
         if not os.path.exists(model):
             raise ValueError(f"{model} does not exist; give a .gguf file, a model folder or hf.co/OWNER/REPO:QUANT")
+    if args.concurrency:
+        from attnchat.bench.concurrency import run_levels
+
+        args.dtype = dtype_asked
+        return run_levels(args, model, _machine(args.device))
     engines = args.engines.split(",") if args.engines else list(DEFAULT_ENGINES[args.device])
     unknown = set(engines) - set(ENGINES)
     if unknown:
