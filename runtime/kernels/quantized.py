@@ -6,7 +6,8 @@ blocks (a memory-mapped ``uint8 (rows, row bytes)``) and its block type; each ke
 (nothing, a repack, or a widened copy) and computes ``x @ W.T`` in float32:
 
 - ``ggml``: ggml's own ``mul_mat`` on the raw blocks (:mod:`runtime.kernels.ggml_ops`),
-  activations quantized per block of 32 as llama.cpp does. CPU, every type; needs ggml-python.
+  activations quantized per block of 32 as llama.cpp does. CPU, every type of the table
+  (Q2_K, Q3_K, the IQ codebooks, TQ, MXFP4 and NVFP4 run only here or widened); needs ggml-python.
 - ``int4pack-bf16`` / ``int4pack-f16``: torch's ``_weight_int4pack_mm_for_cpu`` on 4-bit
   types (Q4_0, Q4_1, Q4_K) repacked with scales and zeros per group of 32, activations
   rounded to bfloat16 / float16. CPU.
@@ -230,7 +231,8 @@ def _widen_run(x: torch.Tensor, form, w: QuantWeight) -> torch.Tensor:
 
 
 def _four_bit(t: BlockType) -> bool:
-    return t.quantized and t.bits == 4 and t.group == 32
+    """A type int4pack takes: 4-bit linear codes in groups of 32 (not IQ4_NL's or MXFP4's codebooks)."""
+    return t.linear_codes and t.bits == 4 and t.group == 32
 
 
 QUANT_KERNELS: dict[str, QuantKernel] = {k.name: k for k in (

@@ -20,7 +20,7 @@ from runtime.config.model import ModelConfig
 from runtime.device import compute_dtype, decode_mode, default_dtype, linear_path, resolve_device, trim_heap
 from runtime.dtypes import parse_cache_dtype, parse_weight_dtype
 from runtime.errors import ModelLoadError, UnsupportedModelError
-from runtime.kernels import quant_choice
+from runtime.kernels import ggml_ops, quant_choice
 from runtime.kernels import quantized as quant_kernels
 from runtime.kernels.choice import KernelChoice
 from runtime.kernels.threads import SizedGovernors, cpu_governor
@@ -141,6 +141,7 @@ def load_model(
         identity = file_guard.FileIdentity.of(path)
         validate.check_gguf(path, g)  # before any reader divides by its numbers or reads its blocks
         if gguf_open.runs_from_blocks(g):
+            gguf_open.refuse_without_ggml(path, g, None if ggml_ops.available() else ggml_ops.unavailable_reason())
             cfg, tokenizer = gguf_open.config_and_tokenizer(path, g)
             quant = gguf_open.blocks(path, g, cfg)
             file_guard.detach(quant, g)  # nothing of the file stays mapped: it may change under us
@@ -150,8 +151,13 @@ def load_model(
                                                   quant_kernels.widen)
                 state = quantize_state(state) if wdtype == torch.int8 else state
                 quant = None
-        else:
-            cfg, tokenizer, state = load_gguf(path, wdtype)
+        else:  # an architecture our quantized layers do not map: transformers widens it
+            quantized = gguf_open.widening_cost(g, wdtype)
+            if quantized:  # said first; no float copy of a quantized file on disk
+                gguf_open.drop_stale_conversions(gguf_cache_dir(path))
+                log.warning("%s: its quantized weights run widened to %s in memory (%.0f MB; the file: %.0f MB)",
+                            path.name, str(wdtype).removeprefix("torch."), quantized / 1e6, path.stat().st_size / 1e6)
+            cfg, tokenizer, state = load_gguf(path, wdtype, keep=not quantized)
     else:
         raise ModelLoadError(f"{path} does not exist; give a .gguf file or a model folder")
     if getattr(tokenizer, "chat_template", None):
@@ -177,6 +183,7 @@ def load_model(
     if quant is not None:
         qchoice = _choose_quant_kernels(decoder, dev, gguf_cache_dir(path))
         quant_layers.set_choice(decoder, qchoice, dev)
+        _say_widened(path, decoder)
     governors: dict = {}
     if dev.type == "cpu":
         decode_gov = cpu_governor(threads)
@@ -216,6 +223,19 @@ def load_model(
     # timing's inputs) goes back to the operating system: ~30 MiB of a cached default load.
     trim_heap()
     return model
+
+
+def _say_widened(path: Path, decoder: Decoder) -> None:
+    """Say once per load what the kernels' copies beside the file's blocks cost (float16 copies
+    where ggml does not load or a device has no kernel for a type; int4pack's repacks)."""
+    token, _ = quant_layers.token_weights(decoder)
+    parts = {id(p): p for p in token}.values()
+    extra = [p for p in parts if p.extra_bytes]
+    if extra:
+        types = sorted({p.btype.name for p in extra})
+        log.warning("%s: %d matrices (%s) run from copies beside the file's blocks: %.0f MB more memory (the file: %.0f MB)",
+                    path.name, len(extra), ", ".join(types), sum(p.extra_bytes for p in extra) / 1e6,
+                    path.stat().st_size / 1e6)
 
 
 def _choose_kernels(decoder: Decoder, wdtype: torch.dtype, folder: Path | None) -> KernelChoice:

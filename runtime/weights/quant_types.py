@@ -2,27 +2,31 @@
 block size, bytes per block, how a block decodes, and what it repacks into for a kernel.
 Must not import Qt or transformers.
 
-Every quantized type decodes to the same form, ``w = d * (q - z) + m`` per group of
-weights (``q`` the codes, ``d`` the group's scale, ``z`` the type's fixed zero, ``m`` a
-group minimum for the "_1" and K types), read straight from the block layout of
-ggml-quants.c. From that form come:
+The table holds every type ggml-python's ggml computes and ``gguf.constants.GGML_QUANT_SIZES``
+sizes (the tests check both). Two kinds of quantized type:
 
-- :func:`dequantize` (float32, the same arithmetic in the same order as
-  ``gguf.quants.dequantize``, so bitwise equal to it; the tests check every type),
-- :func:`centred`: signed codes ``c = q - 2^(bits-1)`` (``q`` itself for Q8_0) with a
-  scale and an offset per group, ``w = d * c + o``: what an 8-bit-groups kernel takes,
-- :func:`repack_int4`: 4-bit types as torch's int4pack (tinygemm) operands, ``w = (q4 - 8)
-  * scale + zero`` per group of 32: exact up to the scale's and zero's rounding to the
-  activation dtype (bfloat16 on the CPU: a relative 2^-9 of each; the tests bound it).
+- Linear codes (Q4_0 ... Q8_0, Q4_K, Q5_K, Q6_K): ``w = d * (q - z) + m`` per group of
+  weights (``q`` the codes, ``d`` the group's scale, ``z`` the type's fixed zero, ``m`` a
+  group minimum for the "_1" and K types), read straight from the block layout of
+  ggml-quants.c. From that form come :func:`centred` (signed codes with a scale and an
+  offset per group: what an 8-bit-groups kernel takes) and :func:`repack_int4` (4-bit
+  types as torch's int4pack operands, exact up to the scale's and zero's rounding to the
+  activation dtype: a relative 2^-9 of each in bfloat16; the tests bound it), and a
+  decoding in torch ops that runs on any device (a CUDA graph captures it).
+- Everything else (Q2_K, Q3_K, the IQ codebooks, TQ1_0/TQ2_0, MXFP4, NVFP4, Q1_0): no
+  repack; ggml's ``mul_mat`` takes the raw blocks (as it takes every type), and
+  :func:`dequantize` decodes them with ``gguf.quants`` (numpy, on the host; ggml's own
+  ``to_float`` where ggml loads: :func:`runtime.kernels.quantized.widen`).
 
-The raw blocks themselves are what ggml's kernels take (no repack).
+:func:`dequantize` is float32 and bitwise ``gguf.quants.dequantize`` for every type gguf
+decodes (the tests check each); Q1_0, which gguf-py does not decode, decodes only through
+ggml's ``to_float``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import torch
 
 QK_K = 256  # weights per K-quant super-block
@@ -56,8 +60,10 @@ class BlockType:
         block_bytes: bytes per block.
         bits: bits per code (16/32 for the float types).
         group: weights per scale (32; 16 for Q6_K; the block for float types).
-        fields: blocks ``uint8 (n, block_bytes)`` -> :class:`Fields` (None for float types).
+        fields: blocks ``uint8 (n, block_bytes)`` -> :class:`Fields` for the linear-code types
+            (None for float types and for codebook types decoded by ``gguf.quants``).
         float_dtype: the torch dtype of a float type's elements (None for quantized types).
+        gguf_decodes: whether ``gguf.quants`` decodes the type (False: only ggml's ``to_float``).
     """
 
     name: str
@@ -68,9 +74,16 @@ class BlockType:
     group: int
     fields: Callable[[torch.Tensor], Fields] | None = None
     float_dtype: torch.dtype | None = None
+    gguf_decodes: bool = True
 
     @property
     def quantized(self) -> bool:
+        return self.float_dtype is None
+
+    @property
+    def linear_codes(self) -> bool:
+        """Whether blocks decode as ``w = d * (q - z) + m`` (:class:`Fields`): repackable, and
+        decoded by torch ops on any device."""
         return self.fields is not None
 
     @property
@@ -162,8 +175,14 @@ def _q6_k(b: torch.Tensor) -> Fields:  # ql[128] | qh[64] | scales int8[16] | d 
     return Fields(ql | (qh << 4), _f16(b, 208) * scales, None, 32)
 
 
-def _t(name: str, ggml_type: int, block_size: int, block_bytes: int, bits: int, group: int, fields=None, dtype=None):
-    return BlockType(name, ggml_type, block_size, block_bytes, bits, group, fields, dtype)
+def _t(name: str, ggml_type: int, block_size: int, block_bytes: int, bits: int, group: int, fields=None, dtype=None,
+       gguf_decodes: bool = True):
+    return BlockType(name, ggml_type, block_size, block_bytes, bits, group, fields, dtype, gguf_decodes)
+
+
+def _coded(name: str, ggml_type: int, block_size: int, block_bytes: int, bits: int, gguf_decodes: bool = True):
+    """A type without linear codes: one group per block, ``bits`` its nominal code width."""
+    return _t(name, ggml_type, block_size, block_bytes, bits, block_size, gguf_decodes=gguf_decodes)
 
 
 #: The supported types by name (ids and sizes as ``gguf.constants.GGML_QUANT_SIZES``; the tests check).
@@ -179,6 +198,22 @@ BLOCK_TYPES: dict[str, BlockType] = {t.name: t for t in (
     _t("Q4_K", 12, QK_K, 144, 4, 32, _q4_k),
     _t("Q5_K", 13, QK_K, 176, 5, 32, _q5_k),
     _t("Q6_K", 14, QK_K, 210, 6, 16, _q6_k),
+    _coded("Q2_K", 10, QK_K, 84, 2),
+    _coded("Q3_K", 11, QK_K, 110, 3),
+    _coded("IQ2_XXS", 16, QK_K, 66, 2),
+    _coded("IQ2_XS", 17, QK_K, 74, 2),
+    _coded("IQ3_XXS", 18, QK_K, 98, 3),
+    _coded("IQ1_S", 19, QK_K, 50, 1),
+    _coded("IQ4_NL", 20, 32, 18, 4),
+    _coded("IQ3_S", 21, QK_K, 110, 3),
+    _coded("IQ2_S", 22, QK_K, 82, 2),
+    _coded("IQ4_XS", 23, QK_K, 136, 4),
+    _coded("IQ1_M", 29, QK_K, 56, 1),
+    _coded("TQ1_0", 34, QK_K, 54, 2),
+    _coded("TQ2_0", 35, QK_K, 66, 2),
+    _coded("MXFP4", 39, 32, 17, 4),
+    _coded("NVFP4", 40, 64, 36, 4),
+    _coded("Q1_0", 41, 128, 18, 1, gguf_decodes=False),
 )}
 BY_ID: dict[int, BlockType] = {t.ggml_type: t for t in BLOCK_TYPES.values()}
 
@@ -187,12 +222,24 @@ def block_type(ggml_type: int | str) -> BlockType:
     """The row for a type id or name.
 
     Raises:
-        KeyError: a type attnchat does not run (the message names the supported ones).
+        KeyError: a type attnchat does not run (the message names it and the supported ones).
     """
     t = BLOCK_TYPES.get(ggml_type) if isinstance(ggml_type, str) else BY_ID.get(int(ggml_type))
     if t is None:
-        raise KeyError(f"GGUF block type {ggml_type!r} is not supported; attnchat runs {', '.join(BLOCK_TYPES)}")
+        raise KeyError(f"GGUF block type {type_name(ggml_type)} is not supported; attnchat runs {', '.join(BLOCK_TYPES)}")
     return t
+
+
+def type_name(ggml_type: int | str) -> str:
+    """gguf's name for a type id (``"Q8_K"``), or ``"type 99"`` for an id gguf does not know."""
+    if isinstance(ggml_type, str):
+        return ggml_type
+    from gguf import GGMLQuantizationType
+
+    try:
+        return GGMLQuantizationType(int(ggml_type)).name
+    except ValueError:
+        return f"type {int(ggml_type)}"
 
 
 def _blocks(raw: torch.Tensor, t: BlockType) -> torch.Tensor:
@@ -209,6 +256,8 @@ def dequantize(raw: torch.Tensor, t: BlockType, shape: tuple[int, ...] | None = 
         shape = (rows, raw.numel() // rows // t.block_bytes * t.block_size)
     if not t.quantized:
         return raw.contiguous().view(t.float_dtype).to(torch.float32).reshape(shape)
+    if not t.linear_codes:
+        return _gguf_dequantize(raw, t).reshape(shape)
     f = t.fields(_blocks(raw, t))
     n, G = f.d.shape
     q = f.q.to(torch.int8) if f.z else f.q  # (q - z) in int8, as gguf
@@ -219,6 +268,24 @@ def dequantize(raw: torch.Tensor, t: BlockType, shape: tuple[int, ...] | None = 
     return w.reshape(shape)
 
 
+def _gguf_dequantize(raw: torch.Tensor, t: BlockType) -> torch.Tensor:
+    """``gguf.quants.dequantize`` of ``raw``'s blocks, float32 ``(blocks, block_size)`` on ``raw``'s
+    device (decoded on the host: numpy).
+
+    Raises:
+        ValueError: a type gguf-py does not decode (it needs ggml's ``to_float``).
+    """
+    if not t.gguf_decodes:
+        raise ValueError(f"{t.name} blocks decode only through ggml's to_float (gguf-py has no {t.name} decoder): "
+                         "install ggml-python")
+    from gguf import GGMLQuantizationType, quants
+
+    blocks = _blocks(raw, t)
+    host = blocks.cpu().contiguous().numpy()
+    w = torch.from_numpy(quants.dequantize(host, GGMLQuantizationType(t.ggml_type)).reshape(blocks.shape[0], -1))
+    return w if raw.device.type == "cpu" else w.to(raw.device)
+
+
 def centred(raw: torch.Tensor, t: BlockType) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``raw``'s rows as 8-bit groups: ``(codes int8 (rows, in), scale float32 (rows, in / group),
     offset float32 (rows, in / group) or None)`` with ``w = scale * codes + offset`` per group.
@@ -227,10 +294,10 @@ def centred(raw: torch.Tensor, t: BlockType) -> tuple[torch.Tensor, torch.Tensor
     minimum plus the shifted half-range, so only the "_1" and K types have one.
 
     Raises:
-        ValueError: a float type (it has no codes).
+        ValueError: a type without linear codes (a float type, a codebook type).
     """
-    if not t.quantized:
-        raise ValueError(f"{t.name} is not a quantized type")
+    if not t.linear_codes:
+        raise ValueError(f"{t.name} has no linear codes")
     rows = raw.shape[0]
     f = t.fields(_blocks(raw, t))
     half = 0 if t.name == "Q8_0" else 1 << (t.bits - 1)
@@ -257,8 +324,8 @@ def repack_int4(raw: torch.Tensor, t: BlockType, *, device: str = "cpu", dtype: 
     Raises:
         ValueError: not a 4-bit type.
     """
-    if t.bits != 4 or t.group != INT4_GROUP:
-        raise ValueError(f"{t.name} is not a 4-bit type with groups of {INT4_GROUP}")
+    if t.bits != 4 or t.group != INT4_GROUP or not t.linear_codes:
+        raise ValueError(f"{t.name} is not a 4-bit type with linear codes in groups of {INT4_GROUP}")
     codes, scale, offset = centred(raw, t)
     rows, K = codes.shape
     zero = torch.zeros_like(scale) if offset is None else offset
@@ -281,101 +348,10 @@ def tinygemm_operands(raw: torch.Tensor, t: BlockType) -> tuple[torch.Tensor, to
     Raises:
         ValueError: not a 4-bit type with groups of 32.
     """
-    if t.bits != 4 or t.group != INT4_GROUP:
-        raise ValueError(f"{t.name} is not a 4-bit type with groups of {INT4_GROUP}")
+    if t.bits != 4 or t.group != INT4_GROUP or not t.linear_codes:
+        raise ValueError(f"{t.name} is not a 4-bit type with linear codes in groups of {INT4_GROUP}")
     codes, scale, offset = centred(raw, t)
     q4 = (codes.to(torch.int16) + 8).to(torch.uint8)  # (rows, in) 0..15
     pairs = (q4[:, ::2] << 4) | q4[:, 1::2]
     zero = torch.zeros_like(scale) if offset is None else offset
     return pairs.contiguous(), torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
-
-
-# ---- making blocks (tests, random-weight files) -----------------------------------------------
-def quantize(w: np.ndarray, t: BlockType) -> np.ndarray:
-    """``w float32 (rows, in)`` as type ``t``'s blocks, ``uint8 (rows, bytes per row)``.
-
-    ``gguf.quants.quantize`` for the types it implements (bitwise ggml's reference
-    quantizers); for Q4_K, Q5_K and Q6_K (which gguf-py only decodes) a plain
-    round-to-nearest of our own with the types' layouts: good enough for tests and
-    random-weight files, not ggml's search for the best scales (do not use it to publish
-    a quantized model).
-
-    Raises:
-        ValueError: rows that are not whole blocks.
-    """
-    from gguf import GGMLQuantizationType, quants
-
-    w = np.ascontiguousarray(w, dtype=np.float32)
-    if w.ndim != 2 or w.shape[1] % t.block_size:
-        raise ValueError(f"rows of {w.shape[-1]} weights are not whole {t.name} blocks of {t.block_size}")
-    if t.name in ("Q4_K", "Q5_K", "Q6_K"):
-        return _quantize_k(w, t)
-    if t.name == "F32":
-        return w.view(np.uint8).reshape(w.shape[0], -1)
-    out = quants.quantize(w, GGMLQuantizationType(t.ggml_type))
-    return np.ascontiguousarray(out).view(np.uint8).reshape(w.shape[0], -1)
-
-
-def _f16_bytes(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float16).reshape(-1, 1).view(np.uint8)
-
-
-def _quantize_k(w: np.ndarray, t: BlockType) -> np.ndarray:
-    rows = w.shape[0]
-    x = w.reshape(-1, QK_K).astype(np.float32)
-    n = x.shape[0]
-    if t.name == "Q6_K":
-        sub = x.reshape(n, 16, 16)
-        amax_i = np.abs(sub).argmax(axis=-1)[..., None]
-        vmax = np.take_along_axis(sub, amax_i, axis=-1)[..., 0]  # signed max by magnitude
-        sub_scale = vmax / -32.0  # (n, 16)
-        smax = np.abs(sub_scale).max(axis=-1, keepdims=True)
-        d = (smax / 127.0).astype(np.float16).astype(np.float32)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            isc = np.where(d > 0, np.clip(np.round(sub_scale / d), -128, 127), 0).astype(np.int8)
-            eff = d * isc.astype(np.float32)  # (n, 16)
-            q = np.where(eff[..., None] != 0, np.round(sub / eff[..., None]), 0)
-        q = (np.clip(q, -32, 31) + 32).astype(np.uint8).reshape(n, QK_K)  # 0..63
-        # layout: ql[128] holds the low nibbles of q[0:64] | q[64:128] << 4 for each half
-        ql = np.zeros((n, 128), np.uint8)
-        qh = np.zeros((n, 64), np.uint8)
-        for half in range(2):
-            base = q[:, half * 128 : half * 128 + 128].reshape(n, 4, 32)  # the 4 runs of 32
-            lo = base & 0x0F
-            hi = base >> 4
-            ql[:, half * 64 : half * 64 + 32] = lo[:, 0] | (lo[:, 2] << 4)
-            ql[:, half * 64 + 32 : half * 64 + 64] = lo[:, 1] | (lo[:, 3] << 4)
-            qh[:, half * 32 : half * 32 + 32] = hi[:, 0] | (hi[:, 1] << 2) | (hi[:, 2] << 4) | (hi[:, 3] << 6)
-        out = np.concatenate([ql, qh, isc.view(np.uint8), _f16_bytes(d)], axis=1)
-        return out.reshape(rows, -1)
-    levels = 15 if t.name == "Q4_K" else 31
-    sub = x.reshape(n, 8, 32)
-    lo = np.minimum(sub.min(axis=-1), 0)  # (n, 8): mins are stored as a positive amount subtracted
-    hi = sub.max(axis=-1)
-    scale = (hi - lo) / levels
-    mins = -lo
-    d = (scale.max(axis=-1, keepdims=True) / 63).astype(np.float16).astype(np.float32)
-    dmin = (mins.max(axis=-1, keepdims=True) / 63).astype(np.float16).astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        sc = np.where(d > 0, np.clip(np.round(scale / d), 0, 63), 0).astype(np.uint8)
-        mn = np.where(dmin > 0, np.clip(np.round(mins / dmin), 0, 63), 0).astype(np.uint8)
-        eff_d = d * sc
-        eff_m = dmin * mn
-        q = np.where(eff_d[..., None] > 0, np.round((sub + eff_m[..., None]) / eff_d[..., None]), 0)
-    q = np.clip(q, 0, levels).astype(np.uint8).reshape(n, 4, 2, 32)  # sub-blocks in pairs
-    # scales: bytes 0-3 low 6 bits of sc[0:4], 4-7 of mn[0:4], 8-11 the low nibbles of sc[4:8] | mn[4:8] << 4,
-    # with the top 2 bits of sc[4:8] / mn[4:8] in bytes 0-3 / 4-7's top bits
-    scales = np.zeros((n, 12), np.uint8)
-    scales[:, 0:4] = sc[:, 0:4] | ((sc[:, 4:8] >> 4) << 6)
-    scales[:, 4:8] = mn[:, 0:4] | ((mn[:, 4:8] >> 4) << 6)
-    scales[:, 8:12] = (sc[:, 4:8] & 0x0F) | ((mn[:, 4:8] & 0x0F) << 4)
-    qs = (q[:, :, 0] & 0x0F) | ((q[:, :, 1] & 0x0F) << 4)  # (n, 4, 32)
-    parts = [_f16_bytes(d), _f16_bytes(dmin), scales]
-    if t.name == "Q5_K":
-        high = (q >> 4).reshape(n, 8, 32)  # bit i of qh[j] is sub-block i's element j
-        qh = np.zeros((n, 32), np.uint8)
-        for i in range(8):
-            qh |= high[:, i] << i
-        parts.append(qh)
-    parts.append(qs.reshape(n, 128))
-    return np.concatenate(parts, axis=1).reshape(rows, -1)

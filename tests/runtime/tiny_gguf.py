@@ -11,6 +11,14 @@ from runtime.weights.gguf.write import LlamaShape, SHAPES, write_random_gguf
 EVERY_TYPE = {"attn_q.weight": "Q5_K", "attn_k.weight": "Q4_0", "attn_v.weight": "Q5_0",
               "attn_output.weight": "Q5_1", "ffn_gate.weight": "Q4_1", "ffn_up.weight": "Q8_0",
               "ffn_down.weight": "Q6_K"}
+#: The types that run only through ggml's kernels (or widened), in two files of one type per
+#: matrix kind: ``(overrides, embedding type)`` each.
+GGML_ONLY_TYPES = (
+    ({"attn_q.weight": "Q2_K", "attn_k.weight": "Q3_K", "attn_v.weight": "IQ2_XXS", "attn_output.weight": "IQ2_XS",
+      "ffn_gate.weight": "IQ3_XXS", "ffn_up.weight": "IQ1_S", "ffn_down.weight": "IQ4_NL"}, "IQ3_S"),
+    ({"attn_q.weight": "IQ2_S", "attn_k.weight": "IQ4_XS", "attn_v.weight": "IQ1_M", "attn_output.weight": "TQ1_0",
+      "ffn_gate.weight": "TQ2_0", "ffn_up.weight": "MXFP4", "ffn_down.weight": "NVFP4"}, "Q1_0"),
+)
 TINY_VOCAB = 320
 
 

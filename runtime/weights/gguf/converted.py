@@ -214,19 +214,21 @@ def _converted_file(cached: Path | None, wdtype: torch.dtype) -> Path | None:
     return cached / f"decoder-v{WEIGHTS_LAYOUT_VERSION}-{str(wdtype).removeprefix('torch.')}.safetensors"
 
 
-def load_gguf(path: Path, wdtype: torch.dtype):
+def load_gguf(path: Path, wdtype: torch.dtype, keep: bool = True):
     """(config, tokenizer, decoder state) of a GGUF file.
 
     The first load dequantizes through transformers (seconds: the GGUF's metadata is
-    parsed in Python) and keeps the decoder's converted weights as a safetensors file
-    in the user cache folder, beside the converted config and tokenizer; later loads
-    read that file (well under a second). ``ATTNCHAT_WEIGHT_CACHE=0`` turns it off.
+    parsed in Python) and, with ``keep``, keeps the decoder's converted weights as a
+    safetensors file in the user cache folder, beside the converted config and tokenizer;
+    later loads read that file (well under a second). ``ATTNCHAT_WEIGHT_CACHE=0`` turns it
+    off. ``keep=False`` (a quantized file: its float copy would be twice to eight times its
+    size on disk) widens in memory only, at every load.
     """
     from safetensors.torch import load_file, save_file
 
     check_gguf_file(path)
     cached = gguf_cache_dir(path)
-    converted = _converted_file(cached, wdtype)
+    converted = _converted_file(cached, wdtype) if keep else None
     if converted is not None and converted.exists():
         cfg, tokenizer = _read_cached_fast(cached)
         if cfg is None:

@@ -158,18 +158,24 @@ def read_gguf_tensors(path: str | Path, arrays: tuple[str, ...] = ()) -> GGUFTen
     return GGUFTensors(path, stats.version, alignment, data_offset, metadata, tensors)
 
 
+class UnknownBlockType(GGUFHeaderError):
+    """A tensor of a block type id gguf does not size (a type newer than this gguf package);
+    the message names the tensor and the id."""
+
+
 def tensor_nbytes(ggml_type: int, ne: tuple[int, ...], name: str = "?") -> int:
     """Bytes of a tensor of ``ggml_type`` with ggml dims ``ne`` (row length first).
 
     Raises:
-        GGUFHeaderError: an unknown type, or a row length that is not a whole number of blocks.
+        UnknownBlockType: a type gguf does not know.
+        GGUFHeaderError: a row length that is not a whole number of blocks.
     """
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     try:
         block, bytes_per_block = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
     except (ValueError, KeyError):
-        raise GGUFHeaderError(f"tensor {name!r} has an unknown block type {ggml_type}") from None
+        raise UnknownBlockType(f"tensor {name!r} has block type {ggml_type}, which this version does not know") from None
     if ne[0] % block:
         raise GGUFHeaderError(f"tensor {name!r}: rows of {ne[0]} are not whole blocks of {block}")
     n = ne[0] // block * bytes_per_block

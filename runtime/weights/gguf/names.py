@@ -17,6 +17,7 @@ Gemma's norm weights are stored ``w + 1`` (``Gemma2TensorProcessor``).
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 
@@ -69,17 +70,19 @@ class GGUFWeights:
         return out + (self.head or [])
 
 
-#: ``general.file_type`` -> llama.cpp's name of the mix (``gguf.LlamaFileType``, MOSTLY_ dropped).
-FILE_TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
-                   11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
-                   17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}
+@functools.cache
+def file_type_names() -> dict[int, str]:
+    """``general.file_type`` -> llama.cpp's name of the mix (``gguf.LlamaFileType``, MOSTLY_ dropped)."""
+    from gguf import LlamaFileType
+
+    return {int(v): v.name.removeprefix("MOSTLY_").removeprefix("ALL_") for v in LlamaFileType if v.name != "GUESSED"}
 
 
 def file_type_name(g: GGUFTensors) -> str:
     """llama.cpp's name for the file's quantization (``general.file_type``), else its most common matrix type."""
     ft = g.metadata.get("general.file_type")
-    if isinstance(ft, int) and ft in FILE_TYPE_NAMES:
-        return FILE_TYPE_NAMES[ft]
+    if isinstance(ft, int) and ft in file_type_names():
+        return file_type_names()[ft]
     counts: dict[str, int] = {}
     for info in g.tensors.values():
         if len(info.shape) == 2:

@@ -27,9 +27,9 @@ from runtime.weights.gguf.converted import (
     gguf_only,
     read_cached,
 )
-from runtime.weights.gguf.mmap import GGUFTensors, read_gguf_tensors
+from runtime.weights.gguf.mmap import GGUFTensors, UnknownBlockType, read_gguf_tensors
 from runtime.weights.gguf.names import ARCHITECTURES, GGUFWeights, MissingTensorError, gguf_weights
-from runtime.weights.quant_types import BY_ID
+from runtime.weights.quant_types import BLOCK_TYPES, BY_ID, type_name
 from runtime.weights.sources import check_gguf_file, check_gguf_metadata, model_config, one_line
 
 log = logging.getLogger(__name__)
@@ -40,15 +40,38 @@ def open_gguf(path: Path) -> GGUFTensors:
 
     Raises:
         ModelLoadError: not a GGUF, truncated, or past the header limits.
+        UnsupportedModelError: a tensor of a block type attnchat does not run (one line naming
+            the tensor and the type, from the header alone: no weight is read).
     """
     check_gguf_file(path)
     check_gguf_metadata(path)
     try:
-        return read_gguf_tensors(path)
+        g = read_gguf_tensors(path)
+    except UnknownBlockType as e:
+        raise UnsupportedModelError(f"{path.name}: {e}; {_PICK_ANOTHER}") from None
     except GGUFHeaderError as e:
         raise ModelLoadError(f"{path.name} could not be read ({e}); the file may be truncated: download it again") from None
     except OSError as e:
         raise ModelLoadError(f"{path} could not be read ({e.strerror})") from None
+    refuse_unrunnable_types(path, g)
+    return g
+
+
+_PICK_ANOTHER = f"attnchat runs {', '.join(BLOCK_TYPES)}: pick another quant of this model"
+
+
+def refuse_unrunnable_types(path: Path, g: GGUFTensors) -> None:
+    """Refuse a file with a weight (a tensor of two or more dimensions) in a type of no row of
+    :data:`runtime.weights.quant_types.BLOCK_TYPES` (gguf's Q8_K, Q8_1, the integer types, F64):
+    from the tensor table only, before any weight is read.
+
+    Raises:
+        UnsupportedModelError: naming the first such tensor and its type.
+    """
+    for info in g.tensors.values():
+        if len(info.shape) >= 2 and info.ggml_type not in BY_ID:
+            raise UnsupportedModelError(f"{path.name}: tensor {info.name!r} is {type_name(info.ggml_type)}, a block type "
+                                        f"attnchat does not run; {_PICK_ANOTHER}")
 
 
 def runs_from_blocks(g: GGUFTensors) -> bool:
@@ -61,6 +84,38 @@ def runs_from_blocks(g: GGUFTensors) -> bool:
     if not matrices or any(i.ggml_type not in BY_ID for i in matrices):
         return False
     return any(BY_ID[i.ggml_type].quantized for i in matrices)
+
+
+def refuse_without_ggml(path: Path, g: GGUFTensors, ggml_why: str | None) -> None:
+    """Where ggml does not load (``ggml_why`` says why; None: it loads), refuse a file with a
+    weight only ggml decodes (Q1_0: gguf-py has no decoder for it), from the tensor table:
+    before any weight is read.
+
+    Raises:
+        UnsupportedModelError: naming the tensor, its type and why ggml does not load.
+    """
+    if ggml_why is None:
+        return
+    for info in g.tensors.values():
+        t = BY_ID.get(info.ggml_type)
+        if t is not None and t.quantized and not t.gguf_decodes:
+            raise UnsupportedModelError(
+                f"{path.name}: tensor {info.name!r} is {t.name}, which only ggml's kernels decode, and ggml does not "
+                f"load here ({ggml_why}); install ggml-python (pip install -r requirements-ggml.txt) or pick another quant")
+
+
+def widening_cost(g: GGUFTensors, dtype: torch.dtype) -> int:
+    """Bytes the file's quantized tensors take widened to ``dtype`` (0: no quantized tensor)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    total = 0
+    for info in g.tensors.values():
+        t = BY_ID.get(info.ggml_type)
+        if t is not None and t.quantized:
+            n = 1
+            for d in info.shape:
+                n *= d
+            total += n * size
+    return total
 
 
 def drop_stale_conversions(cached: Path | None) -> int:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.weights.quant_types import BLOCK_TYPES, block_type, quantize
+from runtime.weights.quant_make import RANDOM_BLOCKS, quantize, random_weight_blocks
+from runtime.weights.quant_types import BLOCK_TYPES, block_type
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,10 @@ SHAPES: dict[str, LlamaShape] = {
 }
 
 #: llama.cpp's ``general.file_type`` per all-matrices type (``gguf.LlamaFileType``).
-FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K": 15, "Q5_K": 17,
-              "Q6_K": 18, "BF16": 32}
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 12,
+              "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "IQ2_XXS": 19, "IQ2_XS": 20, "IQ3_XXS": 23, "IQ1_S": 24,
+              "IQ4_NL": 25, "IQ3_S": 26, "IQ2_S": 28, "IQ4_XS": 30, "IQ1_M": 31, "BF16": 32, "TQ1_0": 36,
+              "TQ2_0": 37, "NVFP4": 39, "Q1_0": 40}
 #: Tokenizer keys copied by :func:`tokenizer_metadata` (strings and integers; arrays whole).
 TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.scores")
 
@@ -203,6 +206,9 @@ def write_random_gguf(
                 np.float16 if t == "F16" else np.uint8))
             continue
         rows, cols = dims
+        if t in RANDOM_BLOCKS:  # random bits of the type's layout (see quant_make.RANDOM_BLOCKS)
+            w.write_tensor_data(random_weight_blocks(bt, rows, cols, std, seed=int(rng.integers(1 << 31))))
+            continue
         out = np.empty((rows, bt.row_bytes(cols)), dtype=np.uint8)
         step = max(1, (1 << 22) // cols)  # 16 MiB of float32 at a time
         for r0 in range(0, rows, step):

@@ -1,5 +1,6 @@
 """The block-type table (runtime.weights.quant_types): sizes, dequantization and repacks of
-every supported GGUF type, checked against gguf-py's reference (which mirrors ggml's C)."""
+every supported GGUF type, checked against gguf-py's reference (which mirrors ggml's C).
+ggml's own decoder and products on the types only ggml runs: test_ggml_types.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,11 +8,18 @@ import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
-from runtime.weights.quant_types import BLOCK_TYPES, block_type, centred, dequantize, quantize, repack_int4
+from runtime.weights.quant_make import GGUF_QUANTIZES, RANDOM_BLOCKS, quantize, random_blocks
+from runtime.weights.quant_types import BLOCK_TYPES, block_type, centred, dequantize, repack_int4
 
-QUANTIZED = [n for n, t in BLOCK_TYPES.items() if t.quantized]
-#: What gguf-py can quantize itself (the rest, the K types, use our round-to-nearest).
-GGUF_QUANTIZES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+LINEAR = [n for n, t in BLOCK_TYPES.items() if t.linear_codes]
+#: Types our own code quantizes (gguf-py's quantizers, our K round-to-nearest): no ggml needed.
+OWN = ["F32", *GGUF_QUANTIZES, "Q4_K", "Q5_K", "Q6_K"]
+
+
+def _ggml_loads() -> bool:
+    from runtime.kernels import ggml_ops
+
+    return ggml_ops.available()
 
 
 def _weights(rows: int = 6, cols: int = 512, seed: int = 0) -> np.ndarray:
@@ -32,16 +40,23 @@ def test_table_matches_ggml_sizes(name):
 
 
 def test_unknown_type_is_refused_by_name():
-    with pytest.raises(KeyError, match="IQ2_XXS.*not supported|not supported"):
-        block_type(GGMLQuantizationType.IQ2_XXS)
+    with pytest.raises(KeyError, match="GGUF block type Q8_K is not supported; attnchat runs F32, F16, BF16, Q4_0"):
+        block_type(GGMLQuantizationType.Q8_K)
+    with pytest.raises(KeyError, match="GGUF block type type 99 is not supported"):
+        block_type(99)
 
 
-@pytest.mark.parametrize("name", list(BLOCK_TYPES))
+@pytest.mark.parametrize("name", [n for n, t in BLOCK_TYPES.items() if t.gguf_decodes])
 def test_dequantize_is_bitwise_gguf(name):
     t = BLOCK_TYPES[name]
     w = _weights()
-    raw = quantize(w, t)
-    if name in GGUF_QUANTIZES and name != "F32":
+    if name in RANDOM_BLOCKS:  # blocks ggml makes only with an importance matrix
+        raw = random_blocks(t, *w.shape)
+    elif name in OWN or _ggml_loads():
+        raw = quantize(w, t)
+    else:
+        pytest.skip(f"{name} is quantized by ggml, which does not load here")
+    if name in GGUF_QUANTIZES:
         ref_blocks = np.ascontiguousarray(quants.quantize(w, GGMLQuantizationType(t.ggml_type))).view(np.uint8)
         assert np.array_equal(raw, ref_blocks.reshape(raw.shape)), "quantize must be gguf's own for this type"
     assert raw.shape == (w.shape[0], t.row_bytes(w.shape[1]))
@@ -65,7 +80,7 @@ def test_our_k_quantizers_are_faithful(name):
     assert np.linalg.norm(back - w) / np.linalg.norm(w) < K_QUANT_ERROR[name]
 
 
-@pytest.mark.parametrize("name", QUANTIZED)
+@pytest.mark.parametrize("name", LINEAR)
 def test_centred_groups_equal_the_dequantized_weights(name):
     """w = scale * code + offset per group: the offset folds the type's zero and minimum in,
     so it may round differently from gguf's order of operations: measured at most 1 ulp of
@@ -108,6 +123,6 @@ def test_int4_repack_for_the_cpu_kernel(name):
 
 
 def test_int4_repack_refuses_other_types():
-    for name in ("Q5_0", "Q8_0", "Q6_K", "F16"):
+    for name in ("Q5_0", "Q8_0", "Q6_K", "F16", "IQ4_NL", "MXFP4", "IQ4_XS"):
         with pytest.raises(ValueError):
             repack_int4(torch.zeros(1, BLOCK_TYPES[name].row_bytes(256), dtype=torch.uint8), BLOCK_TYPES[name])
