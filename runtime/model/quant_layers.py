@@ -127,6 +127,7 @@ class QuantEmbedding(nn.Module):
         self.num_embeddings, self.embedding_dim = weight.rows, weight.cols
         self.device = torch.device("cpu")
         self.torch_decode = False   # decode rows with torch ops (off the CPU: to_device)
+        self._table: torch.Tensor | None = None  # a codebook type's rows widened on a device (to_device)
         self._key = qk.weight_key(weight)
         self.head = QuantLinear([weight])
         qk.compiled_lookup()  # defined now: torch.compile cannot define an op while tracing
@@ -136,7 +137,8 @@ class QuantEmbedding(nn.Module):
 
     @property
     def nbytes(self) -> int:
-        return self.weight_q.file_bytes + self.weight_q.extra_bytes
+        table = 0 if self._table is None else self._table.numel() * self._table.element_size()
+        return self.weight_q.file_bytes + self.weight_q.extra_bytes + table
 
     def to_device(self, device: torch.device | str, *, torch_decode: bool = False) -> None:
         """Keep the blocks on ``device`` (off the CPU a lookup decodes rows with torch ops there:
@@ -145,9 +147,16 @@ class QuantEmbedding(nn.Module):
         blocks on the CPU too, what a GPU runs (the tests pass it to check that path here)."""
         self.device = torch.device(device)
         self.torch_decode = torch_decode or self.device.type != "cpu"
+        self._table = None
+        if self.torch_decode and not self.weight_q.btype.linear_codes:
+            # no torch decoding for a codebook type: the table widened once (float16) on the device
+            self._table = qk.widen(self.weight_q, torch.float16).to(self.device)
+            return
         self.weight_q.raw = self.weight_q.raw.to(self.device, copy=torch_decode)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self._table is not None:
+            return self._table[ids].float()
         if self.torch_decode:   # chosen once, by to_device
             w = self.weight_q
             return w.decode(w.raw.index_select(0, ids.reshape(-1))).view(*ids.shape, self.embedding_dim)

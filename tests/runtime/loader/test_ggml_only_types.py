@@ -127,3 +127,23 @@ def test_a_type_attnchat_does_not_run_is_refused_from_the_header(files, env, tmp
     with pytest.raises(UnsupportedModelError, match="token_embd.weight"):
         load_model(bad, device="cpu")
     assert not env.exists() or not list(env.rglob("*"))  # refused before any conversion was kept
+
+
+def test_a_codebook_embedding_on_a_device_is_a_float16_table(files):
+    """Off the CPU (``torch_decode``, what a GPU runs, passed here) an embedding of a type with
+    no torch decoding (IQ3_S) is widened once to float16 on the device: a CUDA graph captures
+    an index, not a host round trip."""
+    from runtime.model.quant_layers import QuantEmbedding
+    from runtime.weights.quant_types import block_type
+    from runtime.weights.quant_weight import QuantWeight
+
+    g = gguf_open.open_gguf(files[0])
+    info = g.tensors["token_embd.weight"]
+    embed = QuantEmbedding(QuantWeight(g.raw("token_embd.weight"), block_type(info.ggml_type), *info.shape))
+    assert embed.weight_q.btype.name == "IQ3_S"
+    ids = torch.tensor([[3, 17, 250], [0, 1, 319]])
+    with torch.inference_mode():
+        rows = embed(ids)
+        embed.to_device("cpu", torch_decode=True)
+        torch.testing.assert_close(embed(ids), rows.half().float(), rtol=0, atol=0)
+    assert embed.nbytes == info.nbytes + info.shape[0] * info.shape[1] * 2
