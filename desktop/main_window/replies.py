@@ -52,7 +52,14 @@ class ReplyActions:
     BUSY_NOTE = "A reply is being written: wait for it, or press Stop (Esc), then send. Your message stays in the box."
 
     def generation(self) -> dict:
+        """Every generation setting a reply gets: the settings (with ``model_sampling`` on, the
+        loaded model's own sampling values where its file gives them, ``model_sampling_from``
+        naming the file part), then this window's overrides."""
         out = self.settings.generation_values()   # every generation/* setting (desktop.settings.values)
+        own = (self.engine.model or {}).get("sampling") or {}
+        if out.get("model_sampling") and own.get("values"):
+            out.update(own["values"])
+            out["model_sampling_from"] = own.get("source", "the model's file")
         out.update(self.generation_overrides)
         return out
 

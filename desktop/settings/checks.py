@@ -30,7 +30,7 @@ KEYS = (
     "generation/sink_tokens", "generation/system_prompt", "generation/temperature", "generation/top_k",
     "generation/top_p", "generation/min_p", "generation/repetition_penalty", "generation/max_new_tokens",
     "generation/seed", "generation/cache_policy", "generation/cache_budget", "generation/cache_budget_unit",
-    "model/device", "model/weight_dtype", "model/attention_backend", "model/reproducible",
+    "generation/model_sampling", "model/device", "model/weight_dtype", "model/attention_backend", "model/reproducible",
 )
 MODEL_OPTIONS = ("model/device", "model/weight_dtype", "model/reproducible")
 #: The numbers the dialog's editors take (a stored value outside would be silently clamped there).

@@ -1,7 +1,8 @@
 """The settings dialog's Generation tab: the system prompt, a sampling preset and the values
 it sets (temperature, top-k/p, min-p, repetition penalty), the reply's length and seed.
 
-The preset box is not a setting of its own: it shows which preset the values are
+A model's file may give its own sampling values (:mod:`models.sampling_defaults`); the
+"model's own" choice says which and whether they replace the values here. The preset box is not a setting of its own: it shows which preset the values are
 (:func:`desktop.settings.presets.preset_of`, "custom" when none), and choosing one sets them.
 Must not import torch.
 """
@@ -11,7 +12,22 @@ from PySide6.QtWidgets import QComboBox, QPlainTextEdit, QVBoxLayout, QWidget
 
 from desktop.settings.presets import PRESET_TEXT, PRESETS, preset_of
 
-__all__ = ["generation_tab", "sync_preset", "system_prompt_texts"]
+__all__ = ["generation_tab", "model_sampling_text", "sync_preset", "system_prompt_texts"]
+
+_NAMES = {"temperature": "temperature", "top_k": "top-k", "top_p": "top-p", "min_p": "min-p",
+          "repetition_penalty": "repetition penalty"}
+
+
+def model_sampling_text(model: dict | None) -> str:
+    """What the loaded model's file says to sample with, for the hint under that choice."""
+    own = (model or {}).get("sampling") or {}
+    values = own.get("values") or {}
+    if not values:
+        name = (model or {}).get("name") if model else None
+        return ((f"{name}'s file gives no sampling values" if name else "No model is loaded")
+                + ": the values below apply (balanced: temperature 0.7, as LM Studio and Jan).")
+    said = ", ".join(f"{_NAMES[k]} {v:g}" for k, v in values.items() if k in _NAMES)
+    return f"Its file gives {said} ({own.get('source', 'its file')}): they replace the values below while this is on."
 
 
 def generation_tab(dialog, note) -> QWidget:
@@ -31,6 +47,9 @@ def generation_tab(dialog, note) -> QWidget:
     for name, text in PRESET_TEXT.items():
         dialog.preset.addItem(text, name)
     form.addRow("Preset", dialog.preset)
+    dialog._add(form, "generation/model_sampling", "The model's own",
+                dialog._combo([(True, "used where its file gives them"), (False, "not used: the values below")]),
+                model_sampling_text(dialog.model))
     dialog._add(form, "generation/temperature", "Temperature", dialog._spin(0, 100, "0 (greedy)", step=0.1, decimals=2))
     dialog._add(form, "generation/top_k", "Top-k", dialog._spin(0, 1_000_000, "off"))
     dialog._add(form, "generation/top_p", "Top-p", dialog._spin(0, 1, step=0.05, decimals=2), "1 turns it off.")

@@ -34,8 +34,10 @@ DEFAULTS: dict[str, Any] = {
     "remote/base_url": "",       # the last server connected to (its key: desktop.remote.secrets, never here)
     "generation/system_prompt": "",
     "generation/max_new_tokens": 512,
-    # Sampling (temperature, top-k/p, min-p, repetition penalty): the balanced preset.
+    # Sampling (temperature, top-k/p, min-p, repetition penalty): the balanced preset, unless
+    # the model's file gives its own and model_sampling is on (desktop.main_window.replies).
     **PRESETS[DEFAULT_PRESET],
+    "generation/model_sampling": True,
     "generation/context": 0,      # 0 = the model's maximum
     # The settings dialog (desktop.settings.dialog) edits these and the ones above.
     "model/weight_dtype": "auto",              # auto = per device (runtime.device.default_dtype)
@@ -55,7 +57,7 @@ DEFAULTS: dict[str, Any] = {
 GENERATION_KEYS = (
     "system_prompt", "max_new_tokens", "temperature", "context", "top_k", "top_p", "min_p",
     "repetition_penalty", "seed", "cache_dtype", "cache_limit_mib", "overflow", "sink_tokens",
-    "cache_policy", "cache_budget", "cache_budget_unit",
+    "cache_policy", "cache_budget", "cache_budget_unit", "model_sampling",
 )
 
 

@@ -1,12 +1,13 @@
 """A loaded model described in plain data (for the status bar, the panels and the stats'
 ``model`` key), so nothing on the GUI side holds the model itself.
 
-Imports runtime's public API only (no torch, no Qt).
+Imports runtime's public API and models only (no torch, no Qt).
 """
 from __future__ import annotations
 
 from typing import Any
 
+import models.sampling_defaults
 import runtime
 
 __all__ = ["model_info", "model_key"]
@@ -33,7 +34,14 @@ def model_info(model: "runtime.Model") -> dict[str, Any]:
         "builtin_system_prompt": runtime.builtin_system_prompt(getattr(model, "tokenizer", None)),
         # Per layer its sliding window in tokens, or None (full attention).
         "layer_windows": list(getattr(c, "windows", ())),
+        # What its file says to sample with ({"values", "source"}), or None.
+        "sampling": _sampling(model),
     }
+
+
+def _sampling(model) -> dict | None:
+    found = models.sampling_defaults.read_sampling_defaults(model.path) if getattr(model, "path", None) else None
+    return found.to_dict() if found is not None else None
 
 
 def model_key(info: dict | None) -> str:
