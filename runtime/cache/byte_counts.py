@@ -16,6 +16,10 @@ import torch
 from models import kv_bytes
 from runtime.dtypes import cache_number_bytes, dtype_name
 
+#: Tokens per page of the paged pool (:data:`runtime.cache.paged.pool.PAGE_TOKENS`, the same
+#: number: that module imports this one's constant).
+PAGE_TOKENS = 16
+
 
 class ByteCounts:
     """Byte figures of a cache of this shape.
@@ -103,7 +107,8 @@ class ByteCounts:
     def stats(self, length: int, evicted: int, capacity: Sequence[int], limit_bytes: int | None) -> dict:
         """The JSON-ready figures: dtype, bytes_per_token, tokens, used/allocated/limit bytes,
         ``positions``, ``evicted_tokens``, ``full_bytes`` (a cache policy's: ``tokens`` is what
-        every full layer holds), and with sliding layers ``layer_types`` (:meth:`layer_types`)."""
+        every full layer holds), ``pages`` (:meth:`pages`), and with sliding layers ``layer_types``
+        (:meth:`layer_types`)."""
         out = {
             "dtype": dtype_name(self.dtype),
             "bytes_per_token": self.per_token,
@@ -119,4 +124,15 @@ class ByteCounts:
         }
         if any(w is not None for w in self.windows):
             out["layer_types"] = self.layer_types(length, evicted, capacity)
+        out["pages"] = self.pages(out["used_bytes"], out["allocated_bytes"])
         return out
+
+    def pages(self, used_bytes: int, allocated_bytes: int, page_tokens: int = PAGE_TOKENS) -> dict:
+        """This cache's bytes in the pages of the server's paged pool (:mod:`runtime.cache.paged`):
+        ``page_tokens``, ``bytes_per_page`` (``page_tokens`` x :attr:`per_token`), ``used`` (pages
+        its tokens fill, rounded up), ``shared`` (0: a contiguous cache is one conversation's own)
+        and ``free`` (whole pages of its buffers beyond them)."""
+        per_page = page_tokens * self.per_token
+        used = -(-used_bytes // per_page)
+        return {"page_tokens": page_tokens, "bytes_per_page": per_page, "used": used, "shared": 0,
+                "free": max(0, allocated_bytes // per_page - used)}

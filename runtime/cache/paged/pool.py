@@ -31,12 +31,14 @@ from dataclasses import dataclass, field
 import torch
 
 from models import kv_bytes
+from runtime.cache.byte_counts import PAGE_TOKENS as BYTE_COUNTS_PAGE_TOKENS
 from runtime.dtypes import QUANTIZED_CACHE_DTYPES, cache_number_bytes, dtype_name, parse_cache_dtype
 from runtime.errors import CacheLimitError
 from runtime.quantize import dequantize_int8, quantize_int8
 
-#: Tokens per page unless told: vLLM's default block size.
-PAGE_TOKENS = 16
+#: Tokens per page unless told: vLLM's default block size (:mod:`runtime.cache.byte_counts` counts
+#: a contiguous cache's bytes in pages of this size too).
+PAGE_TOKENS = BYTE_COUNTS_PAGE_TOKENS
 #: Pages an arena grows by at a time.
 CHUNK_PAGES = 32
 

@@ -94,4 +94,6 @@ def test_stats_fields():
         "dtype": "float16", "bytes_per_token": 32, "tokens": 3,
         "used_bytes": 96, "allocated_bytes": 16 * 32, "limit_bytes": 10_000,
         "positions": 3, "evicted_tokens": 0, "full_bytes": 96,
+        # In the paged pool's pages of 16 tokens (512 bytes here): 3 tokens fill 1, none free.
+        "pages": {"page_tokens": 16, "bytes_per_page": 512, "used": 1, "shared": 0, "free": 0},
     }

@@ -157,3 +157,18 @@ def test_an_idle_pool_gives_its_arenas_back(models):
     assert again.adopt(IDS[:10]) == 0  # the cached prefix went with them
     _run(model, again, [IDS[:10]])
     assert pool.stats()["pages_used"] == 3
+
+
+def test_a_contiguous_cache_counts_its_bytes_in_pages():
+    from runtime.cache.kv_cache import KVCache
+
+    cache = KVCache(30, 3, 64, 8192, chunk_tokens=256)  # the default model's shape, float32
+    cache.reserve(40)
+    for layer in range(30):
+        cache.update(layer, torch.zeros(1, 3, 40, 64), torch.zeros(1, 3, 40, 64))
+    cache.advance(40)
+    pages = cache.stats()["pages"]
+    # 16 x 46,080 = 737,280 bytes a page; 40 tokens fill 3 pages; 256 allocated = 16 pages.
+    assert pages == {"page_tokens": 16, "bytes_per_page": 737_280, "used": 3, "shared": 0, "free": 13}
+    pool = PagePool(30, 3, 64)
+    assert pool.bytes_per_page == pages["bytes_per_page"]
