@@ -81,6 +81,7 @@ from runtime.insight.formula import FormulaByHand, formula_by_hand
 from runtime.insight.probe import AttentionCapture, HeadScores, head_scores
 from runtime.loader.load import gguf_blocks_bytes, load_model, read_config
 from runtime.loader.model import Model
+from runtime.loader.support import QuantSupport, quant_support
 from runtime.model.attention import (
     ATTENTION_BACKENDS,
     attention,
@@ -95,7 +96,7 @@ __all__ = [
     "ABLATION_MODES", "InductionAblation", "ablated", "induction_ablation", "parse_heads", "top_and_probs",
     "AttentionStepTime", "attention_step_seconds", "scores_per_head", "Explanation", "ExplainCancelled", "explain_cost", "explain_rate", "explain_token", "explain_work", "IG_POSITIONS", "IG_STEPS", "kendall_tau",
     "reply_positions", "FormulaByHand", "formula_by_hand",
-    "LayerAttention", "FormulaSteps", "context_ids", "conversation_ids", "held_context", "kept_share", "token_strings", "read_config", "gguf_blocks_bytes", "ChatSession", "GenerationSettings", "OVERFLOW_POLICIES", "Event",
+    "LayerAttention", "FormulaSteps", "context_ids", "conversation_ids", "held_context", "kept_share", "token_strings", "read_config", "gguf_blocks_bytes", "QuantSupport", "quant_support", "ChatSession", "GenerationSettings", "OVERFLOW_POLICIES", "Event",
     "PrefillProgress", "TextPiece", "StatsUpdate", "Finish", "TurnStats",
     "AttnchatError", "CacheLimitError", "ChatTemplateError", "ContextOverflowError", "DeviceError", "ModelFileChanged",
     "ModelLoadError", "UnsupportedModelError",

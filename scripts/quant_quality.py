@@ -1,6 +1,7 @@
 """Greedy agreement of quantized engines with a float32-dequantized run.
 
     .venv/bin/python scripts/quant_quality.py FILE.gguf [FILE.gguf ...] [--tokens 128] [--json OUT]
+        [--llamacpp-python PATH]
 
 The reference: our decoder with the file's weights dequantized to float32 (exactly the
 numbers its blocks hold) and float32 arithmetic, greedy ``--tokens`` tokens from each of
@@ -10,7 +11,10 @@ as the app decodes, llama.cpp's ``eval`` of one token) and the table gives the s
 positions whose greedy token is the reference's, and where a free greedy run first
 leaves the reference. llama.cpp runs in ``make bench-llamacpp``'s environment, in its own
 process, on the same token ids. Engines: ``ours`` (the app's default for the file, its
-quantized blocks), ``ours-float16`` (``--dtype float16``), ``llamacpp``.
+quantized blocks), ``ours-float16`` (``--dtype float16``), ``llamacpp``. Files of other
+block types made from the default model's weights: scripts/requantize_gguf.py. Each row
+names the file's block types, the CPU and the load average (quality, not speed: a busy
+machine gives the same tokens).
 """
 from __future__ import annotations
 
@@ -104,6 +108,33 @@ def reference(path: str, tokens: int) -> tuple[list[dict], str]:
     return cases, m.name
 
 
+def machine() -> dict:
+    """The CPU's name and the load average while the figures were taken."""
+    import platform
+
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": name, "cpus": os.cpu_count(), "load_average": [round(x, 1) for x in os.getloadavg()]}
+
+
+def block_types(path: str) -> dict[str, int]:
+    """Matrices per block type in the file (its tensor table)."""
+    from runtime.weights.gguf.mmap import read_gguf_tensors
+    from runtime.weights.quant_types import type_name
+
+    counts: dict[str, int] = {}
+    for info in read_gguf_tensors(path).tensors.values():
+        if len(info.shape) == 2:
+            counts[type_name(info.ggml_type)] = counts.get(type_name(info.ggml_type), 0) + 1
+    return counts
+
+
 def score(cases: list[dict], results: list[dict]) -> dict:
     agree = total = 0
     first = []
@@ -121,6 +152,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--engines", default="ours,ours-float16,llamacpp")
     ap.add_argument("--json")
+    ap.add_argument("--llamacpp-python", type=Path, default=ROOT / ".venv-llamacpp" / "bin" / "python",
+                    help="the python of an environment with llama-cpp-python (default: make bench-llamacpp's)")
     ap.add_argument("--llamacpp-worker", nargs=2, metavar=("FILE", "CASES_JSON"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.llamacpp_worker:
@@ -130,10 +163,11 @@ def main(argv=None) -> int:
     report = []
     for f in args.files:
         cases, name = reference(f, args.tokens)
-        row = {"file": f, "model": name, "tokens": args.tokens, "engines": {}, "cases": cases}
+        row = {"file": f, "model": name, "tokens": args.tokens, "types": block_types(f), "machine": machine(),
+               "engines": {}, "cases": cases}
         for engine in args.engines.split(","):
             if engine == "llamacpp":
-                py = ROOT / ".venv-llamacpp" / "bin" / "python"
+                py = args.llamacpp_python
                 if not py.exists():
                     print("llama.cpp: run `make bench-llamacpp` first; skipped", file=sys.stderr)
                     continue
@@ -152,7 +186,11 @@ def main(argv=None) -> int:
                 results, label = _ours(f, "float16" if engine == "ours-float16" else None, cases)
             row["engines"][engine] = {"weights": label, **score(cases, results)}
         report.append(row)
-        print(f"\n{name} ({args.tokens} tokens x {len(PROMPTS)} prompts, teacher-forced greedy agreement with float32):")
+        mix = ", ".join(f"{t} x{n}" for t, n in sorted(row["types"].items(), key=lambda kv: -kv[1]))
+        m = machine()
+        print(f"\n{Path(f).name}: {name} ({mix}); {args.tokens} tokens x {len(PROMPTS)} prompts, teacher-forced greedy "
+              f"agreement with float32; {m['cpu']}, {m['cpus']} CPUs, load {m['load_average']}:")
+        row["machine"]["load_average_after"] = m["load_average"]
         for engine, s in row["engines"].items():
             print(f"  {engine:14s} {s['weights']:26s} {s['agreement']:.3f}   first free divergence {s['first_divergence']}")
     if args.json:

@@ -60,10 +60,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     search_p.add_argument("text", metavar="TEXT", help="part of a repo's name, e.g. qwen2.5 or llama-3.2")
     search_p.add_argument("--limit", type=int, default=20, metavar="N", help="at most N repos (default 20)")
     search_p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
-    files_p = sub.add_parser("files", help="a Hub repo's GGUF files, with sizes and whether each fits",
-                             description="List a Hugging Face repo's GGUF files with their size, quant and fit: "
-                                         "weights at the file's size plus the KV cache at the context, against "
-                                         "this machine's free RAM (or the GPU's free memory).")
+    files_p = sub.add_parser("files", help="a Hub repo's GGUF files, with sizes, whether each runs here and fits",
+                             description="List a Hugging Face repo's GGUF files with their size, quant, whether it "
+                                         "runs here (RUNS: the kernel that runs its blocks, 'widened' with the "
+                                         "float16 copies' memory, or 'will not run') and fit: the weights as they "
+                                         "load plus the KV cache at the context, against this machine's free RAM "
+                                         "(or the GPU's free memory).")
     files_p.add_argument("ref", metavar="REF", help="hf.co/OWNER/REPO (a :QUANT or /FILE marks that file)")
     files_p.add_argument("--context", type=int, default=None, metavar="N",
                          help="tokens of context to plan the KV cache for (default: 8192, or the model's "
@@ -165,12 +167,34 @@ def _planner_fit(device: str):
     return fit
 
 
+def _quant_runs(device: str):
+    """``runs(block_type)`` (:func:`runtime.quant_support`) on the device the fits are planned for."""
+    import runtime
+
+    if device == "auto":
+        names = [name for name, _label in runtime.available_devices()]
+        device = next((n for prefix in ("cuda", "mps") for n in names if n.startswith(prefix)), "cpu")
+    return lambda btype: runtime.quant_support(btype, device).to_dict()
+
+
+def runs_text(r: dict | None) -> str:
+    """A quant's mark: ``"ggml"`` (runs from its blocks on that kernel), ``"widened (+310 MB)"``,
+    ``"will not run"``, ``"-"`` (no tag)."""
+    if not r:
+        return "-"
+    if r["runs"] == "blocks":
+        return r["kernel"]
+    if r["runs"] == "widened":
+        return f"widened (+{_human_bytes(r['extra_bytes'])})"
+    return "will not run"
+
+
 def _files(ref: str, context: int | None, device: str, as_json: bool, out: TextIO) -> None:
     parsed = models.hub.parse_ref(ref)
     if context is not None and context <= 0:
         raise models.HubError(f"--context must be a positive number of tokens; got {context}", "ref")
     report = models.hub.files_report(parsed.repo_id, revision=parsed.revision, fit=_planner_fit(device),
-                                     context=context)
+                                     context=context, runs=_quant_runs(device))
     chosen = ""
     if parsed.filename or parsed.quant:
         ggufs = [models.hub.GGUFFile(f["name"], f["quant"], ()) for f in report["files"]]
@@ -194,17 +218,20 @@ def _files(ref: str, context: int | None, device: str, as_json: bool, out: TextI
               f"{_human_bytes(free) if free is not None else 'unknown'} free on {first_fit['device']}", file=out)
     elif report["shape_error"]:
         print(f"fit unknown: {report['shape_error']}", file=out)
-    rows = [("FILE", "QUANT", "SIZE", "FIT", "NEEDS", "HERE")]
+    rows = [("FILE", "QUANT", "SIZE", "RUNS", "FIT", "NEEDS", "HERE")]
     for f in report["files"]:
         if f["split"]:
             verdict, needs = f"split in {f['parts']} files (not supported)", "-"
+        elif f["runs"] and f["runs"]["runs"] == "no":
+            verdict, needs = f["runs"]["why"], "-"
         elif f["fit"]:
             verdict, needs = f["fit"]["verdict"], _human_bytes(f["fit"]["total_bytes"])
         else:
             verdict, needs = "unknown", "-"
         here = "downloaded" if f["installed"] else (f"{_human_bytes(f['kept_bytes'])} kept" if f["kept_bytes"] else "-")
         mark = "* " if f["chosen"] else ""
-        rows.append((mark + f["name"], f["quant"] or "-", _human_bytes(f["size_bytes"]), verdict, needs, here))
+        rows.append((mark + f["name"], f["quant"] or "-", _human_bytes(f["size_bytes"]), runs_text(f["runs"]), verdict,
+                     needs, here))
     _table(rows, out)
 
 

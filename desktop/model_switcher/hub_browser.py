@@ -26,11 +26,11 @@ import models
 from desktop.model_switcher.hub_jobs import HubService, Job, JobRunner, open_repo
 from desktop.download_words import DownloadRate, for_window
 
-__all__ = ["BADGE_COLOURS", "HubBrowser", "fit_tooltip", "mb"]
+__all__ = ["BADGE_COLOURS", "HubBrowser", "fit_tooltip", "mb", "runs_line"]
 
 #: Badge background per fit verdict (text stays black on these).
 BADGE_COLOURS = {"fits": "#b7e4c7", "tight": "#ffe08a", "does not fit": "#f4a6a6", "unknown": "#d9d9d9",
-                 "not supported": "#d9d9d9"}
+                 "not supported": "#d9d9d9", "will not run": "#d9d9d9"}
 BANNER_STYLE = "color: white; background: #b3261e; padding: 6px; border-radius: 4px;"
 NOTE_STYLE = "background: #fff4ce; padding: 6px; border-radius: 4px;"
 
@@ -40,9 +40,20 @@ def mb(n: int | float | None) -> str:
     return "—" if n is None else f"{n / 1e6:,.1f} MB"
 
 
+def runs_line(runs: dict | None) -> str:
+    """How a quant runs here, in one line ("" when not known)."""
+    if not runs:
+        return ""
+    if runs["runs"] == "blocks":
+        return f"Runs here from its {runs['block_type']} blocks ({runs['kernel']} kernels)"
+    if runs["runs"] == "widened":
+        return f"Runs widened: float16 copies take {mb(runs['extra_bytes'])} more ({runs['why']})"
+    return f"Will not run here: {runs['why']}"
+
+
 def fit_tooltip(fit: dict) -> str:
     """The numbers behind a badge, in two lines."""
-    line1 = (f"Weights {mb(fit['weights_bytes'])} (the file) + KV cache {mb(fit['kv_bytes'])} at "
+    line1 = (f"Weights {mb(fit['weights_bytes'])} (as it loads) + KV cache {mb(fit['kv_bytes'])} at "
              f"{fit['context']:,} tokens ({fit['cache_dtype']}) = {mb(fit['total_bytes'])}")
     free = fit.get("free_bytes")
     if free:
@@ -236,17 +247,19 @@ class HubBrowser(QWidget):
         self.files.setRowCount(len(repo["files"]))
         for r, f in enumerate(repo["files"]):
             name = QTableWidgetItem(f["quant"] or f["name"])
-            name.setToolTip(f["name"])
+            name.setToolTip("\n".join(filter(None, (f["name"], runs_line(f.get("runs"))))))
             size = QTableWidgetItem(mb(f["size_bytes"]))
             size.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
             verdict = ("not supported" if f["split"] or repo["supported"] is False
+                       else "will not run" if (f.get("runs") or {}).get("runs") == "no"
                        else (f["fit"] or {}).get("verdict", "unknown"))
             badge = QTableWidgetItem(f"split in {f['parts']} files" if f["split"] else verdict)
             badge.setBackground(QBrush(QColor(BADGE_COLOURS[verdict])))
             badge.setForeground(QBrush(QColor("black")))
             badge.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
-            badge.setToolTip(fit_tooltip(f["fit"]) if f["fit"] else
-                             ("attnchat loads single-file GGUFs only" if f["split"] else "the model's shape is unknown"))
+            badge.setToolTip("\n".join(filter(None, (runs_line(f.get("runs")), fit_tooltip(f["fit"]) if f["fit"] else
+                             ("attnchat loads single-file GGUFs only" if f["split"] else
+                              "" if verdict == "will not run" else "the model's shape is unknown")))))
             here = QTableWidgetItem("downloaded" if f["installed"] else "")
             for c, item in enumerate((name, size, badge, here)):
                 self.files.setItem(r, c, item)

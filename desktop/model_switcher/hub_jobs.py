@@ -20,7 +20,7 @@ import models
 from desktop.worker import start_thread
 from models.hub.report import QUOTED_CONTEXT
 
-__all__ = ["HubService", "Job", "JobRunner", "QUOTED_CONTEXT", "default_fit", "layer_windows", "open_repo"]
+__all__ = ["HubService", "Job", "JobRunner", "QUOTED_CONTEXT", "default_fit", "default_runs", "layer_windows", "open_repo"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,13 @@ def default_fit(size_bytes: int, shape: Any, context: int, device: str) -> dict:
 
     return runtime.fit(size_bytes, layers=shape.n_layers, kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
                        context=context, windows=layer_windows(shape), device=device).to_dict()
+
+
+def default_runs(block_type: str, device: str) -> dict:
+    """Whether a quant of ``block_type`` runs on ``device`` here (:func:`runtime.quant_support`), as a dict."""
+    import runtime
+
+    return runtime.quant_support(block_type, device).to_dict()
 
 
 def layer_windows(shape: Any) -> list[int | None] | None:
@@ -67,6 +74,7 @@ class HubService:
     shape: Callable = field(default_factory=lambda: models.hub.remote_shape)
     fetch: Callable = field(default_factory=lambda: models.hub.fetch_hub)
     fit: Callable = default_fit
+    runs: Callable = default_runs
     device: Callable[[], str] = default_device
 
 
@@ -80,7 +88,8 @@ def open_repo(service: HubService, repo_id: str) -> dict:
 
     device = service.device()
     return files_report(repo_id, listing=service.listing, shape=service.shape,
-                        fit=lambda size, shape, context: service.fit(size, shape, context, device))
+                        fit=lambda size, shape, context: service.fit(size, shape, context, device),
+                        runs=lambda block_type: service.runs(block_type, device))
 
 
 class Job(QObject):

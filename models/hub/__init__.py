@@ -16,12 +16,12 @@ from __future__ import annotations
 from .gguf_meta import SUPPORTED_ARCHITECTURES, GGUFMetaError, GGUFShape, read_shape, shape_from_file
 from .local import LocalHubFile, find_installed, hub_path, installed_files, partial_bytes
 from .report import QUOTED_CONTEXT, files_report
-from .ref import DEFAULT_QUANT, GGUFFile, HubFile, HubRef, RefError, choose, group_files, is_hub_ref, parse_ref, quant_tag
+from .ref import DEFAULT_QUANT, GGUFFile, HubFile, HubRef, RefError, choose, group_files, is_hub_ref, parse_ref, quant_tag, tag_block_type
 
 __all__ = [
     "DEFAULT_QUANT", "QUOTED_CONTEXT", "files_report", "GGUFFile", "GGUFMetaError", "GGUFShape", "HubFile", "HubRef", "LocalHubFile", "RefError",
     "SUPPORTED_ARCHITECTURES", "choose", "fetch_hub", "find_installed", "group_files", "hub_path", "installed_files",
-    "is_hub_ref", "partial_bytes", "parse_ref", "quant_tag", "read_shape", "remote_shape", "repo_listing", "resolve_hub", "search",
+    "is_hub_ref", "partial_bytes", "parse_ref", "quant_tag", "tag_block_type", "read_shape", "remote_shape", "repo_listing", "resolve_hub", "search",
     "shape_from_file",
 ]
 

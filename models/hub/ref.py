@@ -21,7 +21,7 @@ from models.errors import HubError
 
 __all__ = [
     "HubRef", "RefError", "GGUFFile", "HubFile", "DEFAULT_QUANT", "choose", "group_files", "is_hub_ref",
-    "parse_ref", "quant_tag", "split_part",
+    "parse_ref", "quant_tag", "split_part", "tag_block_type",
 ]
 
 DEFAULT_QUANT = "Q4_K_M"
@@ -136,6 +136,30 @@ def quant_tag(filename: str) -> str:
     name = re.sub(r"\.gguf$", "", name, flags=re.IGNORECASE)
     found = _QUANT.findall(name)
     return found[-1].upper() if found else ""
+
+
+#: llama.cpp's mixes whose main block type is not the tag's stem (llama-quant.cpp's default
+#: type per ``LLAMA_FTYPE``): IQ2_M and IQ3_XS/IQ3_M are mostly IQ2_S / IQ3_S blocks.
+_TAG_TYPES = {"IQ2_M": "IQ2_S", "IQ3_XS": "IQ3_S", "IQ3_M": "IQ3_S", "MXFP4_MOE": "MXFP4", "FP16": "F16",
+              "FP32": "F32", "Q2_K_S": "Q2_K"}
+#: ggml block type names (gguf's ``GGMLQuantizationType``) a tag may name whole.
+_BLOCK_NAMES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+                "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "IQ1_M", "TQ1_0",
+                "TQ2_0", "MXFP4", "NVFP4", "Q1_0")
+
+
+def tag_block_type(tag: str) -> str:
+    """The block type most of a file's matrices are in, from its quant tag: ``"Q4_K_M"`` -> ``"Q4_K"``,
+    ``"UD-Q4_K_XL"`` -> ``"Q4_K"``, ``"IQ4_XS"`` -> ``"IQ4_XS"``, ``"IQ3_M"`` -> ``"IQ3_S"``; "" for
+    a tag that names no block type (a mix's other matrices are in the types llama.cpp gives
+    them: Q6_K, Q8_0, Q5_K ... for a K mix)."""
+    t = tag.upper().removeprefix("UD-")
+    if t in _TAG_TYPES:
+        return _TAG_TYPES[t]
+    if t in _BLOCK_NAMES:
+        return t
+    stem = re.sub(r"_(?:XS|S|M|L|XL|XXL)$", "", t)
+    return stem if stem in _BLOCK_NAMES else ""
 
 
 def split_part(filename: str) -> tuple[int, int] | None:

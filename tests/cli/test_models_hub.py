@@ -12,6 +12,7 @@ import pytest
 
 import models
 from attnchat import cli
+from runtime.kernels import ggml_ops
 from tests.hub_stand_in import COMMIT, gguf_bytes, hub  # noqa: F401 - hub is a fixture
 from tests.hang import HANG_S
 
@@ -63,10 +64,14 @@ def test_files_with_fits_from_the_planner(hub, capsys, monkeypatch):
     lines = out.splitlines()
     assert lines[0] == f"hf.co/{REPO}  license apache-2.0  architecture llama"
     assert lines[1] == "fit: the file + the KV cache at 2,048 tokens (float32) against 4.2 MiB free on cpu"
-    assert lines[2].split() == ["FILE", "QUANT", "SIZE", "FIT", "NEEDS", "HERE"]
+    assert lines[2].split() == ["FILE", "QUANT", "SIZE", "RUNS", "FIT", "NEEDS", "HERE"]
     q4, q8 = (len(repo.files[f"Tiny-Instruct-{q}.gguf"]) for q in ("Q4_K_M", "Q8_0"))
-    assert lines[3].split() == ["Tiny-Instruct-Q4_K_M.gguf", "Q4_K_M", "0.3", "MiB", "fits", "3.3", "MiB", "-"]
-    assert lines[4].split() == ["*", "Tiny-Instruct-Q8_0.gguf", "Q8_0", "0.5", "MiB", "tight", "3.5", "MiB", "-"]
+    kernel = "ggml" if ggml_ops.available() else "torch int4pack"
+    assert lines[3].split() == ["Tiny-Instruct-Q4_K_M.gguf", "Q4_K_M", "0.3", "MiB", *kernel.split(), "fits", "3.3",
+                                "MiB", "-"]
+    if ggml_ops.available():
+        assert lines[4].split() == ["*", "Tiny-Instruct-Q8_0.gguf", "Q8_0", "0.5", "MiB", "ggml", "tight", "3.5", "MiB",
+                                    "-"]
     assert lines[5].split()[:2] == ["Tiny-Instruct-F16-00001-of-00002.gguf", "F16"]
     assert "split in 2 files (not supported)" in lines[5]
     status, out, _ = run(capsys, "models", "files", f"hf.co/{REPO}", "--json", "--context", "1024")
@@ -80,6 +85,35 @@ def test_files_with_fits_from_the_planner(hub, capsys, monkeypatch):
                         "kv_bytes": KV_AT_2048 // 2, "total_bytes": q8 + KV_AT_2048 // 2, "free_bytes": free,
                         "context": 1024, "device": "cpu", "cache_dtype": "float32"}
     assert report["files"][2]["fit"] is None and report["files"][2]["parts"] == 2
+    assert f["runs"]["block_type"] == "Q8_0" and f["runs"]["bits_per_weight"] == 8.5
+
+
+def test_files_mark_what_runs_here(hub, capsys, monkeypatch):
+    """Without ggml: IQ4_XS runs from float16 copies (their bytes in the fit), a 4-bit K mix
+    through torch's int4pack, Q1_0 (only ggml decodes it) and an unknown tag will not run."""
+    import psutil
+
+    hub.add_repo(REPO, {f"Tiny-Instruct-{q}.gguf": gguf_bytes(payload=100_000 * (i + 1), seed=i, **SHAPE)
+                        for i, q in enumerate(("Q1_0", "IQ4_XS", "Q4_K_M", "Q9_X"))})
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("VM", (), {"available": 1 << 30})())
+    monkeypatch.setitem(ggml_ops._STATE, "why", "turned off for a test")
+    monkeypatch.delitem(ggml_ops._STATE, "ggml", raising=False)
+    status, out, err = run(capsys, "models", "files", f"hf.co/{REPO}", "--json")
+    files = {f["quant"]: f for f in json.loads(out)["files"]}
+    iq4 = files["IQ4_XS"]
+    weights = int(iq4["size_bytes"] * 8 / 4.25)
+    assert iq4["runs"] == {"block_type": "IQ4_XS", "runs": "widened", "kernel": "float16 copy", "bits_per_weight": 4.25,
+                           "why": "ggml does not load here (turned off for a test)", "extra_bytes": weights * 2}
+    assert iq4["fit"]["weights_bytes"] == iq4["size_bytes"] + weights * 2
+    assert files["Q4_K_M"]["runs"]["runs"] == "blocks" and files["Q4_K_M"]["runs"]["kernel"] == "torch int4pack"
+    assert files["Q4_K_M"]["fit"]["weights_bytes"] == files["Q4_K_M"]["size_bytes"]
+    assert files["Q1_0"]["runs"]["runs"] == "no" and files["Q1_0"]["fit"] is None
+    assert files["Q9_X"]["runs"] == {"block_type": "", "runs": "no", "kernel": "", "bits_per_weight": 0.0,
+                                     "why": "Q9_X names no block type attnchat knows", "extra_bytes": 0}
+    status, out, err = run(capsys, "models", "files", f"hf.co/{REPO}")
+    rows = {line.split()[1]: line for line in out.splitlines()[3:]}
+    assert f"widened (+{weights * 2 / 2**20:.1f} MiB)" in rows["IQ4_XS"]
+    assert "will not run" in rows["Q1_0"] and "only ggml decodes Q1_0 and ggml does not load here" in rows["Q1_0"]
 
 
 def test_fetch_prints_the_path_and_a_second_fetch_needs_no_network(hub, capsys):
@@ -204,3 +238,23 @@ def test_model_option_fetches_a_reference_before_loading(hub, monkeypatch, comma
     with pytest.raises(Stop):
         chat_cmd._load(args) if command == "chat" else heads_cmd.run(args)
     assert Path(seen[0]).read_bytes() == repo.files["Tiny-Instruct-Q4_K_M.gguf"]
+
+
+@pytest.mark.skipif(not ggml_ops.available(), reason="ggml-python not installed")
+def test_chat_with_an_iq4_xs_reference_fetches_it_and_answers_through_ggml(hub, tmp_path, capsys, monkeypatch):
+    """``hf.co/OWNER/REPO:IQ4_XS``: the file that tag names, fetched, loaded from its blocks (ggml's
+    kernels), a reply."""
+    from tests.runtime.tiny_gguf import make_tiny_gguf, tiny_tokenizer_metadata
+
+    monkeypatch.setenv("ATTNCHAT_KERNELS", "default")
+    tok = tiny_tokenizer_metadata()
+    blobs = {f"Tiny-Instruct-{t}.gguf": make_tiny_gguf(tmp_path, f"{t}.gguf", matrix_type="Q4_K" if t == "Q4_K_M" else t,
+                                                       embed_type="Q8_0", tokenizer=tok).read_bytes()
+             for t in ("IQ4_XS", "Q4_K_M")}
+    hub.add_repo(REPO, blobs)
+    status, out, err = run(capsys, "chat", "--model", f"hf.co/{REPO}:IQ4_XS", "--device", "cpu", "--prompt", "hi",
+                           "--max-new-tokens", "4", "--temperature", "0", "--json")
+    assert status == 0, err
+    reply = json.loads(out.splitlines()[-1])
+    assert reply["completion_tokens"] >= 1 and reply["finish_reason"] in ("stop", "length")
+    assert (reply["model"], reply["dtype"]) == ("Tiny-Instruct-IQ4_XS", "IQ4_XS")  # its own blocks, not widened

@@ -12,6 +12,7 @@ import pytest
 import models
 import runtime
 from desktop.model_switcher import HubService, ModelsDialog
+from runtime.kernels import ggml_ops
 from tests.hub_stand_in import COMMIT, gguf_bytes, hub  # noqa: F401 - hub is a fixture
 
 REPO = "owner/Tiny-Instruct-GGUF"
@@ -55,6 +56,7 @@ def open_dialog(qtbot, window):
     return d
 
 
+@pytest.mark.skipif(not ggml_ops.available(), reason="the badges below are ggml's (without it Q8_0 runs widened)")
 def test_search_fit_badges_license_download_and_load(qtbot, make_window, hub, tmp_path):
     hub.add_repo(REPO, files(), downloads=900, license="apache-2.0")
     hub.add_repo("other/tiny-mamba-GGUF", {"m-Q4_K_M.gguf": gguf_bytes("mamba", payload=1000)}, downloads=5,
@@ -80,7 +82,8 @@ def test_search_fit_badges_license_download_and_load(qtbot, make_window, hub, tm
     ]
     q8 = sizes["Tiny-Instruct-Q8_0.gguf"]
     assert b.files.item(1, 2).toolTip() == (
-        f"Weights {q8 / 1e6:,.1f} MB (the file) + KV cache {KV_AT_2048 / 1e6:,.1f} MB at 2,048 tokens (float32) = "
+        "Runs here from its Q8_0 blocks (ggml kernels)\n"
+        f"Weights {q8 / 1e6:,.1f} MB (as it loads) + KV cache {KV_AT_2048 / 1e6:,.1f} MB at 2,048 tokens (float32) = "
         f"{(q8 + KV_AT_2048) / 1e6:,.1f} MB\nFree memory on cpu: {FREE / 1e6:,.1f} MB; this takes "
         f"{100 * (q8 + KV_AT_2048) / FREE:.0f} % of it (over 80 % is tight)")
     assert "License: <b>apache-2.0</b>" in b.notice.text() and "By downloading a file you accept it" in b.notice.text()
@@ -105,6 +108,33 @@ def test_search_fit_badges_license_download_and_load(qtbot, make_window, hub, tm
     with qtbot.waitSignal(w.engine.model_loaded, timeout=5000) as loaded:
         b.load_button.click()
     assert loaded.args[0]["path"] == str(path)
+
+
+def test_each_quant_says_whether_it_runs_here(qtbot, make_window, hub):
+    """The badge and the tooltips mark a quant that runs from its blocks (on which kernel),
+    one that runs widened (the copies' memory in its fit) and one that will not run."""
+    hub.add_repo(REPO, {f"Tiny-Instruct-{q}.gguf": gguf_bytes(payload=100_000, seed=i, **SHAPE)
+                        for i, q in enumerate(("IQ4_XS", "Q2_K", "Q1_0"))}, license="apache-2.0")
+    says = {"IQ4_XS": dict(runs="blocks", kernel="ggml", why=""),
+            "Q2_K": dict(runs="widened", kernel="float16 copy", why="no cuda kernel takes Q2_K blocks"),
+            "Q1_0": dict(runs="no", kernel="", why="only ggml decodes Q1_0 and ggml does not load here (test)")}
+    w = make_window()
+    w.model_switcher.service = service(runs=lambda t, device: {"block_type": t, "bits_per_weight": 2.625, **says[t]})
+    d = open_dialog(qtbot, w)
+    d.browser.open_repo(REPO)
+    b = d.browser
+    qtbot.waitUntil(lambda: b.repo is not None, timeout=10000)
+    rows = {b.files.item(r, 0).text(): r for r in range(b.files.rowCount())}
+    size = b.repo["files"][0]["size_bytes"]
+    extra = int(size * 8 / 2.625) * 2
+    assert b.files.item(rows["IQ4_XS"], 0).toolTip().splitlines()[1] == "Runs here from its IQ4_XS blocks (ggml kernels)"
+    assert b.files.item(rows["Q2_K"], 2).toolTip().splitlines()[:2] == [
+        f"Runs widened: float16 copies take {extra / 1e6:,.1f} MB more (no cuda kernel takes Q2_K blocks)",
+        f"Weights {(size + extra) / 1e6:,.1f} MB (as it loads) + KV cache {KV_AT_2048 / 1e6:,.1f} MB at 2,048 tokens "
+        f"(float32) = {(size + extra + KV_AT_2048) / 1e6:,.1f} MB"]
+    assert b.files.item(rows["Q1_0"], 2).text() == "will not run"
+    assert b.files.item(rows["Q1_0"], 2).toolTip() == ("Will not run here: only ggml decodes Q1_0 and ggml does not "
+                                                       "load here (test)")
 
 
 def test_cancel_keeps_the_part_and_resume_finishes_it(qtbot, make_window, hub, tmp_path):
