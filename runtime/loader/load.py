@@ -212,6 +212,11 @@ def load_model(
 
         governors = dict(decode_threads=decode_gov,
                          prefill_threads=SizedGovernors(lambda: cpu_governor(threads), start=decode_choice))
+    if decode is None and quant is not None and dev.type == "cpu":
+        from runtime.model.ggml_step import unsupported
+
+        # A GGUF's blocks decode fastest as per-layer ggml graphs where they build (docs/benchmarks.md)
+        mode = "ggml" if unsupported(decoder) is None else mode
     model = Model(
         tokenizer=tokenizer, path=path, config=cfg, device=dev, dtype=quant.file_type if quant else wdtype,
         decoder=decoder, compute_dtype=cdtype, load_seconds=time.perf_counter() - t0,

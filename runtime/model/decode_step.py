@@ -19,6 +19,8 @@ a mask row. The modes (:data:`DECODE_MODES`):
   (``torch.cuda.CUDAGraph``) and replayed: one launch per token (CUDA only).
 - ``"compile"``: the static step through ``torch.compile`` (inductor fuses the norms,
   RoPE and activations; CPU and CUDA).
+- ``"ggml"``: a GGUF's blocks on the CPU, each layer but its attention as one ggml graph
+  (:mod:`runtime.model.ggml_step`); our attention and KV cache between the graphs.
 
 Every mode writes the same cache and returns the same logits (to rounding): a session
 can change modes between tokens, and falls back to ``"eager"`` whenever the step
@@ -37,7 +39,7 @@ from runtime.cache.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
 
-DECODE_MODES = ("eager", "static", "graph", "compile")
+DECODE_MODES = ("eager", "static", "graph", "compile", "ggml")
 #: The environment variable naming inductor's on-disk cache (torch's own).
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
@@ -107,6 +109,8 @@ class DecodeStep:
         self.compile_state = "none"
         self.compile_seconds: float | None = None  # how long the first compiled step took
         self._prepared = threading.Event()
+        self._ggml = None  # ``"ggml"`` mode: the per-layer graphs, built on the first token
+        self._ggml_lock = threading.Lock()  # the graphs' buffers serve one token at a time
         self.captures = 0  # CUDA graphs captured so far (one per capacity bucket)
 
     def _inputs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,6 +138,12 @@ class DecodeStep:
             ValueError: a position past the model's maximum context.
         """
         decoder = self.decoder
+        if self.mode == "ggml":
+            step = self._ggml_step()
+            if step is not None and step.ready(cache):
+                ids = token.reshape(1, 1) if isinstance(token, torch.Tensor) else torch.tensor([[token]])
+                with self._ggml_lock:
+                    return step(ids, cache)
         if not self.static_ok(cache) or (self.mode == "compile" and self.compile_state in ("compiling", "failed")):
             # Python per layer (the attention capture, a head knock-out): a graph or a
             # compiled step would bake in what it saw at capture time. Sliding-window
@@ -233,10 +243,24 @@ class DecodeStep:
             run()
         return self._prepared
 
+    def _ggml_step(self):
+        """The per-layer ggml graphs of ``"ggml"`` mode (built once; None, said once in the
+        log, when this decoder cannot take them: every token then decodes eagerly)."""
+        if self._ggml is None:
+            from runtime.model.ggml_step import GGMLStep, unsupported
+
+            why = unsupported(self.decoder)
+            if why:
+                log.warning("the ggml decode step does not take this model (%s); decoding eagerly", why)
+                self._ggml = False
+            else:
+                self._ggml = GGMLStep(self.decoder)
+        return self._ggml or None
+
     def static_ok(self, cache: KVCache) -> bool:
         """Whether this step may run at static shapes on ``cache`` (else it runs eagerly)."""
         decoder = self.decoder
-        return (self.mode != "eager" and decoder.observer is None
+        return (self.mode not in ("eager", "ggml") and decoder.observer is None
                 and not any(b.attn.head_edit is not None for b in decoder.blocks)
                 and cache.dtype.is_floating_point and not getattr(cache, "sliding", False)
                 # a cache policy: slots are not positions, and the evictor observes queries

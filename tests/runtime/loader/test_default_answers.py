@@ -63,3 +63,32 @@ def test_every_kernel_choice_answers_right(blocks, float32_poems):
             if poem.split()[:1] != [float32_poems[system]]:
                 wrong.append(f"{choice.kernels}, system {system!r}: {poem!r} (float32: {float32_poems[system]!r} ...)")
     assert not wrong, "\n".join(wrong)
+
+
+def _stepped_reply(model, question: str, system: str | None, n: int = 12) -> str:
+    """Greedy through the model's own decode step (:meth:`Model.decode_next`), as a chat runs."""
+    msgs = ([] if system is None else [Message("system", system)]) + [Message("user", question)]
+    ids = encode_messages(model.tokenizer, msgs)
+    cache = model.new_cache(len(ids) + n + 1)
+    logits = model.logits(ids, cache, last_only=True)
+    out: list[int] = []
+    while len(out) < n:
+        token = int(logits[0, -1].argmax())
+        if token in model.stop_token_ids:
+            break
+        out.append(token)
+        logits = model.decode_next(token, cache)
+    return model.decode(out)
+
+
+def test_the_default_decode_step_answers_right(default_model_file, float32_poems):
+    from runtime.kernels import ggml_ops
+
+    model = load_model(default_model_file, device="cpu")
+    assert model.decode_mode == ("ggml" if ggml_ops.available() else "eager")
+    wrong = []
+    for system in SYSTEMS:
+        france, four, poem = (_stepped_reply(model, q, system) for q in QUESTIONS)
+        if "Paris" not in france or "4" not in four or poem.split()[:1] != [float32_poems[system]]:
+            wrong.append(f"{model.decode_mode}, system {system!r}: {france!r} / {four!r} / {poem!r}")
+    assert not wrong, "\n".join(wrong)
