@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from attnchat.bench import quiet
 from models.child import python_command
 
 #: The benchmark-only environment ``make bench-llamacpp`` builds llama-cpp-python into.
@@ -63,7 +64,8 @@ FIGURES = ("load_s", "ttft_s", "prefill_tokens_per_s", "followup_ttft_s", "peak_
 #: inductor's on-disk cache).
 ENGINES = {"ours": ("ours", True), "ours-default": ("ours", None), "ours-int8": ("ours", "int8"),
            "ours-compile": ("ours-compile", True), "ours-default-compile": ("ours-compile", None),
-           "ours-eager": ("ours-eager", True), "transformers": ("transformers", True),
+           "ours-eager": ("ours-eager", True), "ours-default-eager": ("ours-eager", None),
+           "transformers": ("transformers", True),
            "ours-reproducible": ("ours-reproducible", True), "ours-default-reproducible": ("ours-reproducible", None),
            "transformers-compiled": ("transformers-compiled", True), "llamacpp": ("llamacpp", None)}
 #: The engines run without ``--engines``, per device. On a GPU: ours as the app decodes
@@ -83,7 +85,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="depths 128 and 1,024 only (else also 4,096)")
     p.add_argument("--repeats", type=int, default=3, metavar="N", help="repetitions per engine (default 3)")
     p.add_argument("--engines", default=None,
-                   help="comma-separated: ours,ours-default,ours-int8,ours-compile,ours-default-compile,ours-reproducible,ours-default-reproducible,transformers,llamacpp "
+                   help="comma-separated: ours,ours-default,ours-default-eager,ours-int8,ours-compile,ours-default-compile,ours-reproducible,ours-default-reproducible,transformers,llamacpp "
                         "(default on the CPU: ours,ours-default,ours-int8,transformers,llamacpp)")
     p.add_argument("--dtype", default=None,
                    help="weights' dtype for ours and transformers, compared like for like (default float32 on the CPU, float16 on CUDA)")
@@ -274,9 +276,18 @@ def run(args: argparse.Namespace) -> int:
             s["peak_gpu_bytes"] = _summary([r["peak_gpu_bytes"] for r in runs])
         summary[engine] = s
     ratios = _ratios(summary, depths.split(","))
+    noisy = sorted({e for e, runs in raw.items() for r in runs if r.get("noisy")})
+    withheld, as_if_quiet = None, None
+    if noisy:  # figures from a busy machine are kept, but no ratio is claimed from them
+        withheld = (f"runs of {', '.join(noisy)} were taken above a load of {quiet.QUIET_LOAD}: "
+                    "no ratio is claimed; run again on a quiet machine")
+        ratios, as_if_quiet = {k: None for k in ratios}, ratios
     report = {"model": model, "machine": machine, "settings": {k: getattr(args, k) for k in SETTINGS},
-              "depths": [int(d) for d in depths.split(",")], "raw": raw, "summary": summary, "ratios": ratios}
+              "depths": [int(d) for d in depths.split(",")], "raw": raw, "summary": summary, "ratios": ratios,
+              "ratios_withheld": withheld, "ratios_if_quiet": as_if_quiet}
     _print_table(summary, ratios)
+    if withheld:
+        print(f"NOISY: {withheld}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
@@ -299,6 +310,7 @@ def _run_engines(args: argparse.Namespace, engines: list[str], common: list[str]
             cold = tempfile.mkdtemp(prefix="attnchat-bench-cache-") if args.cold and worker != "llamacpp" else None
             if cold:
                 env = dict(os.environ if env is None else env, ATTNCHAT_CACHE_DIR=cold)
+            before = quiet.load_average()
             try:
                 proc = subprocess.run(cmd + (["--dtype", dtype] if dtype else []), capture_output=True, text=True, env=env)
             finally:
@@ -307,8 +319,10 @@ def _run_engines(args: argparse.Namespace, engines: list[str], common: list[str]
             if proc.returncode != 0:
                 tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
                 raise RuntimeError(f"the {engine} benchmark run failed: {tail}")
-            raw[engine].append(json.loads(proc.stdout.strip().splitlines()[-1]))
-            print(f"  rep {rep + 1}/{args.repeats} {engine}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+            run = quiet.mark(json.loads(proc.stdout.strip().splitlines()[-1]), before, quiet.load_average())
+            raw[engine].append(run)
+            print(f"  rep {rep + 1}/{args.repeats} {engine}: {time.perf_counter() - t0:.1f} s ({quiet.describe(run)})",
+                  file=sys.stderr)
 
 
 def _ratios(summary: dict, depths: list[str]) -> dict:
@@ -335,6 +349,13 @@ def _ratios(summary: dict, depths: list[str]) -> dict:
         # llama.cpp runs the GGUF's quantized weights: compared with ours as the app runs it
         # (ours-default) when measured, else with ours at --dtype
         "decode_1k_vs_llamacpp": div(dflt_dec or ours_dec, lc_dec),
+        "decode_128_vs_llamacpp": div(med("ours-default", "decode_tokens_per_s", depths[0]) or med("ours", "decode_tokens_per_s", depths[0]),
+                                      med("llamacpp", "decode_tokens_per_s", depths[0])),
+        "prefill_512_vs_llamacpp": div(med("ours-default", "prefill_tokens_per_s") or ours_pf, med("llamacpp", "prefill_tokens_per_s")),
+        # memory and load the other way round: above 1 is ours smaller or faster
+        "peak_rss_llamacpp_over_ours": div(med("llamacpp", "peak_rss_bytes"), med("ours-default", "peak_rss_bytes") or med("ours", "peak_rss_bytes")),
+        "load_llamacpp_over_ours": div(med("llamacpp", "load_s"), med("ours-default", "load_s") or med("ours", "load_s")),
+        "default_eager_decode_1k_over_default": div(med("ours-default-eager", "decode_tokens_per_s", d1k), dflt_dec),
         # ours as the app runs it against transformers at --dtype
         "default_decode_1k_vs_transformers": div(dflt_dec, tf_dec),
         "default_followup_ttft_vs_transformers": div(tf_fu, dflt_fu),

@@ -140,6 +140,7 @@ def load_model(
         g = gguf_open.open_gguf(path)
         identity = file_guard.FileIdentity.of(path)
         validate.check_gguf(path, g)  # before any reader divides by its numbers or reads its blocks
+        g.release_pages()  # the checks' reads: not resident beside the copies detach makes
         if gguf_open.runs_from_blocks(g):
             gguf_open.refuse_without_ggml(path, g, None if ggml_ops.available() else ggml_ops.unavailable_reason())
             cfg, tokenizer = gguf_open.config_and_tokenizer(path, g)

@@ -91,6 +91,7 @@ def detach(weights, g) -> int:
     seen: set[int] = set()
     copied = 0
     parts = [w for ws in weights.matrices.values() for w in ws] + [weights.embed] + list(weights.head or [])
+    g.release_pages()  # what was read through the map so far (the fused parts' sources) leaves RSS
     with open(g.path, "rb", buffering=0) as f:
         for w in parts:
             if id(w) in seen or not (base <= w.raw.data_ptr() < end):
