@@ -51,7 +51,7 @@ def _llamacpp_paths() -> list[str]:
 
 #: The options the report records (the global ones of the app are left out).
 SETTINGS = ("model", "quick", "repeats", "engines", "dtype", "device", "random_weights", "depths", "decode_tokens",
-            "prefill_tokens", "followup_context", "followup_tokens", "busy", "cold", "json", "plot", "concurrency")
+            "prefill_tokens", "followup_context", "followup_tokens", "busy", "cold", "profile", "json", "plot", "concurrency")
 FIGURES = ("load_s", "ttft_s", "prefill_tokens_per_s", "followup_ttft_s", "peak_rss_bytes")
 #: Report name -> (bench_worker engine, the weights' dtype: ``True`` = ``--dtype``, None = the
 #: engine's default). ``ours-default`` is our engine as the app runs it
@@ -107,6 +107,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="instead: the batching engine at these numbers of concurrent requests (e.g. 1,2,4,8), each "
                         "level in its own process on the same prompts: aggregate and per-request decode tok/s, TTFT, "
                         "peak RSS (--prefill-tokens, --decode-tokens; --dtype default: as the app runs)")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile our engines: a decoded token's time by part, prefill per chunk size")
     p.add_argument("--json", metavar="PATH", help="write the raw figures, summary and ratios as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of decode tok/s against depth")
     p.set_defaults(func=run)
@@ -245,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
           f"flags: {' '.join(machine['cpu_flags']) or 'none of note'}", file=sys.stderr)
     common = ["--model", model, "--device", args.device, "--prefill-tokens", str(args.prefill_tokens), "--depths", depths,
               "--decode-tokens", str(args.decode_tokens), "--followup-context", str(args.followup_context),
-              "--followup-tokens", str(args.followup_tokens)]
+              "--followup-tokens", str(args.followup_tokens)] + (["--profile"] if args.profile else [])
     raw: dict[str, list[dict]] = {e: [] for e in engines}
     machine["busy_processes"] = args.busy
     hogs = [subprocess.Popen([sys.executable, "-I", "-c", _BUSY]) for _ in range(args.busy)]
@@ -288,6 +290,11 @@ def run(args: argparse.Namespace) -> int:
     _print_table(summary, ratios)
     if withheld:
         print(f"NOISY: {withheld}")
+    from attnchat.bench.profile import print_profile
+
+    for engine, runs in raw.items():
+        if runs[0].get("profile"):
+            print_profile(engine, runs[-1]["profile"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

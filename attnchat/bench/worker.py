@@ -309,7 +309,13 @@ def measure(args: argparse.Namespace) -> dict:
     cache_bytes = None
     if os.environ.get("ATTNCHAT_CACHE_DIR"):  # a cold run's own cache folder: what the run left there
         cache_bytes = sum(p.stat().st_size for p in Path(os.environ["ATTNCHAT_CACHE_DIR"]).rglob("*") if p.is_file())
+    prof = None
+    if getattr(args, "profile", False) and hasattr(engine, "model"):
+        from attnchat.bench.profile import profile
+
+        prof = profile(engine.model)
     return {
+        "profile": prof,
         "engine": args.engine, "dtype": engine.dtype, "device": args.device,
         "decode_mode": getattr(engine, "decode_mode", None), "load_s": load_s, "ttft_s": ttft,
         "prefill_tokens_per_s": args.prefill_tokens / ttft if ttft > 0 else 0.0,
@@ -332,6 +338,7 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-tokens", type=int, default=512)
     p.add_argument("--depths", type=lambda s: [int(x) for x in s.split(",")], default=[128, 1024])
     p.add_argument("--decode-tokens", type=int, default=32)
+    p.add_argument("--profile", action="store_true")
     p.add_argument("--followup-context", type=int, default=1000)
     p.add_argument("--followup-tokens", type=int, default=20)
     args = p.parse_args(argv)

@@ -202,6 +202,12 @@ class GGMLStep:
         self.qk.append(graph.torch_view(out, (heads, D)))
         self.qkv.append(graph.torch_view(qkv, ((H + 2 * Hkv) * D,)))
 
+    #: When a dict, each call appends its seconds per part to it (``"graphs"``: ggml's norms,
+    #: products, RoPE and MLP; ``"cache"``: the KV cache's writes; ``"attention"``;
+    #: ``"head"``: the final norm's LM head; ``"other"``: embedding, RoPE rows, Python):
+    #: ``attnchat bench --profile`` reads it. None: nothing timed.
+    timings: dict[str, list[float]] | None = None
+
     def ready(self, cache) -> bool:
         """Whether this token can take the step: no attention observer, head edit or cache
         policy watching (they are Python, called per layer: the eager step serves them)."""
@@ -210,6 +216,22 @@ class GGMLStep:
                 and all(b.attn.head_edit is None for b in dec.blocks))
 
     def __call__(self, token: torch.Tensor, cache) -> torch.Tensor:
+        if self.timings is not None:
+            return self._timed(token, cache)
+        dec = self.decoder
+        self._begin(token, cache)
+        H, Hkv, D = self.H, self.Hkv, self.D
+        y_in = self.y_in.view(1, 1, H, D)
+        self.graphs[0].compute()
+        for layer, block in enumerate(dec.blocks):
+            keys, values = self._write(layer, cache)
+            y_in.copy_(self._attend(layer, block, keys, values, cache).transpose(1, 2))
+            self.graphs[layer + 1].compute()
+        cache.advance(1)
+        return dec._logits(self.final)
+
+    def _begin(self, token: torch.Tensor, cache) -> None:
+        """Reserve the token's slot; its embedding and RoPE rows into the graphs' inputs."""
         dec = self.decoder
         cfg = dec.cfg
         start = cache.length
@@ -221,25 +243,55 @@ class GGMLStep:
             torch.mul(x.view(1, -1), cfg.embed_scale, out=self.x_in)
         else:
             self.x_in.copy_(x.view(1, -1))
-        for i, key in enumerate(self.rope_rows):
-            cos_row, sin_row = self.rope_rows[key]
-            layer = dec._rope_keys.index(key)
-            cos, sin = dec.rope(layer, start, 1)
+        for key, (cos_row, sin_row) in self.rope_rows.items():
+            cos, sin = dec.rope(dec._rope_keys.index(key), start, 1)
             cos_row.copy_(cos[0])
             sin_row.copy_(sin[0])
+
+    def _write(self, layer: int, cache):
+        """The layer's new key and value into the cache; its keys and values to attend over."""
         H, Hkv, D = self.H, self.Hkv, self.D
-        y_in = self.y_in.view(1, 1, H, D)
+        k = self.qk[layer][H:].view(1, Hkv, 1, D)
+        v = self.qkv[layer][(H + Hkv) * D:].view(1, Hkv, 1, D)
+        return cache.update(layer, k, v)
+
+    def _attend(self, layer: int, block, keys, values, cache) -> torch.Tensor:
+        """The layer's attention output ``(1, H, 1, D)`` (the layer's own window, scale, soft-cap, kernels)."""
+        attn = block.attn
+        q = self.qk[layer][:self.H].view(1, self.H, 1, self.D)
+        first = None if cache.evicts and cache.windows[layer] is None else cache.start[layer]
+        return attn._attend(q, keys, values, first, dict(scale=attn.scale, window=attn.window, softcap=attn.softcap))
+
+    def _timed(self, token: torch.Tensor, cache) -> torch.Tensor:
+        """:meth:`__call__` with each part's seconds appended to :attr:`timings`."""
+        from time import perf_counter
+
+        t = self.timings
+        dec = self.decoder
+        t0 = perf_counter()
+        self._begin(token, cache)
+        y_in = self.y_in.view(1, 1, self.H, self.D)
+        parts = dict.fromkeys(("graphs", "cache", "attention", "head"), 0.0)
+        a = perf_counter()
         self.graphs[0].compute()
+        parts["graphs"] += perf_counter() - a
         for layer, block in enumerate(dec.blocks):
-            qk = self.qk[layer]
-            q = qk[:H].view(1, H, 1, D)
-            k = qk[H:].view(1, Hkv, 1, D)
-            v = self.qkv[layer][(H + Hkv) * D:].view(1, Hkv, 1, D)
-            attn = block.attn
-            first = None if cache.evicts and cache.windows[layer] is None else cache.start[layer]
-            keys, values = cache.update(layer, k, v)
-            y = attn._attend(q, keys, values, first, dict(scale=attn.scale, window=attn.window, softcap=attn.softcap))
-            y_in.copy_(y.transpose(1, 2))
+            a = perf_counter()
+            keys, values = self._write(layer, cache)
+            b = perf_counter()
+            y_in.copy_(self._attend(layer, block, keys, values, cache).transpose(1, 2))
+            c = perf_counter()
             self.graphs[layer + 1].compute()
+            d = perf_counter()
+            parts["cache"] += b - a
+            parts["attention"] += c - b
+            parts["graphs"] += d - c
         cache.advance(1)
-        return dec._logits(self.final)
+        a = perf_counter()
+        out = dec._logits(self.final)
+        parts["head"] += perf_counter() - a
+        total = perf_counter() - t0
+        parts["other"] = total - sum(parts.values())
+        for k, v in parts.items():
+            t.setdefault(k, []).append(v)
+        return out
