@@ -51,7 +51,7 @@ def profile(model, *, depth: int = 512, tokens: int = 16, seed: int = 0) -> dict
     rng = random.Random(seed)
     special = set(model.tokenizer.all_special_ids)
     vocab = [t for t in range(model.config.vocab_size) if t not in special]
-    ids = [rng.choice(vocab) for _ in range(depth + 3 * tokens)]
+    ids = [rng.choice(vocab) for _ in range(max(depth + 3 * tokens, min(512, limit - 1)))]
     out: dict = {"decode_mode": model.decode_mode, "depth": depth}
     with torch.inference_mode():
         cache = model.new_cache(depth + 3 * tokens + 1)
