@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QPalette
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QStyle, QToolButton, QVBoxLayout, QWidget
 
 from desktop.chat.view import ChatView, MessageInput
 
@@ -49,6 +49,20 @@ class ChatPage(QWidget):
         self.unseen_banner.setWordWrap(True)
         self.unseen_banner.hide()
 
+        #: Files in the next message (desktop.main_window.attach fills it): a row of chips.
+        self.attachments_bar = QWidget()
+        self.attachments_bar.setObjectName("attachmentsBar")
+        self.attachments_bar.hide()
+        # An icon beside the box, not a worded button in the row below: that row's buttons set
+        # the chat's minimum width (86 px more with "Attach…"), which the side panels share.
+        self.attach_button = QToolButton()
+        self.attach_button.setObjectName("attachButton")
+        self.attach_button.setText("Attach…")
+        self.attach_button.setIcon(self.style().standardIcon(QStyle.StandardPixmap.SP_FileIcon))
+        self.attach_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonIconOnly)
+        self.attach_button.setToolTip("Attach files: their text goes into the next message (text, code, Markdown, "
+                                      "PDF; or drop files on the message box)")
+
         buttons = QHBoxLayout()
         buttons.addWidget(self.regen_button)
         buttons.addWidget(self.edit_button)
@@ -66,7 +80,11 @@ class ChatPage(QWidget):
         lay.addWidget(self.chat, 1)
         lay.addWidget(self.unseen_banner)
         lay.addWidget(self.edit_banner)
-        lay.addWidget(self.input)
+        lay.addWidget(self.attachments_bar)
+        box = QHBoxLayout()
+        box.addWidget(self.attach_button, 0, Qt.AlignmentFlag.AlignBottom)
+        box.addWidget(self.input, 1)
+        lay.addLayout(box)
         lay.addLayout(buttons)
 
     #: The notice's looks: an error (white on red), or a note that is not one (dark on pale

@@ -306,10 +306,14 @@ class MessageInput(QPlainTextEdit):
             return
         super().keyPressEvent(event)
 
+    #: Whether a message with no typed text may be sent (files are attached to it).
+    allow_empty = False
+
     def submit(self) -> None:
-        """Emit :attr:`submitted` with the text, unless it is empty or only whitespace."""
+        """Emit :attr:`submitted` with the text, unless it is empty or only whitespace (and no
+        file goes with it: :attr:`allow_empty`)."""
         text = self.toPlainText()
-        if text.strip():
+        if text.strip() or self.allow_empty:
             self.submitted.emit(text.strip())
 
     def _fit(self, *args) -> None:

@@ -111,6 +111,8 @@ class ReplyActions:
         A message the database refuses (disk full) is not sent: it stays in the input
         box, the error is shown, and sending again tries again.
         """
+        typed, files = text, list(self.attachments.files)
+        text = self.attachments.message(typed)   # the files' text, then what was typed
         if not text.strip() or not self._can_start():
             return
         editing = self._editing
@@ -123,7 +125,7 @@ class ReplyActions:
             history = self._history(conv, before=editing or None)
             # What a refusal (the message cannot fit the context) puts back: see _refused.
             was = self.store.conversation(conv)
-            undo = {"conv": conv, "text": text, "title": was.title, "updated_at": was.updated_at,
+            undo = {"conv": conv, "text": typed, "files": files, "title": was.title, "updated_at": was.updated_at,
                     "dropped": self.store.snapshot(conv, editing) if editing else None, "edited": editing}
             if editing:
                 msg = self.store.edit_message(conv, editing, text)
@@ -158,6 +160,7 @@ class ReplyActions:
                 log.warning("could not save the conversation's title", exc_info=True)
         self.conversations.refresh(conv)
         self.input.clear()
+        self.attachments.take()
         self._begin(request, conv, kind, gen)
 
     def regenerate(self) -> None:
@@ -349,6 +352,7 @@ class ReplyActions:
                 self.input.setPlainText(sent["text"])
             elif not self.input.toPlainText().strip():
                 self.input.setPlainText(sent["text"])
+            self.attachments.restore(sent.get("files") or [])
             self.input.moveCursor(self.input.textCursor().MoveOperation.End)
         self._update_title()
         if full:

@@ -28,6 +28,8 @@ class TokenCounter(QObject):
         self._timer = QTimer(self, singleShot=True, interval=DELAY_MS)
         self._timer.timeout.connect(self.count)
         window.input.textChanged.connect(self._timer.start)
+        if hasattr(window, "attachments"):   # files in the message count too
+            window.attachments.changed.connect(self._timer.start)
         window.reply_finished.connect(lambda *_: self._timer.start())
         window.model_changed.connect(lambda *_: self._timer.start())
         if hasattr(window.engine, "counted"):
@@ -39,6 +41,8 @@ class TokenCounter(QObject):
         if w._closed:   # the window is gone (its database closed)
             return
         text = w.input.toPlainText().strip()
+        if hasattr(w, "attachments"):
+            text = w.attachments.message(text)
         if not text or not w.engine.model or w.replying or not hasattr(w.engine, "count"):
             self._asked = 0
             self.label.setText("")

@@ -25,6 +25,7 @@ from desktop.chat.view import MessageListModel
 from desktop.main_window.conversations import ConversationActions
 from desktop.main_window.panel_width import PanelWidthGuard
 from desktop.main_window.replies import ReplyActions
+from desktop.main_window.attach import Attachments
 from desktop.main_window.token_count import TokenCounter
 from desktop.remote.client import source_label
 from desktop.settings.checks import CONTEXT_KEYS, effective_context
@@ -102,6 +103,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self.status = status
         self._build_menus()
         self._connect()
+        self.attachments = Attachments(self)   # files in the next message (before the counter: it counts them)
         self.token_counter = TokenCounter(self)
         self.resize(1100, 720)
         self._restore()
