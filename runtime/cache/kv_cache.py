@@ -191,9 +191,10 @@ class KVCache:
         return self.length - self.evicted
 
     @property
-    def sliding(self) -> bool:
-        """Whether any layer has a sliding window (its buffer moves: no static decode step)."""
-        return any(w is not None for w in self.windows)
+    def fixed_slots(self) -> bool:
+        """Whether slot ``j`` of every layer holds position ``j`` in a float buffer that only grows
+        (no sliding window, nothing evicted, not int8): what the static decode step writes and reads."""
+        return self.dtype.is_floating_point and self.evicted == 0 and all(w is None for w in self.windows)
 
     @property
     def evicts(self) -> bool:

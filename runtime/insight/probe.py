@@ -54,13 +54,13 @@ class AttentionCapture:
         self._observe(layer, weights)
 
     def __enter__(self) -> "AttentionCapture":
-        # The capture itself is the observer, so the decoder can read ``last_row_only``
-        # and skip the full reference path when only the newest row is kept.
-        self.model.decoder.observer = self
+        # The capture is the decoder's "weights" hook; with ``last_row_only`` attention keeps
+        # its fast path and runs the formula for the newest row only.
+        self.model.decoder.hooks.replace("weights", self, last_row_only=self.last_row_only)
         return self
 
     def __exit__(self, *exc) -> None:
-        self.model.decoder.observer = None
+        self.model.decoder.hooks.replace("weights", None)
 
 
 @dataclass(frozen=True)

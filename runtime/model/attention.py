@@ -16,8 +16,8 @@ Attention logit soft-capping (Gemma 2): scores become ``c * tanh(scores / c)`` b
 mask.
 
 :class:`Attention` at the end is the decoder's layer around these functions: the fused q/k/v
-projection, head norms and RoPE, the KV cache's write and read, the observers, the output
-projection.
+projection, head norms and RoPE, the KV cache's write and read, the hooks
+(:mod:`runtime.model.hooks`), the output projection.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from runtime.cache.kv_cache import KVCache
 from runtime.config.model import ModelConfig
 from runtime.model.attention_rows import attention_rows
+from runtime.model.hooks import AttentionHooks, Hook, edit_heads, run_hooked
 from runtime.model.layers import Linear, Norm
 from runtime.model.rope import apply_rope
 
@@ -336,9 +337,8 @@ def attention_kernels(device: torch.device | str) -> AttentionKernels:
     return AttentionKernels()
 
 
-#: Called per layer with attention weights ``(B, H, Tq, Tk)`` when set (probe only); an
-#: observer with a true ``last_row_only`` attribute gets the newest query's row only,
-#: ``(B, H, 1, Tk)``, and attention keeps its fast path.
+#: A ``"weights"`` hook's callable (:mod:`runtime.model.hooks`): the layer and its attention
+#: weights ``(B, H, Tq, Tk)``, or ``(B, H, 1, Tk)`` for a hook with ``last_row_only``.
 AttentionObserver = Callable[[int, torch.Tensor], None]
 
 
@@ -348,6 +348,9 @@ class Attention(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
+        self.layer = layer
+        #: The hooks list (the decoder's, shared by its layers; a list of its own when built alone).
+        self.hooks = AttentionHooks()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.window = cfg.window(layer)
         self.scale = cfg.attn_scale or None
@@ -355,12 +358,21 @@ class Attention(nn.Module):
         qkv_out = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, qkv_out, bias=cfg.qkv_bias)
         self.o_proj = Linear(cfg.n_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
-        # Edits the heads' outputs (B, H, T, D) before o_proj: runtime.insight.ablation sets it while
-        # heads are knocked out; None (one attribute check per layer) otherwise.
-        self.head_edit: Callable[[int, torch.Tensor], torch.Tensor] | None = None
         self.kernels: AttentionKernels = DEFAULT_KERNELS  # set by Decoder.set_attention_kernels
         self.q_norm = Norm(cfg, cfg.head_dim) if cfg.qk_norm else None
         self.k_norm = Norm(cfg, cfg.head_dim) if cfg.qk_norm else None
+
+    @property
+    def head_edit(self) -> Callable[[int, torch.Tensor], torch.Tensor] | None:
+        """This layer's ``"heads"`` hook: ``y = edit(layer, y)`` on the heads' outputs
+        ``(B, H, T, D)`` before the output projection (:mod:`runtime.insight.ablation` sets it
+        while heads are knocked out), or None."""
+        hook = self.hooks.find("heads", self.layer)
+        return None if hook is None else hook.fn
+
+    @head_edit.setter
+    def head_edit(self, edit: Callable[[int, torch.Tensor], torch.Tensor] | None) -> None:
+        self.hooks.replace("heads", edit, self.layer)
 
     def project(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
@@ -388,7 +400,7 @@ class Attention(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor] | None,
         cache: KVCache | None,
         layer: int,
-        observer: AttentionObserver | None = None,
+        hooks: tuple[Hook, ...] = (),
         pos: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -402,31 +414,18 @@ class Attention(nn.Module):
             # fixed-capacity buffer with ``mask`` hiding the slots past the position.
             k, v = cache.write_at(layer, pos, k, v)  # (B, Hkv, capacity, D)
             y = attention(q, k, v, causal=False, mask=mask, kernels=self.kernels, scale=self.scale, softcap=self.softcap)
+            if hooks:  # the decoder passes the static step only its registered hooks: no observer runs here
+                y = edit_heads(hooks, layer, y)
         else:
             if cache is not None:
                 first = None if cache.evicts and cache.windows[layer] is None else cache.start[layer]
                 k, v = cache.update(layer, k, v)  # (B, Hkv, held + T, D); a sliding layer holds its window
-                if cache.evictor is not None and cache.windows[layer] is None:  # a cache policy's observations
-                    cache.evictor.observe(cache, layer, q, k, scale=self.scale, softcap=self.softcap)
-
-            def spread(weights: torch.Tensor) -> torch.Tensor:  # over slots -> over positions 0 .. length + T - 1
-                return weights if cache is None else cache.spread(layer, weights, T)
-
-            if observer is not None and getattr(observer, "last_row_only", False):
-                # Only the newest query's weights are wanted (the live view): the fast path
-                # for the output, the formula for one row (it sees every key: no mask).
-                y = self._attend(q, k, v, first, kw)
-                _, weights = attention(q[:, :, -1:], k, v, causal=True, return_weights=True, **kw)  # (B, H, 1, Tk)
-                observer(layer, spread(weights))
-            elif observer is not None:
-                y, weights = attention(q, k, v, causal=True, return_weights=True, **kw)
-                if self.kernels.rows:
-                    y = self._attend(q, k, v, first, kw)
-                observer(layer, spread(weights))  # keys a sliding layer dropped or a policy evicted: weight 0
+            if hooks:
+                y = run_hooked(hooks, layer, cache, q, k, attend=lambda: self._attend(q, k, v, first, kw),
+                               formula=lambda rows: attention(rows, k, v, causal=True, return_weights=True, **kw),
+                               exact=self.kernels.rows, scale=self.scale, softcap=self.softcap)
             else:
                 y = self._attend(q, k, v, first, kw)  # (B, H, T, D)
-        if self.head_edit is not None:
-            y = self.head_edit(layer, y)
         y = y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H D)
         return self.o_proj(y)
 

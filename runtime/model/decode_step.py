@@ -145,10 +145,10 @@ class DecodeStep:
                 with self._ggml_lock:
                     return step(ids, cache)
         if not self.static_ok(cache) or (self.mode == "compile" and self.compile_state in ("compiling", "failed")):
-            # Python per layer (the attention capture, a head knock-out): a graph or a
-            # compiled step would bake in what it saw at capture time. Sliding-window
-            # layers (a bounded buffer that moves), quantized caches and length-dependent
-            # RoPE (longrope) take the eager path.
+            # Python per layer (an attention hook: the capture, a head knock-out, a cache
+            # policy's evictor): a graph or a compiled step would bake in what it saw at
+            # capture time. Sliding-window layers (a bounded buffer that moves), quantized
+            # caches and length-dependent RoPE (longrope) take the eager path.
             ids = token.reshape(1, 1) if isinstance(token, torch.Tensor) else torch.tensor([[token]], device=cache.device)
             return decoder(ids, cache, last_only=True)
         if cache.length + 1 > decoder.cfg.max_position_embeddings:
@@ -258,15 +258,10 @@ class DecodeStep:
         return self._ggml or None
 
     def static_ok(self, cache: KVCache) -> bool:
-        """Whether this step may run at static shapes on ``cache`` (else it runs eagerly)."""
-        decoder = self.decoder
-        return (self.mode not in ("eager", "ggml") and decoder.observer is None
-                and not any(b.attn.head_edit is not None for b in decoder.blocks)
-                and cache.dtype.is_floating_point and not getattr(cache, "sliding", False)
-                # a cache policy: slots are not positions, and the evictor observes queries
-                and not getattr(cache, "evicts", False)
-                # longrope's frequencies depend on the sequence length past its trained context
-                and not any(getattr(spec, "type", None) == "longrope" for spec in getattr(decoder, "layer_ropes", ())))
+        """Whether this step may run at static shapes on ``cache`` (else it runs eagerly):
+        not the eager or ggml mode, and :meth:`runtime.model.decoder.Decoder.static_ok` (no
+        attention hook, fixed slots, no length-dependent RoPE)."""
+        return self.mode not in ("eager", "ggml") and self.decoder.static_ok(cache)
 
     # ---- CUDA graphs ---------------------------------------------------------------------
     def _replay(self, tok: torch.Tensor, pos: torch.Tensor, cache: KVCache) -> torch.Tensor:

@@ -35,6 +35,7 @@ from runtime.kernels.choice import KernelChoice
 from runtime.kernels.choice import apply as apply_kernel
 from runtime.kernels.cpu import WeightRef
 from runtime.model.attention import Attention, AttentionKernels, AttentionObserver
+from runtime.model.hooks import AttentionHooks
 from runtime.model.layers import (
     LINEAR_PATHS,
     MLP,
@@ -68,8 +69,8 @@ class Block(nn.Module):
         self.post_attn_norm = Norm(cfg) if cfg.sandwich_norms else nn.Identity()
         self.post_mlp_norm = Norm(cfg) if cfg.sandwich_norms else nn.Identity()
 
-    def forward(self, x, rope, cache, layer, observer=None, pos=None, mask=None):
-        x = x + self.post_attn_norm(self.attn(self.attn_norm(x), rope, cache, layer, observer, pos, mask))
+    def forward(self, x, rope, cache, layer, hooks=(), pos=None, mask=None):
+        x = x + self.post_attn_norm(self.attn(self.attn_norm(x), rope, cache, layer, hooks, pos, mask))
         return x + self.post_mlp_norm(self.mlp(self.mlp_norm(x)))
 
 
@@ -98,7 +99,12 @@ class Decoder(nn.Module):
         # eager path had filled the dict first), and cannot trace a dataclass's repr.
         self._rope_keys = [repr(spec) for spec in self.layer_ropes]
         self._rope_tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.observer: AttentionObserver | None = None
+        #: The attention hooks (:mod:`runtime.model.hooks`), one list shared by every layer.
+        self.hooks = AttentionHooks()
+        for block in self.blocks:
+            block.attn.hooks = self.hooks
+        # longrope's frequencies depend on the sequence length past its trained context
+        self._length_rope = any(spec is not None and spec.type == "longrope" for spec in self.layer_ropes)
         self.compute_dtype: torch.dtype = torch.float32
         self.kernels: KernelChoice | None = None
         self.linear_path = "cpu"  # see set_linear_path
@@ -226,7 +232,7 @@ class Decoder(nn.Module):
         ``input_pos``, the new keys and values written there (``index_copy_``), and attention
         reads the cache's whole ``capacity`` with a mask row (key ``j`` visible iff ``j <= pos``).
         The caller reserves the slot before and advances the cache after; its buffers must hold
-        finite values (they are zero-filled on allocation). No observer is called.
+        finite values (they are zero-filled on allocation). Only the ``"heads"`` hooks run.
 
         Returns:
             float32 logits ``(B, T, V)``, or ``(B, 1, V)`` with ``last_only`` (or ``input_pos``).
@@ -256,19 +262,36 @@ class Decoder(nn.Module):
             rows = self.pos_embed.weight[start : start + T] if input_pos is None else \
                 self.pos_embed.weight.index_select(0, input_pos)
             x = x + rows.to(self.compute_dtype)
-        observer = self.observer if input_pos is None else None
+        hooks = self.hooks.for_cache(cache) if input_pos is None else self.hooks.active
         ropes: dict[RopeSpec | None, tuple[torch.Tensor, torch.Tensor] | None] = {}
         for i, block in enumerate(self.blocks):
             spec = self.layer_ropes[i]
             if spec not in ropes:  # one per variant: (T, R) each
                 ropes[spec] = self._rope_rows(i, start, T, input_pos)
-            x = block(x, ropes[spec], cache, i, observer, input_pos, mask)
+            x = block(x, ropes[spec], cache, i, hooks, input_pos, mask)
         if cache is not None and input_pos is None:
             cache.advance(T)
         if last_only:
             x = x[:, -1:]
         x = self.final_norm(x)
         return self._logits(x)  # (B, T, V)
+
+    @property
+    def observer(self) -> AttentionObserver | None:
+        """The ``"weights"`` hook's callable (:mod:`runtime.model.hooks`; the attention capture
+        registers one with ``last_row_only`` as it needs), or None. Set: a hook on every row."""
+        hook = self.hooks.find("weights")
+        return None if hook is None else hook.fn
+
+    @observer.setter
+    def observer(self, fn: AttentionObserver | None) -> None:
+        self.hooks.replace("weights", fn)
+
+    def static_ok(self, cache: KVCache) -> bool:
+        """Whether the static step (``forward`` with ``input_pos``) computes what the eager one
+        does on ``cache``: no hook runs Python per layer, slot ``j`` holds position ``j`` in a
+        float buffer that only grows, and no RoPE depends on the length (longrope)."""
+        return not self.hooks.for_cache(cache) and cache.fixed_slots and not self._length_rope
 
     def _rope_rows(self, layer: int, start: int, T: int, input_pos: torch.Tensor | None):
         """Layer ``layer``'s cos, sin rows for positions ``start .. start + T - 1``, or gathered at

@@ -209,11 +209,10 @@ class GGMLStep:
     timings: dict[str, list[float]] | None = None
 
     def ready(self, cache) -> bool:
-        """Whether this token can take the step: no attention observer, head edit or cache
-        policy watching (they are Python, called per layer: the eager step serves them)."""
-        dec = self.decoder
-        return (dec.observer is None and cache.evictor is None
-                and all(b.attn.head_edit is None for b in dec.blocks))
+        """Whether this token can take the step: no attention hook (an observer, a head edit,
+        a cache policy's evictor: Python called per layer, :mod:`runtime.model.hooks`; the
+        eager step serves them)."""
+        return not self.decoder.hooks.for_cache(cache)
 
     def __call__(self, token: torch.Tensor, cache) -> torch.Tensor:
         if self.timings is not None:

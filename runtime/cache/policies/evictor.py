@@ -1,8 +1,9 @@
 """Applying a cache policy to a KV cache: what the full-attention layers' queries saw, and
 evicting down to the budget when the cache passes it.
 
-Must not import Qt, the decoder or the generator (the decoder calls :meth:`Evictor.observe`
-from its attention; the session, or the cache-eval harness, calls :meth:`Evictor.evict`).
+Must not import Qt, the decoder or the generator (attached to a cache, :meth:`Evictor.observe`
+is that cache's ``"queries"`` attention hook, :mod:`runtime.model.hooks`; the session, or the
+cache-eval harness, calls :meth:`Evictor.evict`).
 
 The budget is in tokens per full-attention layer (:func:`budget_for_bytes` turns MiB into
 tokens). A reply's forward passes append to the cache; once it holds ``budget + step``
@@ -87,7 +88,9 @@ class Evictor:
         return cls(policy, int(ceiling) - s + 1, step=s, params=params)
 
     def attach(self, cache) -> "Evictor":
-        """Observe ``cache``'s full layers from now on (sets ``cache.evictor``); returns self."""
+        """Observe ``cache``'s full layers from now on: registers :meth:`observe` as the cache's
+        attention hook (``cache.evictor``, which the decoder's forward passes over ``cache`` add
+        to their hooks); returns self."""
         cache.evictor = self
         self.cropped(cache)
         return self
