@@ -13,8 +13,9 @@ Prefix reuse is by pages, under the rule of :mod:`attnchat.server.reuse`: a requ
 pages up to the end of an earlier whole prompt of its partition that it extends, plus the part
 of that reply it repeats, never a partial earlier prompt (which would let a client read another's
 prompt by its cached tokens). Within that limit it shares the pages of a running request
-(copy-on-write) or the pool's cached pages of a finished one (full pages). The partition is the
-salt of the pages' keys: clients with different API keys never share a page.
+(copy-on-write), of one of the last finished ones (their sequences are kept, pages held, until
+the pool needs the room), or the pool's cached full pages. The partition is the salt of the
+pages' keys: clients with different API keys never share a page.
 
 The memory limit is the pool's: ``pool_bytes``, or the settings' cache limit when lower. A
 request is admitted when the pool holds the worst case of every running one (prompt plus its
@@ -34,7 +35,7 @@ from typing import Any
 from attnchat.server.engine import POOL_BYTES, POOL_IDLE_S, Engine
 from attnchat.server.jobs import Delta, Done, Failed, Job, Started
 from attnchat.server.reuse import TURNS
-from runtime import ChatTemplateError, ContextOverflowError, GenerationSettings, Model, ModelFileChanged
+from runtime import ChatTemplateError, ContextOverflowError, GenerationSettings, Message, Model, ModelFileChanged
 from runtime.cache.paged import PagePool
 from runtime.device import trim_heap
 from runtime.dtypes import parse_cache_dtype
@@ -48,6 +49,8 @@ PARALLEL = 4
 #: Requests that may wait for a place in the batch; more get 429. Each holds its body (at most
 #: 1 MiB) until it runs: 64 of them at most 64 MiB.
 MAX_QUEUED = 64
+#: Replies whose token ids are remembered by their text (a reply the client sends back).
+WRITTEN = 256
 
 
 class BatchEngine(Engine):
@@ -88,6 +91,14 @@ class BatchEngine(Engine):
         self.batcher = Batcher(model, self.pool, max_batch=parallel, prefill_chunk=settings.prefill_chunk,
                                on_events=self._on_events, on_failed=self._on_failed)
         self._jobs_of: dict[int, Job] = {}  # id(reply) -> its job
+        # Finished replies' sequences, pages held, oldest first: the next turn of a conversation
+        # shares them (prompt and reply, partial pages too); given back when the pool needs room.
+        self._kept: collections.deque = collections.deque()
+        self.keep = max(4, parallel)
+        # (partition, reply text) -> the ids the model wrote for it: a reply sent back as written
+        # keeps its ids (not re-tokenized), as the one-at-a-time engine's sessions do.
+        self._written: collections.OrderedDict = collections.OrderedDict()
+        self.pool.reclaim = self._reclaim
         # Per partition, the latest replies' [prompt ids, ids written] (the reuse rule's turns).
         self._turns: dict[str, collections.deque] = {}
         self._pages: dict[str, Any] = self.pool.stats()  # the pool's figures after the last step
@@ -167,6 +178,7 @@ class BatchEngine(Engine):
             self._count("failed")
             self._send(job, Failed(e))
             return
+        reply.keep_pages = True
         with self._lock:
             self._jobs_of[id(reply)] = job
 
@@ -181,7 +193,8 @@ class BatchEngine(Engine):
         session = self._pool[0]
         session.settings = replace(self.settings, tools=job.tools)
         session.system_prompt = job.system
-        session.messages = list(job.messages)
+        session.messages = [Message(m.role, m.content, self._written.get((job.partition, m.content)))
+                            if m.role == "assistant" and m.token_ids is None else m for m in job.messages]
         ids = session.prompt_ids()
         if not ids:
             raise ChatTemplateError("the model's chat template and tokenizer turned this conversation into no "
@@ -216,9 +229,15 @@ class BatchEngine(Engine):
                     if turn[0] == list(reply.request.prompt) and len(turn[1]) == len(turn[0]):
                         turn[1] = turn[0] + list(ev.token_ids)
                         break
+                self._remember(job.partition, ev)
+                if ev.reason != "cancelled" and reply.seq.length:
+                    self._kept.append(reply.seq)
+                    while len(self._kept) > self.keep:
+                        self._reclaim()
+                    self.batcher.donors = list(self._kept)
                 with self._lock:  # not running before the client hears, so stats never lag
                     self._jobs_of.pop(id(reply), None)
-                    self._pages = self.pool.stats()  # its pages are back
+                    self._pages = self.pool.stats()  # its pages are back (or kept)
                 self._record(job, ev.reason, ev.stats)
                 self._send(job, Done(ev.reason, ev.text, ev.stats, ev.token_ids))
 
@@ -234,8 +253,31 @@ class BatchEngine(Engine):
         for reply in list(self.batcher.running) + list(self.batcher.waiting):
             self.batcher.cancel(reply)
 
+    def _remember(self, partition: str, ev: Finish) -> None:
+        """Keep the ids of a reply's text (without the last ones when they only held bytes of a
+        character the reply was cut inside; none after a stop string cut it): the session's rule."""
+        if not ev.token_ids or not ev.text:
+            return
+        ids = list(ev.token_ids)
+        decoded = self.model.tokenizer.decode(ids, skip_special_tokens=True)
+        written = self._pool[0]._written_ids(ids, ev.text, decoded)
+        if written is not None:
+            self._written[(partition, ev.text)] = written
+            while len(self._written) > WRITTEN:
+                self._written.popitem(last=False)
+
+    def _reclaim(self) -> bool:
+        """Give back the oldest kept sequence's pages; False when none is kept."""
+        if not self._kept:
+            return False
+        self._kept.popleft().release()
+        self.batcher.donors = list(self._kept)
+        return True
+
     def _release_pool(self) -> None:
-        """Free the pool's arenas after an idle spell (every page is free or cached then)."""
+        """Free the pool's arenas after an idle spell (the kept sequences first)."""
+        while self._reclaim():
+            pass
         if self.pool.release_arenas():
             self._pages = self.pool.stats()
             if self.model.device.type == "cpu":

@@ -63,7 +63,9 @@ def test_replies_together_equal_the_one_at_a_time_engine(tiny):
         stats = batched.stats()
         assert stats["decoded_rows"] > stats["decode_steps"]  # some steps decoded several rows
         assert sum(stats["finished"].values()) == len(ASKS)
-        assert stats["pages"]["pages_used"] == 0 and stats["running"] == 0
+        # Only the finished replies kept for their next turns hold pages.
+        assert stats["running"] == 0 and stats["pages"]["pages_used"] == sum(
+            s.stats()["pages"] for s in batched._kept) > 0
         assert stats["kv_allocated_bytes"] > 0
     finally:
         serial.close()
@@ -105,11 +107,11 @@ def test_another_conversation_never_reuses_pages(tiny):
         assert victim.stats.prompt_tokens > 32
         for probe in ("my bank pin is what " * 3, "my bank pin is what " * 4 + "and"):
             assert run(probe).stats.reused_tokens == 0, probe
-        # The same client's next turn, resending its conversation, reuses its full pages.
+        # The same client's next turn, resending its conversation, reuses its prompt and reply
+        # (the finished sequence was kept: partial pages too).
         history = [Message("user", "my bank pin is what " * 4), Message("assistant", victim.text)]
         again = run("and then", history)
-        assert again.stats.reused_tokens >= (victim.stats.prompt_tokens // 16) * 16 > 0
-        assert again.stats.reused_tokens % 16 == 0
+        assert victim.stats.prompt_tokens < again.stats.reused_tokens < victim.stats.prompt_tokens + len(victim.token_ids)
     finally:
         engine.close()
 
@@ -147,3 +149,23 @@ def test_forty_concurrent_requests_are_all_answered(tiny):
 def test_parallel_needs_the_stop_policy(tiny):
     with pytest.raises(ValueError, match="overflow stop"):
         BatchEngine(tiny, settings=GenerationSettings(context_limit=128, overflow="rolling"))
+
+
+def test_kept_sequences_give_their_pages_back_when_the_pool_needs_them(tiny):
+    """A pool of 24 pages of 16 tokens: each reply's worst case takes 3-4, the eight replies
+    kept after them hold more than the pool has, and every one is still answered."""
+    per_page = BatchEngine(tiny, settings=SETTINGS, parallel=1).pool.bytes_per_page
+    engine = BatchEngine(tiny, settings=SETTINGS, parallel=2, pool_bytes=24 * per_page)
+    try:
+        engine.keep = 8
+        dones = []
+        for i in range(10):
+            job, items, done = _job(" ".join(WORDS[i * 4 : i * 4 + 12]), max_tokens=20)
+            engine.submit(job)
+            assert done.wait(60)
+            dones.append(_done(items))
+        assert all(d.reason in ("length", "stop") for d in dones)
+        pages = engine.stats()["pages"]
+        assert pages["pages_total"] <= 24 and len(engine._kept) <= 8
+    finally:
+        engine.close()

@@ -113,20 +113,27 @@ class PagePool:
         self.v: list[torch.Tensor | None] = [None] * n_layers
         self.k_scale: list[torch.Tensor | None] = [None] * n_layers
         self.v_scale: list[torch.Tensor | None] = [None] * n_layers
+        #: Called when no page is left: releases a sequence kept for reuse and returns True,
+        #: or False when there is none (the server's engine sets it).
+        self.reclaim = None
 
     # ---- pages ---------------------------------------------------------------------------
     def alloc(self, g: int) -> int:
         """A page of group ``g`` with reference count 1: a free one, else a new one (the arena
-        grows), else the least recently used cached one (its index entry forgotten).
+        grows), else the least recently used cached one (its index entry forgotten), else one
+        that :attr:`reclaim` gives back (a finished sequence its owner kept for reuse).
 
         Raises:
             CacheLimitError: none free, the limit reached and nothing cached.
         """
         grp = self.groups[g]
-        if not grp.free and not self._grow(g) and grp.cached:
-            page, _ = grp.cached.popitem(last=False)
-            del grp.index[grp.key_of.pop(page)]
-            grp.free.append(page)
+        while not grp.free and not self._grow(g):
+            if grp.cached:
+                page, _ = grp.cached.popitem(last=False)
+                del grp.index[grp.key_of.pop(page)]
+                grp.free.append(page)
+            elif self.reclaim is None or not self.reclaim():
+                break
         if not grp.free:
             raise CacheLimitError(
                 f"the KV pool is full ({self.allocated_bytes:,} bytes of {self.limit_bytes:,}, every page in use); "

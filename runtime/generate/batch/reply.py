@@ -92,6 +92,9 @@ class BatchReply:
         self._t_prefill = self._t_decode = 0.0
         #: The :class:`Finish` once the reply has ended.
         self.finish: Finish | None = None
+        #: Keep the sequence's pages when the reply ends (not cancelled): the caller then owns
+        #: :attr:`seq` (a donor for the next turn's prefix) and releases it.
+        self.keep_pages = False
 
     # ---- prefill -----------------------------------------------------------------------
     def start(self, donor: PagedSequence | None = None) -> list[Event]:
@@ -165,7 +168,8 @@ class BatchReply:
 
     def end(self, reason: str) -> list[Event]:
         """End the reply now (``reason``: stop, length, context, cancelled): the held-back
-        text, the figures, the :class:`Finish`; the pages go back to the pool."""
+        text, the figures, the :class:`Finish`; the pages go back to the pool (unless
+        :attr:`keep_pages` and not cancelled)."""
         if self.finish is not None:
             return []
         events: list[Event] = []
@@ -180,7 +184,8 @@ class BatchReply:
         if self._t_decode and len(self.generated) > 1:
             s.decode_tokens_per_s = (len(self.generated) - 1) / max(time.perf_counter() - self._t_decode, 1e-9)
         s.kv_cache = self.kv_figures()
-        self.seq.release()
+        if reason == "cancelled" or not self.keep_pages:
+            self.seq.release()
         self.pending = None
         self.state = "done"
         self.finish = Finish(reason, "".join(self._shown), s, tuple(self.generated))

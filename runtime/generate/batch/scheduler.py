@@ -62,6 +62,8 @@ class Batcher:
         self.on_events, self.on_failed = on_events, on_failed
         self.waiting: deque[BatchReply] = deque()
         self.running: list[BatchReply] = []  # admitted, oldest first
+        #: Finished sequences the caller keeps (their pages held): donors of a prefix, as running ones are.
+        self.donors: list[PagedSequence] = []
         #: Steps run and the rows each decode step had (for the stats: the batch sizes seen).
         self.steps = 0
         self.rows_decoded = 0
@@ -138,18 +140,18 @@ class Batcher:
             self.running.append(self.waiting.popleft())
 
     def _donor(self, reply: BatchReply) -> PagedSequence | None:
-        """The live sequence of the same salt sharing the longest prefix with ``reply``'s prompt."""
+        """The live or kept sequence of the same salt sharing the longest prefix with ``reply``'s prompt."""
         prompt, best, best_n = reply.request.prompt, None, 0
-        for r in self.running:
-            if r is reply or r.seq.salt != reply.seq.salt or not r.seq.tokens:
+        for seq in [r.seq for r in self.running if r is not reply] + self.donors:
+            if seq.salt != reply.seq.salt or not seq.tokens:
                 continue
             n = 0
-            for x, y in zip(r.seq.tokens, prompt):
+            for x, y in zip(seq.tokens, prompt):
                 if x != y:
                     break
                 n += 1
             if n > best_n:
-                best, best_n = r.seq, n
+                best, best_n = seq, n
         return best
 
     def _fail(self, reply: BatchReply, error: Exception) -> None:
