@@ -58,14 +58,16 @@ def test_attached_files_are_counted_sent_and_given_back(qtbot, make_window, tmp_
         refused = w.attachments.add_paths([str(notes), str(tmp_path / "image.png")])
     assert len(refused) == 1 and "image.png is not a text" in w.page.notice.text()
     chips = w.page.attachments_bar.findChildren(QToolButton)
-    qtbot.waitUntil(lambda: "tokens" in w.page.attachments_bar.findChildren(QToolButton)[0].text(), timeout=3000)
+    qtbot.waitUntil(lambda: "tokens" in w.page.attachments_bar.findChildren(QToolButton)[0].text(), timeout=10_000)
     chip = w.page.attachments_bar.findChildren(QToolButton)[0].text()
     assert w.page.attachments_bar.isVisible() and len(chips) == 1
     assert chip.startswith("notes.txt · 0.0 KB · ") and chip.endswith(" tokens  ✕")
     # The count under the box counts the file with the typed words.
-    with qtbot.waitSignal(w.engine.counted, timeout=5000) as got:
+    want = len(w.attachments.message("summarise this").split())   # the fake tokenizer: a token a word
+    # (a count of the file alone, asked when it was attached, may still be on its way)
+    with qtbot.waitSignal(w.engine.counted, timeout=10_000, check_params_cb=lambda d: d["message_tokens"] == want):
         w.input.setPlainText("summarise this")
-    assert got.args[0]["message_tokens"] == len(w.attachments.message("summarise this").split())
+    qtbot.waitUntil(lambda: w.page.token_count.text().startswith(f"{want} tokens · prompt "), timeout=5000)
     with qtbot.waitSignal(w.reply_finished, timeout=5000):
         w.input.submit()
     sent = [m.content for m in w.store.messages(w.current_conversation) if m.role == "user"][-1]
