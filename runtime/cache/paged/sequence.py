@@ -61,6 +61,7 @@ class PagedSequence:
         self.evictor = None  # no cache policy runs on pages
         self._keys: list = []  # the prefix key of each full page recorded so far
         self._tensors: dict[int, torch.Tensor] = {}  # per group: its held pages as a tensor
+        self._slots = None  # (length, n_new, per group (pages, offsets)) of the last reserve()
 
     # ---- what the decoder reads --------------------------------------------------------
     @property
@@ -103,6 +104,11 @@ class PagedSequence:
             while len(table) * P < end:
                 table.append(self.pool.alloc(g))
                 self._tensors.pop(g, None)
+        # Where the reserved positions go, per group, made once for every layer's write.
+        pos = range(self.length, end)
+        self._slots = (self.length, n_new, [
+            (torch.tensor([t[p // P] for p in pos], dtype=torch.long, device=self.device),
+             torch.tensor([p % P for p in pos], dtype=torch.long, device=self.device)) for t in self.tables])
 
     def _release_before(self, g: int, page_index: int) -> None:
         table = self.tables[g]
@@ -132,14 +138,15 @@ class PagedSequence:
 
         Raises:
             ValueError: a batch other than 1 (a sequence is one row).
+            CacheLimitError: no :meth:`reserve` for these ``T`` tokens at ``length``.
         """
         if k.shape[0] != 1:
             raise ValueError(f"a paged sequence takes one row at a time; got a batch of {k.shape[0]}")
         g, P, T = self.pool.group_of[layer], self.pool.page_tokens, k.shape[2]
-        pos = torch.arange(self.length, self.length + T)
-        table = self.tables[g]
-        pages = torch.tensor([table[p // P] for p in pos.tolist()], dtype=torch.long, device=self.device)
-        self.pool.write(layer, pages, (pos % P).to(self.device), k[0], v[0])
+        if self._slots is None or self._slots[:2] != (self.length, T):
+            raise CacheLimitError(f"update() of {T} tokens at {self.length} without reserve() for them")
+        pages, offsets = self._slots[2][g]
+        self.pool.write(layer, pages, offsets, k[0], v[0])
         first = self.first_page[g] * P
         return self.pool.read(layer, self._held(g), 0, self.length + T - first, k.dtype)
 
@@ -218,6 +225,7 @@ class PagedSequence:
                    for j in range(self._first_needed(g, k * self.pool.page_tokens), k))
 
     def _set_first(self, g: int, first: int) -> None:
+        self._slots = None  # the tables changed: reserve() again before a write
         self.first_page[g] = first
         for i in self.pool.groups[g].layers:
             self.start[i] = first * self.pool.page_tokens
@@ -276,6 +284,7 @@ class PagedSequence:
             del table[keep:]
             self._tensors.pop(g, None)
         self.length = n
+        self._slots = None
         del self.tokens[n:]
         del self._keys[n // P:]
 
