@@ -133,6 +133,36 @@ def test_a_conversation_from_cache_and_from_scratch_gives_the_same_reply(repro16
     assert again.text == t2.text
 
 
+@pytest.mark.slow
+def test_default_model_replies_batched_equal_each_alone_bit_for_bit(repro16):
+    """Four replies decoded together (continuous batching over the paged cache) give each one's
+    logprobs exactly as it decoded alone."""
+    from runtime.cache.paged import PagePool
+    from runtime.generate.batch import Batcher, ReplyRequest
+    from runtime.generate.events import Finish
+    from runtime.generate.logits_processors import LogprobsRecorder
+
+    c = repro16.config
+    asks = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.",
+            "Who wrote Hamlet?"]
+    prompts = [tuple(conversation_ids(repro16, SYS, [Message("user", a)])) for a in asks]
+
+    def run(batch):
+        pool = PagePool(c.n_layers, c.n_kv_heads, c.head_dim, dtype=repro16.compute_dtype)
+        recorders = [LogprobsRecorder() for _ in batch]
+        done = {}
+        batcher = Batcher(repro16, pool, max_batch=len(batch),
+                          on_events=lambda r, evs: done.update((id(r), e) for e in evs if isinstance(e, Finish)))
+        replies = [batcher.add(ReplyRequest(p, max_new_tokens=10, context_limit=512, logits_processors=(rec,)))
+                   for p, rec in zip(batch, recorders)]
+        batcher.run()
+        return [[t.logprob for t in rec.finish(done[id(r)].token_ids)] for r, rec in zip(replies, recorders)]
+
+    together = run(prompts)
+    for i, p in enumerate(prompts):
+        assert together[i] == run([p])[0] and len(together[i]) >= 3
+
+
 # ---- the default mode: Regenerate -----------------------------------------------------------
 @pytest.mark.slow
 def test_regenerate_reuses_the_prompts_logits(default_model):
