@@ -23,7 +23,7 @@ from collections import defaultdict
 
 import torch
 
-from runtime.kernels.choice import best_time_us
+from runtime.kernels.chooser import best_time_us
 from runtime.kernels.quantized import QUANT_KERNELS, candidates, prepared, quant_linear
 from runtime.weights.gguf.mmap import read_gguf_tensors
 from runtime.weights.quant_types import block_type
@@ -119,10 +119,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     SKIP.extend(args.skip)
     torch.set_num_threads(args.threads)
-    from runtime.kernels import choice as float_kernels
+    from runtime.kernels import machine
 
-    report = {"cpu": float_kernels.cpu_info()["model"], "threads": args.threads, "torch": torch.__version__,
-              "python": platform.python_version(), "load_before": float_kernels.machine_load(), "files": []}
+    report = {"cpu": machine.cpu_info()["model"], "threads": args.threads, "torch": torch.__version__,
+              "python": platform.python_version(), "load_before": machine.machine_load(), "files": []}
     with torch.inference_mode():
         for f in args.files:
             r = measure_file(f, args.rounds)
@@ -138,7 +138,7 @@ def main(argv=None) -> int:
                 fb = f" ({', '.join(v['fallback'])})" if v["fallback"] else ""
                 print(f"    {k:14s} {v['ms_per_token_1']:8.2f} ms/token decode  {v['ms_per_token_64']:7.3f} ms/token at 64 rows"
                       f"  +{v['extra_bytes'] / 2**20:.0f} MiB{fb}")
-    report["load_after"] = float_kernels.machine_load()
+    report["load_after"] = machine.machine_load()
     print(f"\nload average before/after: {report['load_before']} / {report['load_after']}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

@@ -132,7 +132,7 @@ def _cpu_name() -> str:
 
 
 def _machine(device: str = "cpu") -> dict:
-    from runtime.kernels.choice import NOTABLE_FLAGS, cpu_info
+    from runtime.kernels.machine import NOTABLE_FLAGS, cpu_info
 
     cpu = cpu_info()
     info = {"platform": platform.platform(), "processor": _cpu_name(),

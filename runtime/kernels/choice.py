@@ -8,7 +8,9 @@ oneDNN's inner product read float32 weights at 24 GB/s and MKL's GEMV (``F.linea
 than float32. So where several kernels compute the same product, each is
 timed on the model's own matrices once, on the first load on a machine, and the choice
 is kept in a small JSON file beside the converted weights, keyed by the CPU's model
-name, its flags, the torch version and the thread count (:func:`machine_key`).
+name, its flags, the torch version and the thread count
+(:func:`runtime.kernels.machine.machine_key`), by the one chooser
+(:func:`runtime.kernels.chooser.load_or_measure`) through :class:`FloatKernels`.
 
 A choice is one kernel for one-token products (decode: every weight read once per
 token, memory-bound) and one for several tokens (prefill: compute-bound), per weight
@@ -21,29 +23,18 @@ Zen 3, but the default model then agreed with float32 on only 83.6 % of greedy t
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
-import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import torch
 
+from runtime.kernels.chooser import best_time_us
 from runtime.kernels.cpu import KERNELS, WeightRef
-from runtime.kernels.invariant import rows_invariant, two_rows
+from runtime.kernels.invariant import two_rows
+from runtime.kernels.machine import cpu_info
 
 log = logging.getLogger(__name__)
-
-#: Bump when kernels or their timing change: older choice files are measured again.
-#: 3: bfloat16 weights compute in float32 (new candidates); choices timed on a busy
-#: machine are no longer kept (some version-2 files held such choices).
-#: 4: decode kernels timed streaming every matrix of a token from memory (version 3
-#: timed each shape again and again from the CPU's cache, which hid a 1.5x difference).
-CHOICE_VERSION = 4
-
 
 @dataclass(frozen=True)
 class KernelChoice:
@@ -78,10 +69,45 @@ CANDIDATES: dict[torch.dtype, dict[str, tuple[str, ...]]] = {
 }
 
 
-def default_choice(weight_dtype: torch.dtype) -> KernelChoice:
-    """The first candidate of each phase (what runs before or without a measurement)."""
-    c = CANDIDATES[weight_dtype]
-    return KernelChoice(c["decode"][0], c["prefill"][0])
+@dataclass
+class FloatKernels:
+    """The float matrices' side of :class:`runtime.kernels.chooser.KernelChooser`: the choice for
+    ``weight_dtype``, measured by ``measure_fn`` (e.g. :func:`measure` on a decoder's matrices),
+    kept in the machine's file under ``"choices"`` by dtype name, with the CPU, torch version and
+    threads beside."""
+
+    weight_dtype: torch.dtype
+    measure_fn: Callable[[], KernelChoice]
+    what = "the kernel choice"
+    measurable = True
+    busy_runs_defaults = False
+
+    @property
+    def _key(self) -> str:
+        return str(self.weight_dtype).removeprefix("torch.")
+
+    def default(self) -> KernelChoice:
+        """The first candidate of each phase (what runs before or without a measurement)."""
+        c = CANDIDATES[self.weight_dtype]
+        return KernelChoice(c["decode"][0], c["prefill"][0])
+
+    def measure(self) -> KernelChoice:
+        return self.measure_fn()
+
+    def from_kept(self, kept: dict) -> KernelChoice | None:
+        c = kept["choices"][self._key]
+        cands = CANDIDATES[self.weight_dtype]
+        if c["decode"] in cands["decode"] and c["prefill"] in cands["prefill"]:
+            return KernelChoice(c["decode"], c["prefill"], timings_us=c.get("timings_us", {}))
+        return None
+
+    def keep(self, kept: dict, choice: KernelChoice) -> dict:
+        info = cpu_info()
+        kept = kept if isinstance(kept.get("choices"), dict) else {}
+        kept.update(cpu=info["model"], torch=torch.__version__, threads=torch.get_num_threads())
+        kept.setdefault("choices", {})[self._key] = {"decode": choice.decode, "prefill": choice.prefill,
+                                                    "timings_us": choice.timings_us}
+        return kept
 
 
 def apply(choice: KernelChoice, x: torch.Tensor, ref: WeightRef, bias: torch.Tensor | None) -> torch.Tensor:
@@ -108,70 +134,7 @@ def apply(choice: KernelChoice, x: torch.Tensor, ref: WeightRef, bias: torch.Ten
 ONE_ROW_ALONE = frozenset({"fbgemm-f16", "int8pack"})
 
 
-# ---- the machine ------------------------------------------------------------------------------
-def cpu_info() -> dict:
-    """``{"model": CPU model name, "flags": [sorted flags], "capability": torch's ISA level}``
-    (``/proc/cpuinfo`` on Linux; the flags list is empty elsewhere)."""
-    import platform
-
-    name, flags = "", []
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name") and not name:
-                    name = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = sorted(line.split(":", 1)[1].split())
-                if name and flags:
-                    break
-    except OSError:
-        pass
-    try:
-        capability = torch.backends.cpu.get_cpu_capability()
-    except Exception:  # noqa: BLE001 - older builds
-        capability = "unknown"
-    return {"model": name or platform.processor() or platform.machine(), "flags": flags, "capability": capability}
-
-
-#: The CPU flags that decide between kernels (shown by ``attnchat bench``).
-NOTABLE_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni",
-                 "amx_bf16", "amx_int8", "amx_tile")
-
-
-#: Environment variables that limit which instructions torch's, oneDNN's, MKL's and FBGEMM's
-#: kernels use: they change a kernel's speed and its bits (FBGEMM's float16 product is
-#: row-invariant with its AVX-512 kernels, not with its AVX2 ones), so they are part of the key.
-ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
-           "FBGEMM_ENABLE_INSTRUCTIONS")
-
-
-def machine_key() -> str:
-    """A short hash of what decides the kernels' speed and bits: CPU model and flags, torch
-    version, threads, and any of :data:`ISA_ENV` that is set."""
-    info = cpu_info()
-    from runtime.kernels.threads import max_threads
-
-    isa = {k: os.environ[k] for k in ISA_ENV if os.environ.get(k)}
-    raw = json.dumps([CHOICE_VERSION, info["model"], info["flags"], torch.__version__, max_threads()]
-                     + ([isa] if isa else []))
-    return hashlib.sha1(raw.encode()).hexdigest()[:16]
-
-
 # ---- measuring ----------------------------------------------------------------------------------
-def best_time_us(fn: Callable[[], object], reps: int, *, warm_up: bool = False) -> float:
-    """The fastest of ``reps`` calls of ``fn`` in microseconds of wall time (the fastest:
-    other programs only ever slow a run down); ``warm_up``: one untimed call first (a
-    kernel's lazily made form or prepacking, the first touch of its pages)."""
-    if warm_up:
-        fn()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e6
-
-
 def measure(
     matrices: list[tuple[WeightRef, int]], weight_dtype: torch.dtype, *, prefill_rows: int = 64, reps: int = 5,
     prefill_matrices: list[tuple[WeightRef, int]] | None = None,
@@ -241,66 +204,6 @@ def _time_stream_us(kernel: Callable, refs: list[WeightRef], reps: int) -> float
             kernel(xs[ref.weight.shape[1]], ref, None)
 
     return best_time_us(one_token, reps, warm_up=True)
-
-
-def load_or_measure(
-    folder: Path | None, weight_dtype: torch.dtype, measure_fn: Callable[[], KernelChoice]
-) -> KernelChoice:
-    """The choice kept in ``folder`` for this machine and dtype, else ``measure_fn()`` (kept
-    there for next time). ``folder`` None: measured, not kept. ``ATTNCHAT_KERNELS=default``
-    skips measuring (the first candidates); ``ATTNCHAT_KERNELS=measure`` measures again and
-    replaces the kept choice (a choice timed while other programs loaded the CPU can be off)."""
-    mode = os.environ.get("ATTNCHAT_KERNELS", "")
-    if mode == "default":
-        return default_choice(weight_dtype)
-    dtype_key = str(weight_dtype).removeprefix("torch.")
-    path = None if folder is None else folder / f"kernels-{machine_key()}.json"
-    kept: dict = {}
-    if path is not None and path.exists():
-        try:
-            kept = json.loads(path.read_text(encoding="utf-8"))
-            c = kept["choices"][dtype_key]
-            cands = CANDIDATES[weight_dtype]
-            if c["decode"] in cands["decode"] and c["prefill"] in cands["prefill"] and mode != "measure":
-                return KernelChoice(c["decode"], c["prefill"], timings_us=c.get("timings_us", {}))
-        except (OSError, ValueError, KeyError, TypeError):
-            kept = {} if not isinstance(kept, dict) else kept
-    choice = measure_fn()
-    load = machine_load()
-    if load is not None and load >= (os.cpu_count() or 1):
-        # Other programs had the cores: the timings may be off by orders of magnitude
-        # (oneDNN's GEMV timed at 45 ms instead of 0.2 on a 2-core AMD EPYC Zen 3 at load
-        # 5). Used for this run, measured again next time.
-        log.info("kernel choice not kept: measured at load %.1f on %d CPUs", load, os.cpu_count() or 1)
-        return choice
-    if path is not None and path.parent.exists():
-        info = cpu_info()
-        kept = kept if isinstance(kept.get("choices"), dict) else {}
-        kept.update(cpu=info["model"], torch=torch.__version__, threads=torch.get_num_threads())
-        kept.setdefault("choices", {})[dtype_key] = {"decode": choice.decode, "prefill": choice.prefill,
-                                                    "timings_us": choice.timings_us}
-        keep_json(path, kept, "the kernel choice")
-    return choice
-
-
-def keep_json(path: Path, data: dict, what: str) -> None:
-    """Write ``data`` to ``path`` as JSON whole or not at all (a pid-named temporary file, then a
-    rename: processes that measure at once never leave half a file); an OS error is logged."""
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        log.warning("could not keep %s", what, exc_info=True)
-        tmp.unlink(missing_ok=True)
-
-
-def machine_load() -> float | None:
-    """The 1-minute load average (runnable processes; None where the OS has none)."""
-    try:
-        return os.getloadavg()[0]
-    except (OSError, AttributeError):
-        return None
 
 
 def describe(choice: KernelChoice | None) -> dict:

@@ -1,8 +1,9 @@
 """Choosing the quantized kernels per machine and block type: the ``(decode,
 prefill)`` pairs each type may run (:func:`kernel_pairs`), timing them on the model's own
-matrices (:func:`measure_quant`), and keeping the choice per machine beside the GGUF's
-config (:func:`load_or_measure_quant`). Must not import Qt, transformers or the weights
-package (the kernels read weights by their attributes: :mod:`runtime.kernels.quantized`).
+matrices (:func:`measure_quant`), and the blocks' side of the one chooser
+(:class:`BlockKernels` for :func:`runtime.kernels.chooser.load_or_measure`: kept per machine
+beside the GGUF's config). Must not import Qt, transformers or the weights package (the
+kernels read weights by their attributes: :mod:`runtime.kernels.quantized`).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from runtime.kernels import choice as float_choice
+from runtime.kernels.chooser import best_time_us
 from runtime.kernels.quantized import QUANT_KERNELS, BlockType, QuantWeight, _four_bit, quant_linear
 
 log = logging.getLogger(__name__)
@@ -162,7 +163,7 @@ def measure_quant(weights: list[QuantWeight], device: str | torch.device = "cpu"
                         for w in ws:
                             quant_linear(xs[w.cols], w, k, device=device)
                     try:
-                        per["decode"][k] = round(float_choice.best_time_us(token, reps, warm_up=True), 1)
+                        per["decode"][k] = round(best_time_us(token, reps, warm_up=True), 1)
                     except (RuntimeError, NotImplementedError) as e:
                         log.info("quantized kernel %s unusable for %s: %s", k, tname, e)
             decode = _fastest(per["decode"], decodes)
@@ -177,7 +178,7 @@ def measure_quant(weights: list[QuantWeight], device: str | torch.device = "cpu"
                     for (rows, cols), same in shapes.items():
                         x = torch.randn(prefill_rows, cols, device=device)
                         run = functools.partial(quant_linear, x, same[0], k, device=device)
-                        total += float_choice.best_time_us(run, reps, warm_up=True) * len(same)
+                        total += best_time_us(run, reps, warm_up=True) * len(same)
                     per["prefill"][k] = round(total / prefill_rows, 1)
             prefill = _fastest(per["prefill"], prefills)
             chosen[tname] = (decode, prefill)
@@ -190,44 +191,40 @@ def measure_quant(weights: list[QuantWeight], device: str | torch.device = "cpu"
 
 
 # ---- kept per machine -----------------------------------------------------------------------
-def load_or_measure_quant(folder, btypes, device: str | torch.device, measure_fn: Callable[[], QuantChoice]) -> QuantChoice:
-    """The choice kept in ``folder`` for this machine and these block types, else
-    ``measure_fn()`` (kept there for next time, unless timed while other programs had the
-    cores). The file is the float kernels' (:func:`runtime.kernels.choice.load_or_measure`),
-    its ``"quant"`` section. ``ATTNCHAT_KERNELS=default`` skips measuring; ``=measure``
-    measures again. Off the CPU: the defaults (one pair per type there).
-    """
-    import json
-    import os
+@dataclass
+class BlockKernels:
+    """The blocks' side of :class:`runtime.kernels.chooser.KernelChooser`: a pair per block type of
+    ``btypes`` on ``device``, measured by ``measure_fn`` (e.g. :func:`measure_quant`), kept in the
+    machine's file (the float kernels' too) under ``"quant"`` by type name. Off the CPU: the
+    defaults (one pair per type there); on a busy machine: the copy-free defaults, unmeasured."""
 
-    names = sorted({t.name for t in btypes})
-    mode = os.environ.get("ATTNCHAT_KERNELS", "")
-    if torch.device(device).type != "cpu" or mode == "default":
-        return default_quant_choice(btypes, device)
-    path = None if folder is None else folder / f"kernels-{float_choice.machine_key()}.json"
-    kept: dict = {}
-    if path is not None and path.exists():
-        try:
-            kept = json.loads(path.read_text(encoding="utf-8"))
-            section = kept.get("quant", {})
-            pairs = {t.name: kernel_pairs(t, device) for t in btypes}
-            if mode != "measure" and all(n in section and tuple(section[n]["pair"]) in pairs[n] for n in names):
-                return QuantChoice({n: tuple(section[n]["pair"]) for n in names},
-                                   timings_us={n: section[n].get("timings_us", {}) for n in names})
-        except (OSError, ValueError, KeyError, TypeError):
-            kept = {} if not isinstance(kept, dict) else kept
-    load = float_choice.machine_load()
-    if load is not None and load >= (os.cpu_count() or 1) and mode != "measure":
-        # Other programs have the cores: timings taken now are noise (on the 2-vCPU Intel
-        # Xeon at load 5-10, ggml's pass over the default model timed at 125-437 ms against
-        # 30 quiet, and int4pack "won" with a 63 MB repack). The copy-free defaults run;
-        # a quieter load measures.
-        log.info("quantized kernels not measured: load %.1f on %d CPUs; the defaults run", load, os.cpu_count() or 1)
-        return default_quant_choice(btypes, device)
-    choice = measure_fn()
-    if path is not None and path.parent.exists():
-        section = kept.setdefault("quant", {}) if isinstance(kept, dict) else {}
+    btypes: frozenset | set
+    device: str | torch.device
+    measure_fn: Callable[[], QuantChoice]
+    what = "the quantized kernel choice"
+    busy_runs_defaults = True
+
+    @property
+    def measurable(self) -> bool:
+        return torch.device(self.device).type == "cpu"
+
+    def default(self) -> QuantChoice:
+        return default_quant_choice(self.btypes, self.device)
+
+    def measure(self) -> QuantChoice:
+        return self.measure_fn()
+
+    def from_kept(self, kept: dict) -> QuantChoice | None:
+        names = sorted({t.name for t in self.btypes})
+        section = kept.get("quant", {})
+        pairs = {t.name: kernel_pairs(t, self.device) for t in self.btypes}
+        if all(n in section and tuple(section[n]["pair"]) in pairs[n] for n in names):
+            return QuantChoice({n: tuple(section[n]["pair"]) for n in names},
+                               timings_us={n: section[n].get("timings_us", {}) for n in names})
+        return None
+
+    def keep(self, kept: dict, choice: QuantChoice) -> dict:
+        section = kept.setdefault("quant", {})
         for n, pair in choice.kernels.items():
             section[n] = {"pair": list(pair), "timings_us": choice.timings_us.get(n, {})}
-        float_choice.keep_json(path, kept, "the quantized kernel choice")
-    return choice
+        return kept

@@ -22,9 +22,10 @@ from typing import Iterable
 
 import torch
 
-from runtime.kernels.choice import KernelChoice, apply, keep_json, machine_key
+from runtime.kernels.choice import KernelChoice, apply
 from runtime.kernels.cpu import WeightRef, fbgemm_f16_available
 from runtime.kernels.invariant import rows_invariant
+from runtime.kernels.machine import keep_json, kernel_file
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def reproducible_choice(
     refs = _one_per_width(refs)
     widths = sorted(refs)
     dtype_key = str(weight_dtype).removeprefix("torch.")
-    path = None if folder is None else folder / f"kernels-{machine_key()}.json"
+    path = kernel_file(folder)
     kept = _read(path)
     section = kept["reproducible"].get(dtype_key)
     if not isinstance(section, dict):

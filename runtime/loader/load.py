@@ -246,10 +246,11 @@ def _say_widened(path: Path, decoder: Decoder) -> None:
 
 def _choose_kernels(decoder: Decoder, wdtype: torch.dtype, folder: Path | None) -> KernelChoice:
     """The CPU kernels for this decoder: kept beside a GGUF's converted weights, keyed by
-    the machine (:func:`runtime.kernels.choice.load_or_measure`), else timed now: decode streaming
+    the machine (:func:`runtime.kernels.chooser.load_or_measure`), else timed now: decode streaming
     every matrix of a token, prefill on one matrix of each shape (about a second for the
     default model; a folder model is timed at every load)."""
     from runtime.kernels import choice as kernels
+    from runtime.kernels.chooser import load_or_measure
 
     mats = decoder.kernel_matrices()
 
@@ -260,7 +261,8 @@ def _choose_kernels(decoder: Decoder, wdtype: torch.dtype, folder: Path | None) 
                  choice.prefill, choice.timings_us)
         return choice
 
-    return kernels.load_or_measure(folder if folder is not None and folder.exists() else None, wdtype, measure)
+    return load_or_measure(folder if folder is not None and folder.exists() else None,
+                           kernels.FloatKernels(wdtype, measure))
 
 
 def _choose_quant_kernels(decoder: Decoder, dev: torch.device, folder: Path | None) -> quant_choice.QuantChoice:
@@ -275,8 +277,10 @@ def _choose_quant_kernels(decoder: Decoder, dev: torch.device, folder: Path | No
         log.info("quantized kernels: %s (us per token: %s)", choice.kernels, choice.timings_us)
         return choice
 
-    return quant_choice.load_or_measure_quant(folder if folder is not None and folder.exists() else None,
-                                               btypes, dev, measure)
+    from runtime.kernels.chooser import load_or_measure
+
+    return load_or_measure(folder if folder is not None and folder.exists() else None,
+                           quant_choice.BlockKernels(btypes, dev, measure))
 
 
 def gguf_blocks_bytes(source: str | os.PathLike | None = None) -> tuple[int, str] | None:

@@ -51,13 +51,13 @@ def use_inductor_cache() -> str:
 
     torch's default is a folder under ``/tmp``, which a reboot empties, and a compiled
     decode step takes minutes to build on a CPU. The machine key
-    (:func:`runtime.kernels.choice.machine_key`: CPU model and flags, torch version, threads)
+    (:func:`runtime.kernels.machine.machine_key`: CPU model and flags, torch version, threads)
     keeps another machine's or torch's artifacts apart; the model's shape is in inductor's
     own keys. Falls back to torch's default when the app's cache folder cannot be made.
     """
     import os
 
-    from runtime.kernels.choice import machine_key
+    from runtime.kernels.machine import machine_key
 
     if os.environ.get(INDUCTOR_CACHE_ENV):
         return os.environ[INDUCTOR_CACHE_ENV]

@@ -56,7 +56,8 @@ def test_bench_harness_on_a_tiny_model(tmp_path):
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "decode@48" in proc.stdout and "ratios" in proc.stdout
     # The machine and our kernel choices are named (runtime.kernels measures them per machine).
-    from runtime.kernels.choice import CANDIDATES, NOTABLE_FLAGS, cpu_info
+    from runtime.kernels.choice import CANDIDATES
+    from runtime.kernels.machine import NOTABLE_FLAGS, cpu_info
 
     assert report["machine"]["cpu_flags"] == [f for f in NOTABLE_FLAGS if f in cpu_info()["flags"]]
     assert "CPU: " in proc.stderr and "flags: " in proc.stderr

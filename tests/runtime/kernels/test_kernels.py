@@ -9,8 +9,9 @@ import torch.nn.functional as F
 
 from runtime import load_model
 from runtime.kernels import choice as kernels
-from runtime.kernels import cpu
-from runtime.kernels.choice import CANDIDATES, KernelChoice
+from runtime.kernels import chooser, cpu, machine
+from runtime.kernels.choice import CANDIDATES, FloatKernels, KernelChoice
+from runtime.kernels.chooser import load_or_measure
 from runtime.kernels.cpu import KERNELS, WeightRef
 from runtime.quantize import quantize_int8
 from tests.runtime.tiny_models import VOCAB_SIZE, make_tiny_model
@@ -130,55 +131,55 @@ def test_decode_is_timed_streaming_every_matrix_of_a_token_in_order(monkeypatch)
 
 
 def test_the_choice_is_kept_per_machine_and_dtype(tmp_path, monkeypatch):
-    monkeypatch.setattr(kernels, "machine_load", lambda: 0.2)  # a quiet machine
+    monkeypatch.setattr(machine, "machine_load", lambda: 0.2)  # a quiet machine
     measured = []
 
     def measure():
         measured.append(1)
         return KernelChoice("mkl", "onednn", timings_us={"decode": {"mkl": 1.0}}, measured=True)
 
-    first = kernels.load_or_measure(tmp_path, torch.float32, measure)
-    again = kernels.load_or_measure(tmp_path, torch.float32, measure)
+    first = load_or_measure(tmp_path, FloatKernels(torch.float32, measure))
+    again = load_or_measure(tmp_path, FloatKernels(torch.float32, measure))
     assert measured == [1] and first == again and not again.measured
     kept = json.loads(next(tmp_path.glob("kernels-*.json")).read_text())
-    assert kept["choices"]["float32"]["decode"] == "mkl" and kept["cpu"] == kernels.cpu_info()["model"]
-    kernels.load_or_measure(tmp_path, torch.float16, lambda: KernelChoice("f16-gemv", "widen-mkl"))
+    assert kept["choices"]["float32"]["decode"] == "mkl" and kept["cpu"] == machine.cpu_info()["model"]
+    load_or_measure(tmp_path, FloatKernels(torch.float16, lambda: KernelChoice("f16-gemv", "widen-mkl")))
     kept = json.loads(next(tmp_path.glob("kernels-*.json")).read_text())
     assert set(kept["choices"]) == {"float32", "float16"}
     next(tmp_path.glob("kernels-*.json")).write_text("{not json")
-    assert kernels.load_or_measure(tmp_path, torch.float32, measure) == first and measured == [1, 1]
+    assert load_or_measure(tmp_path, FloatKernels(torch.float32, measure)) == first and measured == [1, 1]
 
 
 def test_a_choice_timed_on_a_busy_machine_is_used_but_not_kept(tmp_path, monkeypatch):
     import os
 
-    monkeypatch.setattr(kernels, "machine_load", lambda: float(os.cpu_count() or 1) + 3)
-    choice = kernels.load_or_measure(tmp_path, torch.float32, lambda: KernelChoice("mkl", "mkl", measured=True))
+    monkeypatch.setattr(machine, "machine_load", lambda: float(os.cpu_count() or 1) + 3)
+    choice = load_or_measure(tmp_path, FloatKernels(torch.float32, lambda: KernelChoice("mkl", "mkl", measured=True)))
     assert choice.decode == "mkl" and not list(tmp_path.glob("kernels-*.json"))
-    monkeypatch.setattr(kernels, "machine_load", lambda: 0.1)
-    kernels.load_or_measure(tmp_path, torch.float32, lambda: KernelChoice("onednn", "onednn", measured=True))
+    monkeypatch.setattr(machine, "machine_load", lambda: 0.1)
+    load_or_measure(tmp_path, FloatKernels(torch.float32, lambda: KernelChoice("onednn", "onednn", measured=True)))
     assert json.loads(next(tmp_path.glob("kernels-*.json")).read_text())["choices"]["float32"]["decode"] == "onednn"
 
 
 def test_machine_facts():
-    info = kernels.cpu_info()
+    info = machine.cpu_info()
     assert info["model"] and isinstance(info["flags"], list)
-    assert len(kernels.machine_key()) == 16
+    assert len(machine.machine_key()) == 16
 
 
 def test_an_instruction_limit_is_another_machine(monkeypatch):
     """FBGEMM_ENABLE_INSTRUCTIONS=AVX2 (or ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, ...) runs other
     kernels, with other speeds and bits: the choices and verdicts kept for the full set are not its."""
-    for name in kernels.ISA_ENV:
+    for name in machine.ISA_ENV:
         monkeypatch.delenv(name, raising=False)
-    plain = kernels.machine_key()
+    plain = machine.machine_key()
     monkeypatch.setenv("FBGEMM_ENABLE_INSTRUCTIONS", "AVX2")
-    avx2 = kernels.machine_key()
+    avx2 = machine.machine_key()
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
-    assert len({plain, avx2, kernels.machine_key()}) == 3
+    assert len({plain, avx2, machine.machine_key()}) == 3
     monkeypatch.delenv("FBGEMM_ENABLE_INSTRUCTIONS")
     monkeypatch.delenv("ATEN_CPU_CAPABILITY")
-    assert kernels.machine_key() == plain
+    assert machine.machine_key() == plain
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int8", "bfloat16"])
@@ -213,7 +214,7 @@ def test_best_time_is_the_fastest_call(monkeypatch, warm_up, calls):
     """One timer for the float kernels, the quantized ones and scripts/measure_quant_kernels.py:
     the fastest of ``reps`` timed calls in microseconds, a warm-up call untimed."""
     ticks = iter([0.0, 5e-6, 1.0, 1.0 + 2e-6, 2.0, 2.0 + 7e-6])  # three calls: 5, 2, 7 us
-    monkeypatch.setattr(kernels.time, "perf_counter", lambda: next(ticks))
+    monkeypatch.setattr(chooser.time, "perf_counter", lambda: next(ticks))
     ran = []
-    assert kernels.best_time_us(lambda: ran.append(1), 3, warm_up=warm_up) == pytest.approx(2.0)
+    assert chooser.best_time_us(lambda: ran.append(1), 3, warm_up=warm_up) == pytest.approx(2.0)
     assert len(ran) == calls
