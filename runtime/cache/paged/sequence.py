@@ -59,6 +59,9 @@ class PagedSequence:
         #: Per layer: the position of the first key :meth:`update` returns.
         self.start = [0] * self.n_layers
         self.evictor = None  # no cache policy runs on pages
+        #: ``(tokens, logits (V,))`` of a prompt's last token when the sequence holds that prompt
+        #: (set by its reply; a later identical prompt takes them instead of a one-token step).
+        self.prompt_logits: tuple[int, torch.Tensor] | None = None
         self._keys: list = []  # the prefix key of each full page recorded so far
         self._tensors: dict[int, torch.Tensor] = {}  # per group: its held pages as a tensor
         self._slots = None  # (length, n_new, per group (pages, offsets)) of the last reserve()
@@ -285,6 +288,8 @@ class PagedSequence:
             self._tensors.pop(g, None)
         self.length = n
         self._slots = None
+        if self.prompt_logits is not None and self.prompt_logits[0] > n:
+            self.prompt_logits = None
         del self.tokens[n:]
         del self._keys[n // P:]
 
@@ -298,6 +303,7 @@ class PagedSequence:
             self._set_first(g, 0)
         self.length = 0
         self.tokens, self._keys = [], []
+        self.prompt_logits = None
 
     # ---- figures -----------------------------------------------------------------------
     def stats(self) -> dict:

@@ -95,12 +95,23 @@ class BatchReply:
         #: Keep the sequence's pages when the reply ends (not cancelled): the caller then owns
         #: :attr:`seq` (a donor for the next turn's prefix) and releases it.
         self.keep_pages = False
+        self._tail = False  # the reply's length is reached; its last token is being fed
 
     # ---- prefill -----------------------------------------------------------------------
     def start(self, donor: PagedSequence | None = None) -> list[Event]:
-        """Take what can be shared of the prompt (from a live ``donor`` with the longest
-        common prefix, else the pool's prefix index) and begin the prefill."""
+        """Take what can be shared of the prompt (from a ``donor`` with the longest common
+        prefix, else the pool's prefix index) and begin the prefill. A donor that holds this
+        whole prompt with its last logits (the same request again) gives them too: nothing is
+        prefilled and the first token is chosen now, from the logits the first prefill left (a
+        one-token step would reduce in another order and could flip a greedy near-tie)."""
         prompt, limit = list(self.request.prompt), self.request.share_limit
+        whole = donor is not None and donor.prompt_logits is not None and donor.prompt_logits[0] == len(prompt) \
+            and (limit is None or limit >= len(prompt)) and donor.tokens[: len(prompt)] == prompt
+        if whole and self.seq.fork(donor, len(prompt)) == len(prompt):
+            self.seq.prompt_logits = donor.prompt_logits
+            self._done = self.stats.reused_tokens = len(prompt)
+            self.state = "decode"
+            return [PrefillProgress(0, 0)] + self.choose(donor.prompt_logits[1].clone())  # processors edit rows
         most = len(prompt) - 1 if limit is None else min(len(prompt) - 1, limit)
         reused = 0
         if donor is not None and most > 0:
@@ -128,6 +139,8 @@ class BatchReply:
             elapsed = time.perf_counter() - self._t_prefill
             self.stats.prefill_tokens_per_s = rest / elapsed if elapsed > 0 else 0.0
             self.state = "decode"
+            if self.keep_pages:  # kept with the sequence: the same request again starts from them
+                self.seq.prompt_logits = (self._done, logits.clone())
             events += self.choose(logits)
         return events
 
@@ -138,6 +151,8 @@ class BatchReply:
         if self.pending is not None:  # the token just fed is now in the sequence
             self.seq.record([self.pending])
             self.pending = None
+        if self._tail:  # the last token of a length stop has been fed: the cache holds the whole reply
+            return self.end("length")
         req = self.request
         recent = None
         if req.sampling.repetition_penalty != 1.0:
@@ -160,6 +175,11 @@ class BatchReply:
         if hit:
             return events + self.end("stop")
         if len(self.generated) >= req.max_new_tokens:
+            if self.keep_pages and self._detok.text == "".join(self._shown) and self.seq.length < self.seq.max_tokens:
+                # Fed in the next step before the reply ends, as a session does, so the next
+                # turn reuses the whole reply (a stop string or a cut character: not).
+                self.pending, self._tail = token, True
+                return events
             return events + self.end("length")
         if self.seq.length + 1 > req.context_limit:
             return events + self.end("context")

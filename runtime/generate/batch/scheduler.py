@@ -109,9 +109,10 @@ class Batcher:
             try:
                 if reading.state == "waiting":  # its turn to read: share what the others hold now
                     self._emit(reading, reading.start(self._donor(reading)))
-                ids = reading.next_chunk(self.prefill_chunk)
-                logits = self.model.logits(ids, reading.seq, last_only=True)[0, -1]
-                self._emit(reading, reading.fed(ids, logits))
+                if reading.state == "prefill":  # (a prompt held whole with its logits needs none)
+                    ids = reading.next_chunk(self.prefill_chunk)
+                    logits = self.model.logits(ids, reading.seq, last_only=True)[0, -1]
+                    self._emit(reading, reading.fed(ids, logits))
             except Exception as e:  # this reply's, not the others'
                 self._fail(reading, e)
         rows = [r for r in self.running if r.state == "decode" and r.pending is not None]
