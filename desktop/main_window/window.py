@@ -22,15 +22,15 @@ from desktop.chat.pages import ASK, ChatPage, EmptyState
 from desktop.chat.status_bar import ChatStatusBar
 from desktop.chat.store import Store
 from desktop.chat.view import MessageListModel
+from desktop.main_window.attach import Attachments
 from desktop.main_window.conversations import ConversationActions
 from desktop.main_window.panel_width import PanelWidthGuard
 from desktop.main_window.replies import ReplyActions
-from desktop.main_window.attach import Attachments
 from desktop.main_window.token_count import TokenCounter
 from desktop.remote.client import source_label
 from desktop.settings.checks import CONTEXT_KEYS, effective_context
 from desktop.settings.values import Settings
-from desktop.worker import Engine
+from desktop.worker import Engine, model_key
 
 __all__ = ["MainWindow", "PANEL_SLOTS"]
 
@@ -317,6 +317,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self._sync()
 
     def _on_model_loaded(self, info: dict) -> None:
+        self.settings.use_model(model_key(info))   # its own context, prompt, sampling, cache policy
         self._models_loaded += 1
         self._live.clear()   # a load starts with no sessions
         self.status.set_model(info, self.context_limit())

@@ -61,7 +61,10 @@ def generation_tab(dialog, note) -> QWidget:
                 "Random: each reply gets a new seed, shown beside it (its menu reuses it). "
                 "The same seed gives the same reply.")
     v.addLayout(form)
-    v.addWidget(note("Applies from the next reply."))
+    name = (dialog.model or {}).get("name")
+    v.addWidget(note("Applies from the next reply." + (
+        f" Kept for {name}: the context, system prompt, sampling and cache policy are remembered for each "
+        "model file (one never set up starts from the general values)." if name else "")))
     v.addStretch(1)
 
     def chosen(_index: int) -> None:

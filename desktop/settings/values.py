@@ -8,6 +8,8 @@ through a new file that keeps the old one's mode). Must not import torch or runt
 """
 from __future__ import annotations
 
+import hashlib
+
 import logging
 import os
 from pathlib import Path
@@ -20,7 +22,7 @@ from models.paths import private_dir, private_file
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULTS", "GENERATION_KEYS", "Settings"]
+__all__ = ["DEFAULTS", "GENERATION_KEYS", "PER_MODEL_KEYS", "Settings", "model_group"]
 
 #: Every key the app reads, with its default (which also fixes the value's type).
 DEFAULTS: dict[str, Any] = {
@@ -73,6 +75,23 @@ def _make_private(file: Path) -> None:
         log.warning("could not make the settings file %r private", str(file), exc_info=True)
 
 
+#: The settings kept for each model file (LM Studio keeps a configuration per model): while a
+#: model is loaded (:meth:`Settings.use_model`) these are read from and written to its own group,
+#: and a model never set up reads the general values.
+PER_MODEL_KEYS = (
+    "generation/context", "generation/system_prompt", "generation/temperature", "generation/top_k",
+    "generation/top_p", "generation/min_p", "generation/repetition_penalty", "generation/model_sampling",
+    "generation/max_new_tokens", "generation/cache_policy", "generation/cache_budget",
+    "generation/cache_budget_unit",
+)
+
+
+def model_group(model: str) -> str:
+    """The settings group of a model file (``model``: its path or a server's source): a digest,
+    so no path becomes a key."""
+    return "per_model/" + hashlib.sha256(model.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
 class Settings(QObject):
     """Typed access to QSettings with defaults.
 
@@ -89,15 +108,37 @@ class Settings(QObject):
         else:
             self._qs = QSettings(str(path), QSettings.Format.IniFormat)
         _make_private(Path(self._qs.fileName()))
+        self.model = ""   # the model file whose own settings apply ("" = none: the general ones)
+
+    def use_model(self, model: str) -> None:
+        """Read and write :data:`PER_MODEL_KEYS` for ``model`` from now on (its path; "" for none);
+        emits :attr:`changed` for each whose value differs from the last model's."""
+        before = {k: self.get(k) for k in PER_MODEL_KEYS}
+        self.model = str(model or "")
+        if self.model:
+            self._qs.setValue(f"{model_group(self.model)}/path", self.model)   # which file the group is for
+        for k in PER_MODEL_KEYS:
+            now = self.get(k)
+            if now != before[k]:
+                self.changed.emit(k, now)
+
+    def _where(self, key: str, *, writing: bool = False) -> str:
+        """The QSettings key ``key`` is read from (or written to): the model's own for
+        :data:`PER_MODEL_KEYS` while a model is set (reading: once it has a value there)."""
+        if not self.model or key not in PER_MODEL_KEYS:
+            return key
+        own = f"{model_group(self.model)}/{key}"
+        return own if writing or self._qs.contains(own) else key
 
     def get(self, key: str) -> Any:
-        """The value of ``key`` (its default when unset), converted to the default's type.
+        """The value of ``key`` (its default when unset), converted to the default's type; for
+        :data:`PER_MODEL_KEYS`, the current model's own where it has one.
 
         Raises:
             KeyError: ``key`` is not in :data:`DEFAULTS`.
         """
         default = DEFAULTS[key]
-        value = self._qs.value(key, default)
+        value = self._qs.value(self._where(key), default)
         if value is None:
             return default
         try:
@@ -117,7 +158,7 @@ class Settings(QObject):
             raise KeyError(key)
         if self.get(key) == value:
             return
-        self._qs.setValue(key, value)
+        self._qs.setValue(self._where(key, writing=True), value)
         self.changed.emit(key, value)
 
     def stored(self, key: str) -> Any:
@@ -140,6 +181,8 @@ class Settings(QObject):
         """Forget ``key``'s stored value, so it reads as its default (emits :attr:`changed` if that changes it)."""
         before = self.get(key)
         self._qs.remove(key)
+        if self._where(key) != key:
+            self._qs.remove(self._where(key))
         if before != DEFAULTS[key]:
             self.changed.emit(key, DEFAULTS[key])
 

@@ -117,8 +117,11 @@ def test_settings_persist_across_a_restart(qtbot, big_window, tmp_path):
         set_value(d, key, value)
     qtbot.mouseClick(d.ok_button, Qt.MouseButton.LeftButton)
     assert not d.isVisible()
+    model = big_window.settings.model   # the loaded model's file: its own context, prompt, sampling are kept for it
+    assert model.endswith(".gguf")
     big_window.close()
     again = Settings(tmp_path / "settings.ini")   # a new process would read the same file
+    again.use_model(model)                         # ... once it has loaded that model again
     assert {k: again.get(k) for k in edits} == edits
     assert dialog(big_window, again).values() == {**{k: again.get(k) for k in d.fields}, **edits}
 
