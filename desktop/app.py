@@ -21,7 +21,7 @@ from PySide6.QtWidgets import QApplication
 import models
 from desktop import model_switcher
 from desktop.remote import connect_dialog
-from desktop.remote import serve_toggle
+from desktop.remote import serve_toggle, server_panel
 from models import logfile, paths
 from desktop.panels.attention.panel import install_attention_panel
 from desktop.download_dialog import DownloadDialog
@@ -121,6 +121,7 @@ def build_window(store: Store, settings: Settings, engine: Engine | None = None,
     window.connector = connect_dialog.install(window)
     window.model_switcher = model_switcher.install(window)   # File > Models… (desktop.model_switcher)
     window.serve_toggle = serve_toggle.install(window)
+    window.server_panel = server_panel.install(window, window.serve_toggle)   # View > Server panel
     install_settings(window)   # Edit > Settings… (desktop.settings.controller)
     install_kv_panel(window)   # the KV-cache memory dock (desktop.panels.kv.panel)
     install_attention_panel(window)  # the attention dock (desktop.panels.attention.panel)

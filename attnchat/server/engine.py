@@ -349,7 +349,7 @@ class Engine:
             except Exception:  # metrics must never break a reply
                 log.exception("on_reply failed")
         entry = {
-            "id": job.id, "finish_reason": reason, "time": time.time(),
+            "id": job.id, "finish_reason": reason, "time": time.time(), "client": job.client,
             "prompt_tokens": stats.prompt_tokens, "reused_tokens": stats.reused_tokens,
             "prefilled_tokens": stats.prefilled_tokens, "completion_tokens": stats.completion_tokens,
             "dropped_tokens": stats.dropped_tokens, "evicted_tokens": stats.evicted_tokens, "ttft_s": stats.ttft_s,

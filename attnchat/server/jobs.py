@@ -86,6 +86,8 @@ class Job:
     #: Whose caches this job may reuse: the API key it came with (an opaque label, never
     #: the key itself); "" for every request of a server without keys.
     partition: str = ""
+    #: The client's address as the HTTP connection gave it ("" when unknown): the request log's.
+    client: str = ""
     #: Alternatives per prompt token when the prompt's own log-probabilities are asked for
     #: (``/v1/completions`` with ``echo`` and ``logprobs``); None: not asked.
     prompt_logprobs: int | None = None

@@ -37,6 +37,7 @@ async def chat_completions(serving: Serving, request: Request) -> Response:
     req = parse_chat(await read_body(request, serving.max_body_bytes))
     made = await chat_job(serving, req, getattr(request.state, "partition", ""))
     job, recorder, offered, forced = made.job, made.recorder, made.offered, made.forced
+    job.client = request.client.host if request.client else ""
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await answer(
         engine, request, job, bool(req.stream),
@@ -62,6 +63,7 @@ async def text_completions(serving: Serving, request: Request) -> Response:
     except ValidationError as e:
         raise from_validation(e.errors()) from None
     job, recorder, prompt = text_job(serving, req, getattr(request.state, "partition", ""))
+    job.client = request.client.host if request.client else ""
     echo = prompt if req.echo else ""
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 

@@ -160,6 +160,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self.copy_action = self._action(e, "&Copy message", lambda: self.chat.copy_row(self.chat.selected_row()))
         self.regen_action = self._action(e, "&Regenerate", self.regenerate, "Ctrl+R")
         self.edit_action = self._action(e, "&Edit last message", self.edit_last, "Ctrl+E")
+        self._action(e, "&Attach files to the message…", lambda: self.attachments.choose(), "Ctrl+Shift+A")
         self.stop_action = self._action(e, "&Stop", self.stop)
         self._action(e, "Re&name chat", lambda: self._conv_id and self.sidebar.rename(self._conv_id), "F2")
         v = bar.addMenu("&View")

@@ -12,7 +12,9 @@ and stops it with SIGINT (as Ctrl-C; killed if it has not ended within
 :data:`STOP_GRACE_MS`). :class:`ServeToggle` puts it in the window: a checkable menu
 action with the settings it serves with beside it (the window's context, KV-cache dtype and
 weight dtype), "Serving at …" in the status bar, and a stop when the window closes.
-Loopback only and without a key: nothing outside this machine can reach it.
+Loopback only (nothing outside this machine can reach it), on a port chosen free once and kept
+in the settings (``server/port``), with an API key when the settings ask for one
+(``server/require_key``). The Server panel (:mod:`desktop.remote.server_panel`) shows all of it.
 
 Must not import torch, runtime or attnchat (it runs the command line, never imports it).
 """
@@ -22,16 +24,22 @@ import html
 import logging
 import os
 import re
+import secrets
 import signal
+import socket
 import sys
 
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, QProcess, QProcessEnvironment, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import QLabel
 
+from desktop.remote.secrets import KeyStore
 from models.child import attnchat_command
 
-__all__ = ["ModelServer", "ServeToggle", "describe_options", "install", "serve_command"]
+__all__ = ["KEY_NAME", "ModelServer", "ServeToggle", "describe_options", "free_port", "install", "serve_command"]
+
+#: The name the served model's API key is kept under (desktop.remote.secrets keys by a name).
+KEY_NAME = "attnchat-serve://127.0.0.1"
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +53,15 @@ KEEP_LINES = 40
 
 def serve_command(model_path: str, device: str = "auto", *, context: int = 0, cache_dtype: str = "auto",
                   weight_dtype: str = "auto", reproducible: bool = False, cache_policy: str = "none",
-                  cache_budget: str = "") -> tuple[str, list[str]]:
-    """``(program, arguments)`` that serve ``model_path`` on a free loopback port, with the
+                  cache_budget: str = "", port: int = 0) -> tuple[str, list[str]]:
+    """``(program, arguments)`` that serve ``model_path`` on loopback ``port`` (0: a free one), with the
     window's ``context`` (tokens; 0: the model's maximum), KV ``cache_dtype``,
     ``weight_dtype`` (``"auto"``: the server's own choice, the same rule as the window's),
     ``reproducible`` greedy replies (on the CPU) and ``cache_policy`` with its ``cache_budget``
-    (``"512"`` tokens or ``"24MiB"``, as ``attnchat serve --cache-budget`` reads it)."""
-    args = ["serve", "--model", model_path, "--host", "127.0.0.1", "--port", "0", "--device", device or "auto"]
+    (``"512"`` tokens or ``"24MiB"``, as ``attnchat serve --cache-budget`` reads it). An API key
+    goes in the environment (:meth:`ModelServer.start`), never in the arguments (``ps`` shows them)."""
+    args = ["serve", "--model", model_path, "--host", "127.0.0.1", "--port", str(int(port or 0)),
+            "--device", device or "auto"]
     if context and int(context) > 0:
         args += ["--context", str(int(context))]
     if cache_dtype and cache_dtype != "auto":
@@ -89,6 +99,7 @@ class ModelServer(QObject):
         self.model_path = ""
         self.error = ""
         self.options: dict = {}   # what the running server was started with (serve_command's keywords)
+        self.api_key = ""         # what its clients must send ("" for none)
 
     @property
     def running(self) -> bool:
@@ -98,17 +109,21 @@ class ModelServer(QObject):
     def pid(self) -> int:
         return int(self._proc.processId()) if self._proc is not None else 0
 
-    def start(self, model_path: str, device: str = "auto", options: dict | None = None) -> None:
+    def start(self, model_path: str, device: str = "auto", options: dict | None = None, api_key: str = "") -> None:
         """Start serving ``model_path`` (a no-op while a server runs); ``options``: the
-        keyword arguments of :func:`serve_command` (context, cache_dtype, weight_dtype)."""
+        keyword arguments of :func:`serve_command` (context, cache_dtype, weight_dtype, port);
+        ``api_key``: the key clients must send ("" for none), given to the child in its environment."""
         if self._proc is not None:
             return
+        self.api_key = api_key
         program, args = self.command_fn(model_path, device, **options) if options else self.command_fn(model_path, device)
         self.options = dict(options or {})
         proc = QProcess(self)
         proc.setProcessChannelMode(QProcess.ProcessChannelMode.MergedChannels)
         env = QProcessEnvironment.systemEnvironment()
-        env.remove("ATTNCHAT_API_KEY")  # loopback needs none, and the window would not know it
+        env.remove("ATTNCHAT_API_KEY")  # the window's own key or none: never one the window would not know
+        if api_key:
+            env.insert("ATTNCHAT_API_KEY", api_key)
         proc.setProcessEnvironment(env)
         proc.readyReadStandardOutput.connect(self._read)
         proc.finished.connect(self._on_finished)
@@ -212,6 +227,7 @@ class ServeToggle(QObject):
         super().__init__(window)
         self.window = window
         self.server = server or ModelServer(self)
+        self.keys = getattr(window, "keys", None) or KeyStore()
         self.action = QAction("&Serve the loaded model over HTTP", self)
         self.action.setObjectName("serveAction")
         self.action.setCheckable(True)
@@ -262,7 +278,8 @@ class ServeToggle(QObject):
             if info is None:
                 self._set_checked(False)
                 return
-            self.server.start(info["path"], self.window.settings.get("model/device"), self.options())
+            options = dict(self.options(), port=self.port())
+            self.server.start(info["path"], self.window.settings.get("model/device"), options, api_key=self.api_key())
         elif not on and self.server.running:
             self.server.stop()
         self._sync()
@@ -276,12 +293,15 @@ class ServeToggle(QObject):
         elif state == "serving":
             # The dot tells "serving" apart from the figures beside it, in light and dark palettes.
             self.label.setText(f'<span style="color:#43a047">&#9679;</span> Serving at {s.url}')
-            self.label.setToolTip(f"attnchat serve: {name} on {s.device}, loopback only, no API key.\n"
+            self.label.setToolTip(f"attnchat serve: {name} on {s.device}, loopback only, "
+                                  f"{'API key required (View > Server panel shows it)' if s.api_key else 'no API key'}.\n"
                                   f"{describe_options(s.options)} (this window's settings when it started).\n"
                                   f"Any OpenAI client can use it: base_url={s.url}, model={name}.\n"
                                   "Server > Serve the loaded model stops it.")
         elif state == "failed":
-            self.window.show_error(s.error[:1].upper() + s.error[1:])
+            # The port is the window's choice (kept in the settings): say where to change it.
+            error = s.error.replace("pick another --port", "choose another port in View > Server panel")
+            self.window.show_error(error[:1].upper() + error[1:])
         if state in ("stopped", "failed"):
             self.label.hide()
             self._set_checked(False)
@@ -313,6 +333,27 @@ class ServeToggle(QObject):
             out.update(cache_policy=policy, cache_budget=f"{budget:g}MiB" if in_mib else str(int(budget)))
         return out
 
+    def port(self) -> int:
+        """The server's port: the one in the settings, chosen free once (:func:`free_port`) and
+        kept, so a client's configuration stays right from one start to the next."""
+        port = int(self.window.settings.get("server/port") or 0)
+        if not port:
+            port = free_port()
+            self.window.settings.set("server/port", port)
+        return port
+
+    def api_key(self) -> str:
+        """The key clients must send, when the settings ask for one (made once and kept in the
+        system keyring where there is one, else for this run: :class:`desktop.remote.secrets.KeyStore`)."""
+        if not self.window.settings.get("server/require_key"):
+            return ""
+        store = self.keys
+        key = store.get(KEY_NAME)
+        if not key:
+            key = "sk-attnchat-" + secrets.token_urlsafe(24)
+            store.set(KEY_NAME, key)
+        return key
+
     def _sync(self) -> None:
         running = self.server.running
         self.action.setEnabled(running or self._local_model() is not None)
@@ -331,6 +372,13 @@ class ServeToggle(QObject):
         if obj is self.window and event.type() == QEvent.Type.Close:
             self.server.shutdown()
         return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (the system's choice for port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def describe_options(options: dict) -> str:

@@ -34,6 +34,8 @@ DEFAULTS: dict[str, Any] = {
     "model/source": "",          # "" = the default model
     "model/device": "auto",
     "remote/base_url": "",       # the last server connected to (its key: desktop.remote.secrets, never here)
+    "server/port": 0,            # Server > Serve: the loopback port, chosen free once (0: not yet)
+    "server/require_key": False,  # Server > Serve: clients must send the API key (kept in the keyring)
     "generation/system_prompt": "",
     "generation/max_new_tokens": 512,
     # Sampling (temperature, top-k/p, min-p, repetition penalty): the balanced preset, unless

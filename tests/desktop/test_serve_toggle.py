@@ -100,7 +100,9 @@ def test_a_server_that_cannot_start_says_why(qtbot, make_window):
         "file=sys.stderr); sys.exit(2)")
     w.serve_toggle.action.trigger()
     qtbot.waitUntil(lambda: w.serve_toggle.server.state == "failed", timeout=30_000)
-    assert w.notice.text() == "The server did not start: cannot listen on 127.0.0.1:0 (no reason); pick another --port"
+    # The command line's advice in the window's words: the port is the panel's choice.
+    assert w.notice.text() == ("The server did not start: cannot listen on 127.0.0.1:0 (no reason); "
+                               "choose another port in View > Server panel")
     assert not w.serve_toggle.action.isChecked() and not w.serve_toggle.label.isVisible()
 
 

@@ -229,6 +229,7 @@ def test_disconnect_cancels_the_generation(http, client, model_id, hang_up):
         time.sleep(0.1)
     last = s["last"][0]
     assert last["finish_reason"] == "cancelled" and last["completion_tokens"] < 200
+    assert last["client"] == "127.0.0.1"   # the Server panel's request log names it
     # The engine is free again: the next request is answered, not queued behind 1500 tokens.
     t0 = time.monotonic()
     r = client.chat.completions.create(model=model_id, messages=FRANCE, max_tokens=3)
