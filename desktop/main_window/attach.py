@@ -57,6 +57,7 @@ class Attachments(QObject):
         """Attach…: an open dialog for one or more files."""
         paths, _ = QFileDialog.getOpenFileNames(self.w, "Attach files to the message", documents_dir(), FILE_KINDS)
         self.add_paths(paths)
+        self.w.input.setFocus()   # the message goes on in the box (the focus went back to the search field)
 
     def add_paths(self, paths) -> list[str]:
         """Read and attach ``paths``; returns the refusals (each said in the window, one line)."""
@@ -147,5 +148,6 @@ class Attachments(QObject):
 
 def _size(f: Attachment) -> str:
     what = f"{f.pages:,} page{'s' if f.pages != 1 else ''}" if f.pages else ""
-    size = f"{f.size_bytes / 1e3:,.1f} KB" if f.size_bytes < 1e6 else f"{f.size_bytes / 1e6:,.1f} MB"
+    n = f.size_bytes
+    size = f"{n:,} B" if n < 1000 else f"{n / 1e3:,.1f} KB" if n < 1e6 else f"{n / 1e6:,.1f} MB"
     return f"{what}, {size}" if what else size

@@ -155,7 +155,8 @@ class ReplyActions:
         first_edited = editing and not any(m[0] == "user" for m in history)
         if title == DEFAULT_TITLE or (first_edited and before is not None and title == auto_title(before)):
             try:   # a new chat's first message, or an edit of it under the title made from it
-                self.store.rename(conv, auto_title(text))
+                # from what was typed, not the files' text before it ("File trip.md:")
+                self.store.rename(conv, auto_title(typed.strip() or ", ".join(f.name for f in files)))
             except (sqlite3.Error, OSError):  # a title is not worth stopping the message for
                 log.warning("could not save the conversation's title", exc_info=True)
         self.conversations.refresh(conv)

@@ -201,7 +201,13 @@ def install(window, toggle) -> ServerPanel:
     dock.setObjectName("serverDock")
     dock.setWidget(panel)
     window.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, dock)
+    # A tab beside the panels already on the right: split below them, its rows were cut off (1100 x 720).
+    beside = [d for d in window.findChildren(QDockWidget) if d is not dock
+              and window.dockWidgetArea(d) == Qt.DockWidgetArea.RightDockWidgetArea]
+    if beside:
+        window.tabifyDockWidget(beside[0], dock)
     dock.hide()
+    dock.visibilityChanged.connect(lambda shown: shown and dock.raise_())
     act = dock.toggleViewAction()
     act.setText("&Server panel")
     toggle.menu.addSeparator()

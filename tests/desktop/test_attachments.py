@@ -61,7 +61,7 @@ def test_attached_files_are_counted_sent_and_given_back(qtbot, make_window, tmp_
     qtbot.waitUntil(lambda: "tokens" in w.page.attachments_bar.findChildren(QToolButton)[0].text(), timeout=10_000)
     chip = w.page.attachments_bar.findChildren(QToolButton)[0].text()
     assert w.page.attachments_bar.isVisible() and len(chips) == 1
-    assert chip.startswith("notes.txt · 0.0 KB · ") and chip.endswith(" tokens  ✕")
+    assert chip.startswith("notes.txt · 23 B · ") and chip.endswith(" tokens  ✕")
     # The count under the box counts the file with the typed words.
     want = len(w.attachments.message("summarise this").split())   # the fake tokenizer: a token a word
     # (a count of the file alone, asked when it was attached, may still be on its way)
@@ -72,6 +72,7 @@ def test_attached_files_are_counted_sent_and_given_back(qtbot, make_window, tmp_
         w.input.submit()
     sent = [m.content for m in w.store.messages(w.current_conversation) if m.role == "user"][-1]
     assert sent == "File notes.txt:\n```\none two three four five\n```\n\nsummarise this"
+    assert w.store.conversation(w.current_conversation).title == "summarise this"   # not "File notes.txt:"
     assert w.attachments.files == [] and not w.page.attachments_bar.isVisible() and not w.input.allow_empty
 
 
@@ -88,6 +89,7 @@ def test_a_file_alone_can_be_sent_and_a_chip_takes_it_out(qtbot, make_window, tm
     with qtbot.waitSignal(w.reply_finished, timeout=5000):
         w.send_button.click()   # nothing typed: the file is the message
     assert [m.content for m in w.store.messages(w.current_conversation)][0] == "File a.md:\n```markdown\n# A\n```"
+    assert w.store.conversation(w.current_conversation).title == "a.md"
 
 
 def test_a_dropped_file_is_attached(qtbot, make_window, tmp_path):
