@@ -23,9 +23,9 @@ log = logging.getLogger(__name__)
 def kernel_pairs(btype: BlockType, device: str | torch.device = "cpu") -> list[tuple[str, str]]:
     """The ``(decode, prefill)`` kernel pairs tried for ``btype`` on ``device``, the default first.
 
-    A pair shares one form of the weights, so the choice never holds two: ggml decodes
-    from the raw blocks and prefill widens the same blocks (or runs ``ggml-exact`` on
-    them); int4pack repacks once for both. Without ggml the CPU runs torch's int4pack on
+    The blocks themselves are always held; a pair adds at most one form beside them: ggml
+    decodes from the raw blocks and prefill widens the same blocks (or runs ``ggml-exact``
+    on them); int4pack repacks once, for both or (after ggml's decode) for prefill only. Without ggml the CPU runs torch's int4pack on
     4-bit types and a float16 copy for the others (twice to four times their bytes), and
     says so once. CUDA: tinygemm for 4-bit types, a float16 copy for the others.
 
@@ -49,6 +49,8 @@ def kernel_pairs(btype: BlockType, device: str | torch.device = "cpu") -> list[t
     pairs = []
     if QUANT_KERNELS["ggml"].available():
         pairs += [("ggml", "widen"), ("ggml", "ggml-exact")]
+        if four:   # the ggml decode step reads the blocks, int4pack's repack prefills
+            pairs.append(("ggml", "int4pack-bf16"))
     if four:
         pairs.append(("int4pack-bf16", "int4pack-bf16"))
     if not pairs:
@@ -121,14 +123,22 @@ def _fastest(us: dict[str, float], order: list[str]) -> str:
     if not us:
         return order[0]
     best = min(us, key=us.get)
-    free = {k: t for k, t in us.items() if k in ("ggml", "widen")}
+    free = {k: t for k, t in us.items() if k in ("ggml", "ggml-exact", "widen")}
     if best not in free and free and us[best] > COPY_MARGIN * min(free.values()):
         return min(free, key=free.get)
     return best
 
 
+def _pairs_with(pairs: list[tuple[str, str]], decode: str | None) -> list[tuple[str, str]]:
+    """``pairs`` whose decode kernel is ``decode`` (all of them without one, or when none is)."""
+    if decode is None:
+        return pairs
+    return [p for p in pairs if p[0] == decode] or pairs
+
+
 def measure_quant(weights: list[QuantWeight], device: str | torch.device = "cpu", *, prefill_rows: int = 64,
-                  reps: int = 3, prefill_weights: list[QuantWeight] | None = None) -> QuantChoice:
+                  reps: int = 3, prefill_weights: list[QuantWeight] | None = None,
+                  decode: str | None = None) -> QuantChoice:
     """Time each block type's kernel pairs on the model's own matrices and keep the fastest.
 
     Decode: one row through every matrix of the type, in ``weights``' order (a token's:
@@ -142,6 +152,9 @@ def measure_quant(weights: list[QuantWeight], device: str | torch.device = "cpu"
         weights: every quantized matrix a token passes through, in order (layers, then the head).
         prefill_weights: the matrices prefill multiplies with several rows (default
             ``weights``; the LM head sees one row per prefill chunk, so callers leave it out).
+        decode: the decode kernel, fixed (the ggml decode step's ``"ggml"``): only the pairs
+            with it are tried, and only their prefill is timed. A type without such a pair
+            is measured as without ``decode``.
 
     Returns:
         the choice, with ``timings_us[type][phase][kernel]`` in microseconds per token.
@@ -153,7 +166,7 @@ def measure_quant(weights: list[QuantWeight], device: str | torch.device = "cpu"
     chosen, timings = {}, {}
     with torch.inference_mode():
         for tname, ws in by_type.items():
-            pairs = kernel_pairs(ws[0].btype, device)
+            pairs = _pairs_with(kernel_pairs(ws[0].btype, device), decode)
             decodes = list(dict.fromkeys(d for d, _ in pairs))
             xs = {w.cols: torch.randn(1, w.cols, device=device) for w in ws}
             per: dict[str, dict[str, float]] = {"decode": {}, "prefill": {}}
@@ -196,11 +209,14 @@ class BlockKernels:
     """The blocks' side of :class:`runtime.kernels.chooser.KernelChooser`: a pair per block type of
     ``btypes`` on ``device``, measured by ``measure_fn`` (e.g. :func:`measure_quant`), kept in the
     machine's file (the float kernels' too) under ``"quant"`` by type name. Off the CPU: the
-    defaults (one pair per type there); on a busy machine: the copy-free defaults, unmeasured."""
+    defaults (one pair per type there); on a busy machine: the copy-free defaults, unmeasured.
+    ``decode``: the decode kernel fixed (:func:`measure_quant`'s), such a choice kept in its own
+    section (``"quant-decode-ggml"``)."""
 
     btypes: frozenset | set
     device: str | torch.device
     measure_fn: Callable[[], QuantChoice]
+    decode: str | None = None
     what = "the quantized kernel choice"
     busy_runs_defaults = True
 
@@ -216,15 +232,20 @@ class BlockKernels:
 
     def from_kept(self, kept: dict) -> QuantChoice | None:
         names = sorted({t.name for t in self.btypes})
-        section = kept.get("quant", {})
-        pairs = {t.name: kernel_pairs(t, self.device) for t in self.btypes}
+        section = kept.get(self.section, {})
+        pairs = {t.name: _pairs_with(kernel_pairs(t, self.device), self.decode) for t in self.btypes}
         if all(n in section and tuple(section[n]["pair"]) in pairs[n] for n in names):
             return QuantChoice({n: tuple(section[n]["pair"]) for n in names},
                                timings_us={n: section[n].get("timings_us", {}) for n in names})
         return None
 
+    @property
+    def section(self) -> str:
+        """The part of the machine's file this choice is kept in."""
+        return "quant" if self.decode is None else f"quant-decode-{self.decode}"
+
     def keep(self, kept: dict, choice: QuantChoice) -> dict:
-        section = kept.setdefault("quant", {})
+        section = kept.setdefault(self.section, {})
         for n, pair in choice.kernels.items():
             section[n] = {"pair": list(pair), "timings_us": choice.timings_us.get(n, {})}
         return kept

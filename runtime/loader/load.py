@@ -181,8 +181,15 @@ def load_model(
     decoder.set_linear_path(linear_path(dev))
     decoder.eval()
     choice = qchoice = None
+    if decode is None and quant is not None and dev.type == "cpu":
+        from runtime.model.ggml_step import unsupported
+
+        # A GGUF's blocks decode fastest as per-layer ggml graphs where they build (docs/benchmarks.md)
+        mode = "ggml" if unsupported(decoder) is None else mode
     if quant is not None:
-        qchoice = _choose_quant_kernels(decoder, dev, gguf_cache_dir(path))
+        # The ggml graphs multiply the blocks themselves: only the prefill kernel is chosen (a
+        # repack beside the blocks, int4pack's, only where it prefills 10 % faster)
+        qchoice = _choose_quant_kernels(decoder, dev, gguf_cache_dir(path), decode="ggml" if mode == "ggml" else None)
         quant_layers.set_choice(decoder, qchoice, dev)
         _say_widened(path, decoder)
     governors: dict = {}
@@ -213,11 +220,6 @@ def load_model(
 
         governors = dict(decode_threads=decode_gov,
                          prefill_threads=SizedGovernors(lambda: cpu_governor(threads), start=decode_choice))
-    if decode is None and quant is not None and dev.type == "cpu":
-        from runtime.model.ggml_step import unsupported
-
-        # A GGUF's blocks decode fastest as per-layer ggml graphs where they build (docs/benchmarks.md)
-        mode = "ggml" if unsupported(decoder) is None else mode
     model = Model(
         tokenizer=tokenizer, path=path, config=cfg, device=dev, dtype=quant.file_type if quant else wdtype,
         decoder=decoder, compute_dtype=cdtype, load_seconds=time.perf_counter() - t0,
@@ -265,22 +267,24 @@ def _choose_kernels(decoder: Decoder, wdtype: torch.dtype, folder: Path | None) 
                            kernels.FloatKernels(wdtype, measure))
 
 
-def _choose_quant_kernels(decoder: Decoder, dev: torch.device, folder: Path | None) -> quant_choice.QuantChoice:
+def _choose_quant_kernels(decoder: Decoder, dev: torch.device, folder: Path | None,
+                          decode: str | None = None) -> quant_choice.QuantChoice:
     """The kernels per block type for a decoder on a GGUF's blocks: kept beside the GGUF's
     config in the cache folder, keyed by the machine, else timed now on its own matrices
-    (:func:`runtime.kernels.quant_choice.measure_quant`); off the CPU the device's defaults."""
+    (:func:`runtime.kernels.quant_choice.measure_quant`); off the CPU the device's defaults.
+    ``decode``: the decode kernel the step runs (the ggml graphs': ``"ggml"``), only prefill chosen."""
     token, prefill = quant_layers.token_weights(decoder)
     btypes = {p.btype for p in token}
 
     def measure() -> quant_choice.QuantChoice:
-        choice = quant_choice.measure_quant(token, dev, prefill_weights=prefill)
+        choice = quant_choice.measure_quant(token, dev, prefill_weights=prefill, decode=decode)
         log.info("quantized kernels: %s (us per token: %s)", choice.kernels, choice.timings_us)
         return choice
 
     from runtime.kernels.chooser import load_or_measure
 
     return load_or_measure(folder if folder is not None and folder.exists() else None,
-                           quant_choice.BlockKernels(btypes, dev, measure))
+                           quant_choice.BlockKernels(btypes, dev, measure, decode=decode))
 
 
 def gguf_blocks_bytes(source: str | os.PathLike | None = None) -> tuple[int, str] | None:

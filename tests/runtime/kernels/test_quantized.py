@@ -208,6 +208,40 @@ def test_measure_keeps_one_pair_per_type(weights):
         assert set(w.prepared) <= set(choice.kernels[w.btype.name])
 
 
+@needs_ggml
+def test_a_fixed_decode_kernel_chooses_only_prefill(weights, tmp_path, monkeypatch):
+    """The ggml decode step multiplies the blocks through ggml: the choice keeps its decode kernel,
+    times prefill only (a repack beside the blocks only when it prefills 10 % faster), and is
+    kept in its own section of the kept file."""
+    import json
+
+    from runtime.kernels import machine
+    from runtime.kernels.chooser import load_or_measure
+    from runtime.kernels.quant_choice import BlockKernels, measure_quant
+
+    ws = list(weights.values())
+    choice = measure_quant(ws, reps=1, prefill_rows=4, decode="ggml")
+    assert {d for d, _ in choice.kernels.values()} == {"ggml"}
+    for w in ws:
+        name = w.btype.name
+        _, prefill = choice.kernels[name]
+        us = choice.timings_us[name]["prefill"]
+        assert not choice.timings_us[name]["decode"]   # decode is not timed: it is fixed
+        if prefill == "int4pack-bf16":   # a repack beside the blocks only when 10 % faster
+            assert us[prefill] <= 0.9 * min(t for k, t in us.items() if k in ("widen", "ggml-exact"))
+            assert w.extra_bytes > 0
+        else:
+            assert prefill in ("widen", "ggml-exact") and w.extra_bytes == 0
+    monkeypatch.setattr(machine, "busy", lambda: False)
+    btypes = {w.btype for w in ws}
+    kept = load_or_measure(tmp_path, BlockKernels(btypes, "cpu", lambda: choice, decode="ggml"))
+    assert kept.kernels == choice.kernels
+    saved = json.loads(next(tmp_path.glob("kernels-*.json")).read_text())
+    assert set(saved) == {"quant-decode-ggml"}
+    again = load_or_measure(tmp_path, BlockKernels(btypes, "cpu", lambda: pytest.fail("measured again"), decode="ggml"))
+    assert again.kernels == choice.kernels
+
+
 def test_compiled_op_equals_eager(weights):
     from runtime.kernels.quantized import compiled_linear, weight_key
 
