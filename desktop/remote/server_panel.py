@@ -19,7 +19,8 @@ from PySide6.QtCore import Qt, QTimer, QUrl
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtNetwork import QNetworkAccessManager, QNetworkReply, QNetworkRequest
 from PySide6.QtWidgets import (
-    QCheckBox, QDockWidget, QFormLayout, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPushButton, QSpinBox,
+    QCheckBox, QDockWidget, QFormLayout, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPushButton, QScrollArea,
+    QSpinBox,
     QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
@@ -97,7 +98,9 @@ class ServerPanel(QWidget):
         form.addRow("Address", _row(self.address, self.copy_address))
         form.addRow("Port", self.port)
         form.addRow(self.require_key)
-        form.addRow("API key", _row(self.key, self.show_key, self.copy_key))
+        # The key on a row of its own: beside its buttons a 265 px panel showed 7 of its characters.
+        form.addRow("API key", self.key)
+        form.addRow("", _row(QWidget(), self.show_key, self.copy_key))
         lay = QVBoxLayout(self)
         lay.addLayout(form)
         lay.addWidget(QLabel("Requests (newest first)"))
@@ -199,15 +202,24 @@ def install(window, toggle) -> ServerPanel:
     panel = ServerPanel(toggle)
     dock = QDockWidget("Server", window)
     dock.setObjectName("serverDock")
-    dock.setWidget(panel)
+    scroll = QScrollArea()   # a short dock scrolls: squeezed, its first rows were cut off (1100 x 720)
+    scroll.setWidgetResizable(True)
+    scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+    scroll.setWidget(panel)
+    dock.setWidget(scroll)
     window.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, dock)
-    # A tab beside the panels already on the right: split below them, its rows were cut off (1100 x 720).
-    beside = [d for d in window.findChildren(QDockWidget) if d is not dock
-              and window.dockWidgetArea(d) == Qt.DockWidgetArea.RightDockWidgetArea]
-    if beside:
-        window.tabifyDockWidget(beside[0], dock)
     dock.hide()
-    dock.visibilityChanged.connect(lambda shown: shown and dock.raise_())
+
+    def shown(visible: bool) -> None:
+        # A tab beside a panel already on the right (split below it, both were too short).
+        if visible and not window.tabifiedDockWidgets(dock):
+            beside = [d for d in window.findChildren(QDockWidget) if d is not dock and d.isVisible()
+                      and window.dockWidgetArea(d) == Qt.DockWidgetArea.RightDockWidgetArea]
+            if beside:
+                window.tabifyDockWidget(beside[0], dock)
+        if visible:
+            dock.raise_()
+    dock.visibilityChanged.connect(shown)
     act = dock.toggleViewAction()
     act.setText("&Server panel")
     toggle.menu.addSeparator()

@@ -64,3 +64,5 @@ def test_the_request_log(qtbot, make_window):
     panel.show_stats(stats)
     assert panel.table.rowCount() == 2 and panel.table.item(0, 2).text() == "31 → 1,200"
     assert w.findChild(type(panel.dock), "serverDock") is panel.dock and not panel.dock.isVisible()
+    panel.dock.show()   # a tab beside the KV panel, not a strip split below it
+    assert w.tabifiedDockWidgets(panel.dock)
