@@ -53,8 +53,33 @@ def open_gguf(path: Path) -> GGUFTensors:
         raise ModelLoadError(f"{path.name} could not be read ({e}); the file may be truncated: download it again") from None
     except OSError as e:
         raise ModelLoadError(f"{path} could not be read ({e.strerror})") from None
+    refuse_architecture(path, g)
     refuse_unrunnable_types(path, g)
     return g
+
+
+#: GGUF architectures the decoder runs: the quantized layers' (:data:`names.ARCHITECTURES`) and
+#: GPT-2 (widened through transformers' reader).
+RUNS_ARCHITECTURES = (*ARCHITECTURES, "gpt2")
+
+
+def refuse_architecture(path: Path, g: GGUFTensors) -> None:
+    """Refuse, from the header, a mixture-of-experts model (an ``ARCH.expert_count`` above 1,
+    or expert tensors ``*_exps.*``: Qwen3-30B-A3B, OLMoE, Mixtral's "llama" files) and an
+    architecture the decoder does not run (Granite, OLMo 2, SmolLM3, Mamba ...).
+
+    Raises:
+        UnsupportedModelError: one line naming the architecture.
+    """
+    arch = str(g.metadata.get("general.architecture", ""))
+    experts = g.metadata.get(f"{arch}.expert_count")
+    if (isinstance(experts, int) and experts > 1) or any("_exps." in n for n in g.tensors):
+        count = f", {experts} experts" if isinstance(experts, int) else ""
+        raise UnsupportedModelError(f"{path.name} is a mixture-of-experts model (architecture {arch!r}{count}); "
+                                    "attnchat runs dense models only: pick a dense one")
+    if arch not in RUNS_ARCHITECTURES:
+        raise UnsupportedModelError(f"{path.name}: architecture {arch!r} is not one attnchat runs "
+                                    f"({', '.join(RUNS_ARCHITECTURES)})")
 
 
 _PICK_ANOTHER = f"attnchat runs {', '.join(BLOCK_TYPES)}: pick another quant of this model"
