@@ -5,7 +5,10 @@ token ids -> longest common prefix with what the cache holds -> crop the cache
 there -> prefill the rest in chunks (cancellable, with progress) -> decode.
 
 The context-overflow policies (stop, truncate-middle, rolling) are described and
-computed in :mod:`runtime.generate.context`; this module applies them to the cache. A
+computed in :mod:`runtime.generate.context` and applied, one object per policy, by
+:mod:`runtime.generate.overflow`; the session owns its cache's side as a part
+(:class:`runtime.generate.session_cache.CacheControl`, ``session.kv``). A reply's events come
+in four steps: the prompt, the prefill, the decode, the finish. A
 cache policy (H2O, SnapKV, TOVA, key-norm, sinks + window: :mod:`runtime.cache.policies`)
 keeps the cache within its budget by evicting after each forward pass
 (:mod:`runtime.cache.policies.evictor`); the prefix reuse then crops only to a point no later
@@ -16,14 +19,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from runtime.cache.policies.sinks_window import rolling_window
+from runtime.cache.kv_cache import KVCache
+from runtime.cache.policies.evictor import Evictor
 from runtime.errors import ChatTemplateError, ContextOverflowError, ModelFileChanged
-from runtime.generate.chat_format import Message, encode_conversation, token_counter
-from runtime.generate.context import PromptCancelled, fit_prompt
+from runtime.generate.chat_format import Message, encode_conversation
+from runtime.generate.context import PromptCancelled
 from runtime.generate.events import (
     TEXT_ROLE,
     Event,
@@ -34,8 +38,9 @@ from runtime.generate.events import (
     TextPiece,
     TurnStats,
 )
+from runtime.generate.overflow import EndReply, Overflow, overflow_policy
 from runtime.generate.sampling import Sampler
-from runtime.generate.session_cache import SessionCache, _Stop
+from runtime.generate.session_cache import CacheControl
 from runtime.generate.streaming import IncrementalDetokenizer, StopStringMatcher
 from runtime.loader.model import Model
 
@@ -43,7 +48,22 @@ from runtime.loader.model import Model
 REPEAT_LAST_N = 64
 
 
-class ChatSession(SessionCache):
+@dataclass
+class _Turn:
+    """One reply in progress: what its steps hand on to each other."""
+
+    overflow: Overflow
+    prompt: list[int] | None
+    stats: TurnStats
+    t_start: float
+    detok: IncrementalDetokenizer
+    stops: StopStringMatcher
+    sampler: Sampler
+    shown: list[str] = field(default_factory=list)
+    generated: list[int] = field(default_factory=list)
+
+
+class ChatSession:
     """One conversation with its KV cache.
 
     Args:
@@ -59,38 +79,46 @@ class ChatSession(SessionCache):
     def __init__(self, model: Model, *, system_prompt: str | None = None, settings: GenerationSettings | None = None):
         self.model = model
         self.settings = settings or GenerationSettings()
-        max_ctx = model.config.max_position_embeddings
-        limit = self.settings.context_limit or max_ctx
-        if limit > max_ctx:
-            raise ValueError(f"a context of {limit} tokens passes the model's maximum of {max_ctx}; use at most {max_ctx}")
-        self.context_limit = limit
-        self.cache = model.new_cache(limit, dtype=self.settings.cache_dtype, limit_bytes=self.settings.cache_limit_bytes)
-        self.context_limit = min(limit, self.cache.token_limit)
-        self._chunk = self.settings.prefill_chunk
-        self.evictor = self._attach_policy(limit)
+        #: The KV cache's side: the cache, the stream it holds, prefix reuse, feeding, eviction.
+        self.kv = CacheControl(model, self.settings)
         self.system_prompt = system_prompt
         self.messages: list[Message] = []
-        # The logical token stream the cache was built from, and the logical position
-        # of each cache slot (they differ only after a rolling eviction).
-        self._stream: list[int] = []
-        self._slots: list[int] = []
         self._cancel = threading.Event()
-        self._sinks = self.settings.sink_tokens   # the rolling policy's sinks for the reply in progress
         self._first_kept = 0   # truncate-middle: the first message the prompt kept
         self._system_tokens: dict[tuple, int] = {}
         self.last_logits: torch.Tensor | None = None  # logits that chose the first reply token
         self.last_stats: TurnStats | None = None
-        # (stream length, logits (V,)) of the last prompt's last token: a prompt the cache
-        # holds whole (Regenerate, the same request again) reuses them instead of feeding
-        # its last token again as a one-token step, whose products reduce in another order
-        # than the prefill's and can flip a greedy near-tie.
-        self._prompt_logits: tuple[int, torch.Tensor] | None = None
+
+    @property
+    def cache(self) -> KVCache:
+        """The conversation's KV cache."""
+        return self.kv.cache
+
+    @property
+    def context_limit(self) -> int:
+        """Tokens the conversation may hold (under a cache policy: more than the cache holds)."""
+        return self.kv.context_limit
+
+    @property
+    def evictor(self) -> Evictor | None:
+        """The cache policy's evictor (None: no policy, or a budget never passed)."""
+        return self.kv.evictor
+
+    @property
+    def cached_token_ids(self) -> list[int]:
+        """:attr:`runtime.generate.session_cache.CacheControl.cached_token_ids`."""
+        return self.kv.cached_token_ids
+
+    @property
+    def evicted_tokens(self) -> int:
+        """Tokens of the conversation the cache no longer holds (each full-attention layer)."""
+        return self.kv.evicted_tokens
 
     @property
     def stream_length(self) -> int:
         """Tokens of the conversation the cache was built from (its logical length: after a
         rolling eviction more than the cache holds)."""
-        return len(self._stream)
+        return len(self.kv.stream)
 
     # ---- conversation edits --------------------------------------------------------------
     def cancel(self) -> None:
@@ -100,10 +128,7 @@ class ChatSession(SessionCache):
     def reset(self) -> None:
         """Forget the conversation and the cache (memory stays allocated)."""
         self.messages.clear()
-        self._stream.clear()
-        self._slots.clear()
-        self._prompt_logits = None
-        self.cache.reset()
+        self.kv.reset()
 
     def send(self, text: str) -> Iterator[Event]:
         """Add a user message and generate the reply (appended to :attr:`messages` at the end).
@@ -212,20 +237,34 @@ class ChatSession(SessionCache):
         return self._events(before, max_reuse)
 
     def _events(self, before: list[Message], max_reuse: int | None = None) -> Iterator[Event]:
+        turn = self._prompt(before)
+        reason = "stop"
+        try:
+            logits = yield from self._prefill(turn, max_reuse)
+            yield from self._decode(turn, logits)
+        except EndReply as s:
+            reason = s.reason
+        yield from self._finish(turn, reason)
+
+    def _prompt(self, before: list[Message]) -> _Turn:
+        """The prompt step: the model file checked, the conversation fitted to the context.
+
+        Raises:
+            ModelFileChanged, ContextOverflowError, ChatTemplateError: :attr:`messages` put back
+                to ``before`` first.
+        """
         try:
             self.model.check_file()  # a file changed under the app: said, not answered from
         except ModelFileChanged:
             self.messages[:] = before
             raise
         st = self.settings
+        overflow = overflow_policy(st.overflow)
         t_start = time.perf_counter()
         stats = TurnStats(context_limit=self.context_limit)
         self.last_logits = None
-        reserve = min(st.max_new_tokens, self.context_limit // 2)
         try:
-            prompt, dropped, self._first_kept = fit_prompt(
-                self._encode, self.messages, limit=self.context_limit, reserve=reserve, policy=st.overflow,
-                count=token_counter(self.model.tokenizer), cancelled=self._cancel.is_set)
+            prompt, dropped, self._first_kept = overflow.fit(self, reserve=min(st.max_new_tokens, self.context_limit // 2))
         except ContextOverflowError:
             self.messages[:] = before  # a message that can never fit leaves no trace
             raise
@@ -238,86 +277,88 @@ class ChatSession(SessionCache):
         stats.prompt_tokens, stats.dropped_tokens = len(prompt or ()), dropped
         if prompt is not None and any(m.role == "assistant" for m in self.messages):
             stats.retokenized_tokens = self._retokenized(self.messages)
-        if st.overflow == "rolling" and prompt is not None:
-            self._sinks, stats.system_kept = self._rolling_sinks()
-            stats.sink_tokens = self._sinks
-        detok = IncrementalDetokenizer(self.model.tokenizer)
-        stops = StopStringMatcher(self._stop_strings())
-        sampler = Sampler(st.sampling)
-        shown: list[str] = []
-        generated: list[int] = []
-        reason = "stop"
+        return _Turn(overflow, prompt, stats, t_start, IncrementalDetokenizer(self.model.tokenizer),
+                     StopStringMatcher(self._stop_strings()), Sampler(st.sampling))
+
+    def _prefill(self, turn: _Turn, max_reuse: int | None) -> Iterator[Event]:
+        """The prefill step: reuse the cached prefix, read the rest in chunks; returns the
+        logits ``(1, 1, V)`` of the prompt's last token.
+
+        Raises:
+            EndReply: cancelled, or the prompt does not fit (``stop``).
+        """
+        kv, prompt, stats = self.kv, turn.prompt, turn.stats
+        if prompt is None:
+            raise EndReply("cancelled")
+        turn.overflow.begin(self, prompt, stats)
+        reused = kv.sync(prompt, whole=True, limit=max_reuse)
+        stats.reused_tokens = reused
+        rest = prompt[reused:]
         logits = None
-        try:
-            if prompt is None:
-                raise _Stop("cancelled")
-            if st.overflow == "stop" and len(prompt) >= self.context_limit:
-                raise _Stop("context")
-            reused = self._sync_cache(prompt, whole=True, limit=max_reuse)
-            stats.reused_tokens = reused
-            rest = prompt[reused:]
-            if not rest:  # the whole prompt is cached with its last logits
-                logits = self._prompt_logits[1].clone().view(1, 1, -1)  # processors may edit a row in place
-            t_prefill = time.perf_counter()
-            done = 0
-            yield PrefillProgress(0, len(rest))
-            while done < len(rest):
-                if self._cancel.is_set():
-                    raise _Stop("cancelled")
-                size = self._chunk
-                if self.evictor is not None:
-                    # Chunks end at multiples of the chunk size whatever was reused, so a prompt
-                    # read again after a crop is evicted at the same points as the first time.
-                    size -= (reused + done) % self._chunk
-                chunk = rest[done : done + size]
-                if st.overflow == "rolling":
-                    chunk = chunk[: rolling_window(self.context_limit, self._sinks)]
-                    self._evict_for(len(chunk))
-                logits = self._feed(chunk, last_only=True)
-                done += len(chunk)
-                stats.prefilled_tokens = done  # what the cache really took, if cancelled below
-                yield PrefillProgress(done, len(rest))
-            prefill_s = time.perf_counter() - t_prefill
-            stats.prefill_tokens_per_s = len(rest) / prefill_s if prefill_s > 0 else 0.0
-            self.last_logits = logits[0, -1].clone()
-            if rest:
-                self._prompt_logits = (len(self._stream), self.last_logits)
-            yield StatsUpdate(self._snapshot(stats))
-            t_decode = None
-            n_steps = 0
-            while True:
-                recent = (self._stream[-REPEAT_LAST_N:]) if st.sampling.repetition_penalty != 1.0 else None
-                row = logits[0, -1]
-                for process in st.logits_processors:
-                    row = process(generated, row)
-                token = sampler(row, recent)
-                if not generated:
-                    stats.ttft_s = time.perf_counter() - t_start
-                    t_decode = time.perf_counter()
-                if token in self.model.stop_token_ids:
-                    raise _Stop("stop")
-                generated.append(token)
-                piece, hit = stops.push(detok.push(token))
-                if piece:
-                    shown.append(piece)
-                    yield TextPiece(piece)
-                if hit:
-                    raise _Stop("stop")
-                if len(generated) >= st.max_new_tokens:
-                    raise _Stop("length")
-                if self._cancel.is_set():
-                    raise _Stop("cancelled")
-                length_before = self.cache.length
-                logits = self._step(generated, stats)
-                n_steps += 1
-                stats.decode_tokens_per_s = n_steps / max(time.perf_counter() - t_decode, 1e-9)
-                stats.completion_tokens = len(generated)
-                # Every few tokens (a live memory chart redraws several times a second),
-                # and at once when an eviction or truncation shrank the cache.
-                if n_steps % 4 == 0 or self.cache.length <= length_before:
-                    yield StatsUpdate(self._snapshot(stats))
-        except _Stop as s:
-            reason = s.reason
+        if not rest:  # the whole prompt is cached with its last logits
+            logits = kv.prompt_logits[1].clone().view(1, 1, -1)  # processors may edit a row in place
+        t_prefill = time.perf_counter()
+        done = 0
+        yield PrefillProgress(0, len(rest))
+        while done < len(rest):
+            if self._cancel.is_set():
+                raise EndReply("cancelled")
+            chunk = turn.overflow.chunk(self, rest[done : done + kv.chunk_at(reused + done)])
+            logits = kv.feed(chunk, last_only=True)
+            done += len(chunk)
+            stats.prefilled_tokens = done  # what the cache really took, if cancelled below
+            yield PrefillProgress(done, len(rest))
+        prefill_s = time.perf_counter() - t_prefill
+        stats.prefill_tokens_per_s = len(rest) / prefill_s if prefill_s > 0 else 0.0
+        self.last_logits = logits[0, -1].clone()
+        if rest:
+            kv.prompt_logits = (len(kv.stream), self.last_logits)
+        yield StatsUpdate(self._snapshot(stats))
+        return logits
+
+    def _decode(self, turn: _Turn, logits: torch.Tensor) -> Iterator[Event]:
+        """The decode step: sample, stream the text, feed the token, until :class:`EndReply`."""
+        st, stats, generated = self.settings, turn.stats, turn.generated
+        t_decode = None
+        n_steps = 0
+        while True:
+            recent = (self.kv.stream[-REPEAT_LAST_N:]) if st.sampling.repetition_penalty != 1.0 else None
+            row = logits[0, -1]
+            for process in st.logits_processors:
+                row = process(generated, row)
+            token = turn.sampler(row, recent)
+            if not generated:
+                stats.ttft_s = time.perf_counter() - turn.t_start
+                t_decode = time.perf_counter()
+            if token in self.model.stop_token_ids:
+                raise EndReply("stop")
+            generated.append(token)
+            piece, hit = turn.stops.push(turn.detok.push(token))
+            if piece:
+                turn.shown.append(piece)
+                yield TextPiece(piece)
+            if hit:
+                raise EndReply("stop")
+            if len(generated) >= st.max_new_tokens:
+                raise EndReply("length")
+            if self._cancel.is_set():
+                raise EndReply("cancelled")
+            length_before = self.cache.length
+            if self.cache.length + 1 > self.context_limit:  # the overflow policy makes room, or ends the reply
+                logits = turn.overflow.full(self, generated, stats)
+            else:
+                logits = self.kv.feed([token], last_only=True)
+            n_steps += 1
+            stats.decode_tokens_per_s = n_steps / max(time.perf_counter() - t_decode, 1e-9)
+            stats.completion_tokens = len(generated)
+            # Every few tokens (a live memory chart redraws several times a second),
+            # and at once when an eviction or truncation shrank the cache.
+            if n_steps % 4 == 0 or self.cache.length <= length_before:
+                yield StatsUpdate(self._snapshot(stats))
+
+    def _finish(self, turn: _Turn, reason: str) -> Iterator[Event]:
+        """The finish step: the text's tail, the reply kept in :attr:`messages`, the stats."""
+        stats, generated, stops, detok, shown = turn.stats, turn.generated, turn.stops, turn.detok, turn.shown
         if reason != "stop" or not stops.stopped:
             # A reply cut inside a character (length, cancel) ends with its bytes undecodable:
             # show the complete characters only, never U+FFFD.
@@ -337,12 +378,9 @@ class ChatSession(SessionCache):
             # step): feed it now, one decode step, so the cache holds the whole reply and the
             # next turn prefills only the template's end-of-turn and the new message. A Stop
             # (cancel) does not: it ends at once, and the next turn prefills that one token.
-            self._feed([generated[-1]], last_only=True)
-        if st.overflow == "rolling":
-            stats.unseen_messages = self._unseen_messages()
-        elif st.overflow == "truncate-middle":   # the messages left out of the prompt
-            stats.unseen_messages = sum(1 for m in self.messages[:self._first_kept] if m.role != TEXT_ROLE)
-        stats.unseen_policy = st.overflow if stats.unseen_messages else ""
+            self.kv.feed([generated[-1]], last_only=True)
+        stats.unseen_messages = turn.overflow.unseen(self)
+        stats.unseen_policy = turn.overflow.name if stats.unseen_messages else ""
         self.last_stats = self._snapshot(stats)
         yield Finish(reason, text, self.last_stats, tuple(generated))
 

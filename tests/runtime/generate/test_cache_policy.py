@@ -52,13 +52,13 @@ class Feeds:
 
     def __init__(self, session):
         self.calls: list[list[int]] = []
-        feed = session._feed
+        feed = session.kv.feed
 
         def recording(ids, *, last_only):
             self.calls.append(list(ids))
             return feed(ids, last_only=last_only)
 
-        session._feed = recording
+        session.kv.feed = recording
 
 
 def _replay(model, policy, calls) -> tuple[list[int], object]:
@@ -80,11 +80,11 @@ def test_turns_continue_from_the_evicted_cache_exactly(model, policy):
     t1 = run_turn(s, s.send(FIRST))
     assert t1.stats.prompt_tokens > BUDGET + CHUNK and t1.finish.reason == "length"
     assert max(t.stats.kv_cache["tokens"] for t in [t1]) <= BUDGET
-    assert t1.stats.evicted_tokens == len(s._stream) - s.cache.held_tokens > 0
+    assert t1.stats.evicted_tokens == len(s.kv.stream) - s.cache.held_tokens > 0
     kv = t1.stats.kv_cache
     assert (kv["positions"], kv["evicted_tokens"]) == (s.cache.length, t1.stats.evicted_tokens)
     assert kv["used_bytes"] == kv["tokens"] * kv["bytes_per_token"] < kv["full_bytes"]
-    n1 = len(s._stream)
+    n1 = len(s.kv.stream)
     t2 = run_turn(s, s.send(SECOND))
     # Turn 2 continues from the cache: every token turn 1 read is reused, none re-read.
     assert t2.stats.reused_tokens == n1 and t2.stats.prefilled_tokens == t2.stats.prompt_tokens - n1
@@ -135,7 +135,7 @@ def test_budgets_in_bytes_and_settings_errors(model):
         GenerationSettings(cache_policy="lru")
     # A budget just under the memory limit reads a prompt in the chunks that fit beside it.
     s = _session(model, "h2o", budget=60, cache_limit_bytes=64 * per_token)
-    assert s.evictor.ceiling == 60 and s._chunk == 4
+    assert s.evictor.ceiling == 60 and s.kv.chunk == 4
     t = run_turn(s, s.send(FIRST))
     assert t.finish.reason == "length" and s.cache.held_tokens <= 60
 

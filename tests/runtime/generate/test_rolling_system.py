@@ -56,7 +56,7 @@ def test_rolling_keeps_the_system_prompt_and_says_what_the_model_no_longer_sees(
     assert s.cache.length <= 128 and last.sink_tokens == (n_system if keep else 4)
     assert last.system_kept is keep
     kept = s.cached_token_ids
-    stream = s._stream
+    stream = s.kv.stream
     if keep:   # the cache still starts with the whole system prompt (it was cut after 4 tokens)
         assert kept[:n_system] == stream[:n_system]
     assert kept[:4] == stream[:4] and len(stream) > 128 * 2   # long past the window

@@ -39,7 +39,7 @@ def test_after_rolling_the_context_is_what_the_cache_held(tiny):
     s = ChatSession(tiny, settings=settings)
     for i in range(6):
         s.run(s.send(f"turn {i}: the cat sat on the mat and looked at the dog"))
-    held, stream = context_ids(s), s._stream   # the session's own token stream (the template's, as it ran)
+    held, stream = context_ids(s), s.kv.stream   # the session's own token stream (the template's, as it ran)
     assert len(stream) > 2 * 128 and len(held) <= 128   # long past the window
     t = len(stream) - 1   # the newest token
     positions = held_context(stream, held, t)
