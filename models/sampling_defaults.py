@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from models.safety.custom_code import MAX_JSON_BYTES
 from models.safety.gguf_scan import GGUFHeaderError, HeaderStats, MetadataReader
 
 __all__ = ["SamplingDefaults", "read_sampling_defaults"]
@@ -32,10 +33,9 @@ FIELDS = {
     "min_p": ("general.sampling.min_p", "min_p", 0.0, 1.0),
     "repetition_penalty": ("general.sampling.penalty_repeat", "repetition_penalty", 0.0, 10.0),
 }
-#: The most metadata keys read looking for them (the converter writes ``general.*`` first).
-MAX_KEYS = 256
-#: A generation_config.json larger than this is not read (real ones are a few hundred bytes).
-MAX_JSON_BYTES = 1 << 20
+#: How many metadata keys are looked at for them (the converter writes ``general.*`` first);
+#: the file's own limits are the bounded reader's (models.safety.gguf_scan).
+GENERAL_KEYS_SCANNED = 256
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def _from_gguf(path: Path) -> dict:
         r = MetadataReader.of_file(f, HeaderStats())
         r.preamble()
         meta: dict[str, object] = {}
-        for i in range(min(r.stats.keys, MAX_KEYS)):
+        for i in range(min(r.stats.keys, GENERAL_KEYS_SCANNED)):
             key = r.name(f"metadata key {i}")
             if not key.startswith("general.") and i > 0:
                 break
@@ -84,7 +84,7 @@ def _from_gguf(path: Path) -> dict:
 
 
 def _from_config(file: Path) -> dict:
-    if file.stat().st_size > MAX_JSON_BYTES:
+    if file.stat().st_size > MAX_JSON_BYTES:   # the one limit on a model's JSON files (models.safety)
         return {}
     data = json.loads(file.read_text(encoding="utf-8"))
     if not isinstance(data, dict):
