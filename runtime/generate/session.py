@@ -91,8 +91,13 @@ class ChatSession:
 
     @property
     def cache(self) -> KVCache:
-        """The conversation's KV cache."""
+        """The conversation's KV cache (settable: another cache of the model's shape, held empty
+        or matching :attr:`cached_token_ids`)."""
         return self.kv.cache
+
+    @cache.setter
+    def cache(self, cache: KVCache) -> None:
+        self.kv.cache = cache
 
     @property
     def context_limit(self) -> int:

@@ -57,10 +57,15 @@ def test_attached_files_are_counted_sent_and_given_back(qtbot, make_window, tmp_
     with qtbot.waitSignal(w.engine.counted, timeout=5000):
         refused = w.attachments.add_paths([str(notes), str(tmp_path / "image.png")])
     assert len(refused) == 1 and "image.png is not a text" in w.page.notice.text()
-    chips = w.page.attachments_bar.findChildren(QToolButton)
-    qtbot.waitUntil(lambda: "tokens" in w.page.attachments_bar.findChildren(QToolButton)[0].text(), timeout=10_000)
+    # The bar is rebuilt when the count arrives: the chip it replaces is deleted on a later
+    # event-loop turn (deleteLater), so wait for the one chip with its count.
+    def one_counted_chip() -> bool:
+        found = w.page.attachments_bar.findChildren(QToolButton)
+        return len(found) == 1 and "tokens" in found[0].text()
+
+    qtbot.waitUntil(one_counted_chip, timeout=10_000)
     chip = w.page.attachments_bar.findChildren(QToolButton)[0].text()
-    assert w.page.attachments_bar.isVisible() and len(chips) == 1
+    assert w.page.attachments_bar.isVisible()
     assert chip.startswith("notes.txt · 23 B · ") and chip.endswith(" tokens  ✕")
     # The count under the box counts the file with the typed words.
     want = len(w.attachments.message("summarise this").split())   # the fake tokenizer: a token a word

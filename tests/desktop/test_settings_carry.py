@@ -34,7 +34,10 @@ def test_the_server_gets_the_windows_cache_and_context_settings(qtbot, make_wind
     qtbot.waitUntil(lambda: toggle.server.state == "serving", timeout=30_000)
     try:
         # It served with float32 / 8,192 while the window was set to int8 / 856.
-        assert asked == [{"context": 856, "cache_dtype": "int8", "weight_dtype": "float16", "reproducible": False}]
+        # ... and on the port kept in the settings (chosen free once)
+        assert asked == [{"context": 856, "cache_dtype": "int8", "weight_dtype": "float16", "reproducible": False,
+                          "port": int(w.settings.get("server/port"))}]
+        assert 0 < asked[0]["port"] < 65536
         _, args = serve_command("/m/fake.gguf", "cpu", **asked[0])
         assert "--reproducible" not in args and "--reproducible" in serve_command("/m/f.gguf", "cpu", reproducible=True)[1]
         assert args[args.index("--context") + 1] == "856" and args[args.index("--cache-dtype") + 1] == "int8"

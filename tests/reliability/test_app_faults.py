@@ -255,7 +255,9 @@ PASTE = ("All work and no play makes Jack a dull boy. 東京 👩‍👩‍👧 
 
 def test_a_100_kb_paste_is_refused_in_one_notice_and_not_lost(qtbot, make_window, tiny_folder):
     w = make_window(worker=EngineWorker(load_fn=lambda s, d: runtime.load_model(tiny_folder, device="cpu")))
-    w.generation_overrides = {"max_new_tokens": 4}
+    # greedy: a sampled reply (the default now) may stop at its first token, and an empty
+    # reply stores no assistant message
+    w.generation_overrides = {"max_new_tokens": 4, "temperature": 0.0}
     errors = []
     w.engine.error.connect(errors.append)
     mime = QMimeData()
