@@ -2,20 +2,18 @@
 
 Must not import Qt.
 
-Layout: for each layer one K and one V buffer ``(B, Hkv, capacity, D)``; tokens
-``0 .. length-1`` are valid. Keys are stored after RoPE (so a decode step reads them
-as they are).
+Layout: for each layer one K and one V buffer ``(B, Hkv, capacity, D)``; tokens ``0 .. length-1``
+are valid. Keys are stored after RoPE (so a decode step reads them as they are).
 
 Why grow in chunks instead of preallocating the whole context: an 8,192-token float32 cache
 of the default model is 8192 x 46,080 B = 360 MiB, most of which a short chat never uses, and
-the memory panel should show what a conversation really costs. Why not ``torch.cat`` per
-token: that copies the whole cache every step (O(T^2) bytes over a reply). Growing by
-``chunk_tokens`` copies each token at most ``capacity / chunk_tokens`` times.
+the memory panel should show what a conversation really costs. Why not ``torch.cat`` per token:
+it copies the whole cache every step (O(T^2) bytes over a reply); growing by ``chunk_tokens``
+copies each token at most ``capacity / chunk_tokens`` times.
 
-Sliding-window layers (Mistral, Gemma 2/3, Phi-3): a layer whose queries see only the
-``window`` newest keys keeps a bounded buffer with an offset. ``start[i]`` is the
-absolute position of its slot 0; it holds positions ``start[i] .. length-1`` and needs
-at most the last ``window`` of them. When a write would overflow its buffer, the
+Sliding-window layers (Mistral, Gemma 2/3, Phi-3): a layer whose queries see only the ``window``
+newest keys keeps a bounded buffer with an offset. ``start[i]`` is the absolute position of its
+slot 0; it holds positions ``start[i] .. length-1`` and needs at most the last ``window`` of them. When a write would overflow its buffer, the
 tokens before ``length - window`` are dropped (the rest moved to the front), so the
 buffer stays at about ``window + chunk_tokens`` tokens however long the conversation:
 memory per token shrinks to the full-attention layers' share once the window is full.

@@ -96,12 +96,9 @@ def _geglu_tanh(graph: Graph, gu, n: int):
 
 def _blocks(graph: Graph, part):
     """A ggml tensor over a part's raw blocks: ``ne0`` = its row length in weights."""
-    g = graph.g
-    x = g.ggml_new_tensor_2d(graph._leaf_ctx, part.btype.ggml_type, part.cols, part.rows)
-    if g.ggml_nbytes(x) != part.raw.numel() or not part.raw.is_contiguous():
+    x = graph.leaf(part.raw, (part.cols, part.rows), part.btype.ggml_type)
+    if graph.g.ggml_nbytes(x) != part.raw.numel():
         raise ValueError(f"{part.btype.name} blocks of {part.rows} x {part.cols} do not match ggml's size")
-    x.contents.data = part.raw.data_ptr()
-    graph._keep.append(part.raw)
     return x
 
 
@@ -128,12 +125,17 @@ class GGMLStep:
         self.y_in = torch.zeros(1, self.H * self.D)
         # One cos and one sin row per RoPE variant, filled per token from the decoder's tables.
         self.rope_rows: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._rope_layer: dict[str, int] = {}   # a layer of each variant, to read its table
         for i in range(cfg.n_layers):
             key = decoder._rope_keys[i]
             if key not in self.rope_rows:
                 cos, _ = decoder.rope(i, 0, 1)
                 R = cos.shape[-1]
                 self.rope_rows[key] = (torch.zeros(R), torch.zeros(R))
+                self._rope_layer[key] = i
+        # Each layer's attention arguments, read once (not rebuilt per layer per token).
+        self._attn_kw = [dict(scale=b.attn.scale, window=b.attn.window, softcap=b.attn.softcap)
+                         for b in decoder.blocks]
         self.graphs: list[Graph] = []
         self.qk: list[torch.Tensor] = []    # per layer: (H + Hkv, D), the rotated queries and keys
         self.qkv: list[torch.Tensor] = []   # per layer: the projection's output (values at its end)
@@ -243,7 +245,7 @@ class GGMLStep:
         else:
             self.x_in.copy_(x.view(1, -1))
         for key, (cos_row, sin_row) in self.rope_rows.items():
-            cos, sin = dec.rope(dec._rope_keys.index(key), start, 1)
+            cos, sin = dec.rope(self._rope_layer[key], start, 1)
             cos_row.copy_(cos[0])
             sin_row.copy_(sin[0])
 
@@ -259,7 +261,7 @@ class GGMLStep:
         attn = block.attn
         q = self.qk[layer][:self.H].view(1, self.H, 1, self.D)
         first = None if cache.evicts and cache.windows[layer] is None else cache.start[layer]
-        return attn._attend(q, keys, values, first, dict(scale=attn.scale, window=attn.window, softcap=attn.softcap))
+        return attn._attend(q, keys, values, first, self._attn_kw[layer])
 
     def _timed(self, token: torch.Tensor, cache) -> torch.Tensor:
         """:meth:`__call__` with each part's seconds appended to :attr:`timings`."""

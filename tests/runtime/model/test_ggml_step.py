@@ -130,3 +130,17 @@ def test_float_weights_and_the_reproducible_mode_stay_eager(files):
         assert load_model(path, device="cpu", dtype="float32", threads=1).decode_mode == "eager"
     finally:
         mp.undo()
+
+
+def test_projections_off_the_cpu_are_not_taken(pair):
+    """A projection kept on another device (what a GPU load makes) takes the eager step: the
+    device test, reached here by moving one layer's recorded device."""
+    _, ggml = pair
+    layer = ggml.decoder.blocks[0].attn.o_proj
+    was = layer.device
+    layer.device = torch.device("meta")
+    try:
+        assert unsupported(ggml.decoder) == "a projection is not in GGUF blocks on the CPU"
+    finally:
+        layer.device = was
+    assert unsupported(ggml.decoder) is None
