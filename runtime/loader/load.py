@@ -139,7 +139,9 @@ def load_model(
     elif path.exists() or path.suffix.lower() == ".gguf":
         g = gguf_open.open_gguf(path)
         identity = file_guard.FileIdentity.of(path)
-        validate.check_gguf(path, g)  # before any reader divides by its numbers or reads its blocks
+        # before any reader divides by its numbers or reads its blocks; the config kept for this
+        # very file (its path, size and mtime) spares building transformers' config class (~2 s)
+        validate.check_gguf(path, g, cached_model_config(gguf_cache_dir(path)))
         g.release_pages()  # the checks' reads: not resident beside the copies detach makes
         if gguf_open.runs_from_blocks(g):
             gguf_open.refuse_without_ggml(path, g, None if ggml_ops.available() else ggml_ops.unavailable_reason())
@@ -325,9 +327,9 @@ def read_config(source: str | os.PathLike | None = None) -> ModelConfig:
         except Exception as e:
             raise UnsupportedModelError(f"{path.name}: its config could not be read ({one_line(e)})") from None
     check_gguf_file(path)
-    validate.check_gguf(path)  # the checks a load runs, also when the config is cached
     cached = gguf_cache_dir(path)
     cfg = cached_model_config(cached)
+    validate.check_gguf(path, cfg=cfg)  # the checks a load runs, also when the config is cached
     if cfg is not None:
         return cfg
     hf_config, _ = read_cached(cached)
