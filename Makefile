@@ -57,7 +57,7 @@ package-smoke:
 # llama.cpp for `attnchat bench` only, in its own environment (.venv-llamacpp; the bench
 # runs its llamacpp engine with that Python). Built from source for this CPU (about 8
 # minutes on 2 quiet cores). Its AMX matrix path is compiled out: on an Intel Xeon with AMX
-# the native build crashed in ggml_backend_amx_mul_mat (issue 19). GCC's explicit -mno-*
+# the native build crashed in ggml_backend_amx_mul_mat. GCC's explicit -mno-*
 # flags win over what -march=native turns on, whatever their order on the command line.
 BENCH_VENV := .venv-llamacpp
 BENCH_STAMP := $(BENCH_VENV)/.installed

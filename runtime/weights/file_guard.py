@@ -11,7 +11,7 @@ truncation unmaps even the pages a process has copied (``unmap_mapping_range``'s
    into memory of the process's own (the fused q/k/v and gate/up parts already were), and
    the map is dropped: after load nothing of the model file is mapped, and a truncate, a
    rewrite or a delete cannot reach the running model. Memory is the same bytes (the
-   blocks, never widened), counted in RSS as before; what is lost is the page cache's
+   blocks, never widened), counted in RSS as when mapped; what is lost is the page cache's
    sharing of them between processes and its dropping of them under memory pressure.
 2. :class:`FileIdentity` records the file (device, inode, size, modification time) at
    load; :func:`check` compares it before each reply, and a change refuses the reply with
