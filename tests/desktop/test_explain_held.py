@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 import runtime
-from desktop.panels.attention.explain_view import ExplainView
-from desktop.panels.attention.insight_probe import InsightProbe
+from desktop.panels.attention.insight.explain import ExplainView
+from desktop.panels.attention.insight.probe import InsightProbe
 
 HISTORY = [("user", "the cat sat on the mat"), ("assistant", "and the dog sat on the rug"),
            ("user", "where did the cat sit"), ("assistant", "on the mat by the door")]

@@ -84,7 +84,7 @@ def test_explain_says_what_it_takes_shows_progress_and_cancels(qtbot, make_windo
 
 def test_the_views_defaults_are_the_runtimes(qtbot):
     import runtime
-    from desktop.panels.attention.explain_view import ExplainView
+    from desktop.panels.attention.insight.explain import ExplainView
 
     v = ExplainView()
     qtbot.addWidget(v)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from desktop.panels.attention.insight_views import (
+from desktop.panels.attention.insight.views import (
     InsightTabs,
     parse_head_list,
     scores_table,
@@ -123,6 +123,7 @@ def test_insight_through_the_worker_and_export(qtbot, make_window, tiny, tmp_pat
     qtbot.waitUntil(panel.isVisible, timeout=2000)
     ins, c = panel.insight, panel.insight.client
     tabs: InsightTabs = ins.tabs
+    assert panel.tabs.indexOf(tabs) == INSIGHT  # the screenshots find the tab by its widget
     panel.select(1, 2)
 
     tabs.explain.steps.setValue(4)

@@ -35,7 +35,7 @@ from desktop.file_dialogs import save_file_name
 from desktop.flow_layout import flow_row
 from desktop.widgets.wrapping_tabs import WrappingTabs
 from desktop.panels.attention.formula import NumbersView
-from desktop.panels.attention.insight import install_insight
+from desktop.panels.attention.insight.controller import install_insight
 from desktop.panels.attention.probe import AttentionClient
 from desktop.panels.attention.views import AtlasView, LiveView, SnapshotView
 

@@ -6,7 +6,7 @@ measures every head and chooses the best induction head, sends one more message 
 saves, for each palette ``<p>``: ``panel-attention-heads-<p>.png``,
 ``panel-attention-live-<p>.png`` (mid-reply), ``panel-attention-snapshot-<p>.png`` and
 ``panel-attention-formula-<p>.png``, the Insight tab's views
-(:mod:`desktop.panels.attention.insight_shots`), and ``main-attention-<p>.png`` (the panel
+(:mod:`desktop.panels.attention.insight.shots`), and ``main-attention-<p>.png`` (the panel
 docked in the window).
 The panel is closed again afterwards. Must not import torch or runtime.
 """
@@ -18,7 +18,7 @@ from typing import Callable
 
 from PySide6.QtWidgets import QApplication
 
-from desktop.panels.attention.insight_shots import shoot_insight
+from desktop.panels.attention.insight.shots import shoot_insight
 from desktop.panels.attention.panel import ATLAS, LIVE, NUMBERS, PANEL_NAME, SNAPSHOT
 
 __all__ = ["shoot", "PROMPT"]

@@ -11,7 +11,7 @@
 - Cost: what long context costs in attention scores, and our attention's measured time
   per decode step at the current context.
 
-Each view takes plain data from :class:`desktop.panels.attention.insight_probe.InsightClient`
+Each view takes plain data from :class:`desktop.panels.attention.insight.probe.InsightClient`
 and returns what it shows from ``data()`` (the panel's .npz export). Must not import torch or runtime.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.flow_layout import flow_row, labelled
-from desktop.panels.attention.explain_view import ExplainView, _fill, _position_spin, _table
+from desktop.panels.attention.insight.explain import ExplainView, _fill, _position_spin, _table
 from desktop.panels.attention.sandbox import SandboxView, ScaleView
 from desktop.panels.attention.views import quote, rich_label
 from desktop.panels.attention.widgets import display_token

@@ -3,7 +3,7 @@ importance (input x gradient, integrated gradients), Kendall's tau, the permutat
 (``runtime.explain_token``, Jain and Wallace 2019); while it runs, what it will take, its
 progress and Cancel. Also the small table and spin-box helpers the Insight views share.
 
-Takes plain data from :class:`desktop.panels.attention.insight_probe.InsightClient`. Must not
+Takes plain data from :class:`desktop.panels.attention.insight.probe.InsightClient`. Must not
 import torch or runtime.
 """
 from __future__ import annotations

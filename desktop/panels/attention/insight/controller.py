@@ -1,17 +1,17 @@
 """The Insight tab's wiring: requests from its views to the engine, results back to them.
 
-:func:`install_insight` adds the tab (:class:`desktop.panels.attention.insight_views.InsightTabs`)
+:func:`install_insight` adds the tab (:class:`desktop.panels.attention.insight.views.InsightTabs`)
 to an attention panel and returns the :class:`InsightController` that reads the panel's
 layer and head choice, the open conversation and the system prompt, sends requests
-through an :class:`desktop.panels.attention.insight_probe.InsightClient` and routes the
+through an :class:`desktop.panels.attention.insight.probe.InsightClient` and routes the
 answers. Must not import torch or runtime.
 """
 from __future__ import annotations
 
 from PySide6.QtCore import QObject, QTimer
 
-from desktop.panels.attention.insight_probe import InsightClient
-from desktop.panels.attention.insight_views import InsightTabs, parse_head_list
+from desktop.panels.attention.insight.probe import InsightClient
+from desktop.panels.attention.insight.views import InsightTabs, parse_head_list
 from desktop.worker import model_key
 
 __all__ = ["InsightController", "install_insight"]

@@ -20,11 +20,9 @@ __all__ = ["shoot_insight"]
 def shoot_insight(app, panel, dock, out: Path, written: list[Path], *, themes, settle: Callable, save: Callable,
                   themed: Callable, timeout_s: float = 600) -> None:
     """Run each Insight view on the open conversation and save it (see the module docstring)."""
-    from desktop.panels.attention.panel import INSIGHT
-
     ins = panel.insight
     tabs = ins.tabs
-    panel.tabs.setCurrentIndex(INSIGHT)
+    panel.tabs.setCurrentWidget(tabs)  # the panel's Insight tab; this package does not import the panel
 
     def until(done: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + timeout_s
