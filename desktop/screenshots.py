@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
         streamed = 0
         while window.replying and streamed < 150:
             _settle(app, 100)
-            streamed = len(window._reply["text"]) if window._reply else streamed
+            streamed = len(window.replies.reply["text"]) if window.replies.reply else streamed
         if window.replying:
             for theme in THEMES:
                 _themed(app, theme)

@@ -5,9 +5,11 @@ Editing a message that is not the last drops the messages after it (the banner s
 many, and the chat shows them faded until the edit is sent or cancelled): the branch left
 is not kept. The database makes the change in one transaction when the edit is sent.
 
-A mixin of :class:`desktop.main_window.window.MainWindow`: it uses the window's ``store``,
-``engine``, ``messages``, ``input``, ``status`` and the conversation methods of
-:class:`desktop.main_window.conversations.ConversationActions`. Must not import torch or runtime.
+:class:`ReplyActions` is a part the window owns (``window.replies``). It holds the reply being
+written, the message being edited and the last message sent; it reaches the window's ``store``,
+``engine``, ``messages``, ``input`` and ``status`` through ``self.w``, and the conversations
+part (:class:`desktop.main_window.conversations.ConversationActions`) through ``self.w.chats``.
+Must not import torch or runtime.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import time
 
 from desktop.chat.store import DEFAULT_TITLE
 
-__all__ = ["ReplyActions", "TITLE_CHARS", "auto_title", "prefill_left"]
+__all__ = ["BUSY_NOTE", "CONTEXT_FULL", "ReplyActions", "TITLE_CHARS", "auto_title", "prefill_left"]
 
 log = logging.getLogger(__name__)
 
@@ -44,23 +46,41 @@ def prefill_left(reply: dict, done: int, total: int, now: float) -> float | None
     return (now - t0) / (done - d0) * (total - done)
 
 
-class ReplyActions:
-    """What the window does to get a reply and keep it (mixed into the window)."""
+#: Said in the chat when Enter is pressed while a reply is written (it seemed to do nothing);
+#: it goes when the reply ends.
+BUSY_NOTE = "A reply is being written: wait for it, or press Stop (Esc), then send. Your message stays in the box."
 
-    #: Said in the chat when Enter is pressed while a reply is written (it seemed to do nothing);
-    #: it goes when the reply ends.
-    BUSY_NOTE = "A reply is being written: wait for it, or press Stop (Esc), then send. Your message stays in the box."
+#: Said in the chat when the "stop" overflow policy finds the context full before a reply.
+CONTEXT_FULL = ('The context is full: <a href="new" style="color: white">start a new chat</a>, or '
+                '<a href="overflow" style="color: white">switch the overflow policy</a> to drop the oldest turns.')
+
+
+class ReplyActions:
+    """What the window does to get a reply and keep it (see the module docstring).
+
+    Attributes:
+        reply: the reply being written (its request id, conversation, kind, text so far, chat
+            row, cache key and settings), or None.
+        editing: the id of the message being edited, or 0.
+        sent: the last message sent and what taking it back restores (:meth:`_refused`), or None.
+    """
+
+    def __init__(self, window):
+        self.w = window
+        self.reply: dict | None = None
+        self.editing = 0
+        self.sent: dict | None = None
 
     def generation(self) -> dict:
         """Every generation setting a reply gets: the settings (with ``model_sampling`` on, the
         loaded model's own sampling values where its file gives them, ``model_sampling_from``
         naming the file part), then this window's overrides."""
-        out = self.settings.generation_values()   # every generation/* setting (desktop.settings.values)
-        own = (self.engine.model or {}).get("sampling") or {}
+        out = self.w.settings.generation_values()   # every generation/* setting (desktop.settings.values)
+        own = (self.w.engine.model or {}).get("sampling") or {}
         if out.get("model_sampling") and own.get("values"):
             out.update(own["values"])
             out["model_sampling_from"] = own.get("source", "the model's file")
-        out.update(self.generation_overrides)
+        out.update(self.w.generation_overrides)
         return out
 
     def reply_generation(self) -> dict:
@@ -77,7 +97,7 @@ class ReplyActions:
         settings', else its chat template's own; ``system_prompt_from`` says which:
         ``"settings"``, ``"template"`` or ``"none"``) and the generation settings."""
         gen = dict(gen) if gen is not None else self.generation()
-        info = self.engine.model or {}
+        info = self.w.engine.model or {}
         own = str(gen.get("system_prompt") or "")
         builtin = "" if own else str(info.get("builtin_system_prompt") or "")
         out = {"model": info.get("name", ""), "system_prompt": own or builtin,
@@ -90,17 +110,17 @@ class ReplyActions:
     def _history(self, conv_id: int, before: int | None = None) -> list[tuple]:
         """``(role, content, token_ids, token_model)`` per stored message (the worker uses the ids
         when they belong to its model); with ``before``, only the messages before that id."""
-        return [(m.role, m.content, m.token_ids, m.token_model) for m in self.store.messages(conv_id)
+        return [(m.role, m.content, m.token_ids, m.token_model) for m in self.w.store.messages(conv_id)
                 if before is None or m.id < before]
 
     def _can_start(self) -> bool:
-        if self._reply is not None:
+        if self.reply is not None:
             # Said in the chat, not only the status bar: Enter seemed to do nothing.
-            self.show_note(self.BUSY_NOTE)
-            self.status.showMessage("A reply is being written: wait for it, or press Stop", 4000)
+            self.w.show_note(BUSY_NOTE)
+            self.w.status.showMessage("A reply is being written: wait for it, or press Stop", 4000)
             return False
-        if not self.engine.model:
-            self.status.showMessage("No model is loaded yet", 4000)
+        if not self.w.engine.model:
+            self.w.status.showMessage("No model is loaded yet", 4000)
             return False
         return True
 
@@ -111,225 +131,221 @@ class ReplyActions:
         A message the database refuses (disk full) is not sent: it stays in the input
         box, the error is shown, and sending again tries again.
         """
-        typed, files = text, list(self.attachments.files)
-        text = self.attachments.message(typed)   # the files' text, then what was typed
+        typed, files = text, list(self.w.attachments.files)
+        text = self.w.attachments.message(typed)   # the files' text, then what was typed
         if not text.strip() or not self._can_start():
             return
-        editing = self._editing
+        editing = self.editing
         # The edited message's text as it was: a title made from it follows the edit.
-        before = next((self.messages.message(r)["content"] for r in range(self.messages.rowCount())
-                       if self.messages.message(r)["id"] == editing), None) if editing else None
+        before = next((self.w.messages.message(r)["content"] for r in range(self.w.messages.rowCount())
+                       if self.w.messages.message(r)["id"] == editing), None) if editing else None
         try:
-            self._save_unsaved()
-            conv = self._conv_id or self.new_conversation()
+            self.w.chats.save_unsaved()
+            conv = self.w.chats.current or self.w.chats.new()
             history = self._history(conv, before=editing or None)
             # What a refusal (the message cannot fit the context) puts back: see _refused.
-            was = self.store.conversation(conv)
+            was = self.w.store.conversation(conv)
             undo = {"conv": conv, "text": typed, "files": files, "title": was.title, "updated_at": was.updated_at,
-                    "dropped": self.store.snapshot(conv, editing) if editing else None, "edited": editing}
+                    "dropped": self.w.store.snapshot(conv, editing) if editing else None, "edited": editing}
             if editing:
-                msg = self.store.edit_message(conv, editing, text)
+                msg = self.w.store.edit_message(conv, editing, text)
             else:
-                msg = self.store.add_message(conv, "user", text)
+                msg = self.w.store.add_message(conv, "user", text)
         except (sqlite3.Error, OSError) as e:
-            self._save_failed(e, "your message", "it is still in the message box: send it again")
+            self.w.chats.save_failed(e, "your message", "it is still in the message box: send it again")
             return
         except (KeyError, ValueError):   # the edited message is gone (not expected: edits end on a switch)
             log.warning("the edited message %s is gone", editing, exc_info=True)
             self._end_edit()
-            self.show_error("The message you were editing is no longer there; your text is in the message box: "
+            self.w.show_error("The message you were editing is no longer there; your text is in the message box: "
                             "send it as a new message.")
             return
         if editing:
             self._end_edit()
-            self.messages.set_messages(self._rows_of(conv))
+            self.w.messages.set_messages(self.w.chats.rows_of(conv))
             kind = "edit"
         else:
-            self.messages.append("user", text, id=msg.id)
+            self.w.messages.append("user", text, id=msg.id)
             kind = "send"
         # The session is rebuilt from this history: the cache is reused up to the first changed token.
         gen = self.reply_generation()
-        request = self.engine.send(conv, history, text, gen)
-        self._sent = dict(undo, id=msg.id)
-        title = self.conversations.title(conv)
+        request = self.w.engine.send(conv, history, text, gen)
+        self.sent = dict(undo, id=msg.id)
+        title = self.w.conversations.title(conv)
         first_edited = editing and not any(m[0] == "user" for m in history)
         if title == DEFAULT_TITLE or (first_edited and before is not None and title == auto_title(before)):
             try:   # a new chat's first message, or an edit of it under the title made from it
                 # from what was typed, not the files' text before it ("File trip.md:")
-                self.store.rename(conv, auto_title(typed.strip() or ", ".join(f.name for f in files)))
+                self.w.store.rename(conv, auto_title(typed.strip() or ", ".join(f.name for f in files)))
             except (sqlite3.Error, OSError):  # a title is not worth stopping the message for
                 log.warning("could not save the conversation's title", exc_info=True)
-        self.conversations.refresh(conv)
-        self.input.clear()
-        self.attachments.take()
+        self.w.conversations.refresh(conv)
+        self.w.input.clear()
+        self.w.attachments.take()
         self._begin(request, conv, kind, gen)
 
     def regenerate(self) -> None:
-        conv = self._conv_id
+        conv = self.w.chats.current
         if not conv or not self._can_start():
             return
-        if self._editing:
-            self.status.showMessage("Send the message you are editing, or cancel the edit (Esc), first", 4000)
+        if self.editing:
+            self.w.status.showMessage("Send the message you are editing, or cancel the edit (Esc), first", 4000)
             return
-        last_user = self.messages.last_row("user")
+        last_user = self.w.messages.last_row("user")
         if last_user < 0:
             return
         try:
-            self._save_unsaved()   # the reply to replace must be in the database first
+            self.w.chats.save_unsaved()   # the reply to replace must be in the database first
         except (sqlite3.Error, OSError) as e:
-            self._save_failed(e, "the last reply")
+            self.w.chats.save_failed(e, "the last reply")
             return
         history = self._history(conv)
-        self.messages.remove_from(last_user + 1)
+        self.w.messages.remove_from(last_user + 1)
         gen = self.reply_generation()
-        self._begin(self.engine.regenerate(conv, history, gen), conv, "regenerate", gen)
+        self._begin(self.w.engine.regenerate(conv, history, gen), conv, "regenerate", gen)
 
     def show_branch(self, row: int, step: int) -> None:
         """Show the previous (``step`` -1) or next (+1) branch of the reply at ``row``: the
         conversation goes on from it (the KV cache is reused up to where the branches differ)."""
-        if not 0 <= row < self.messages.rowCount():
+        if not 0 <= row < self.w.messages.rowCount():
             return
-        m = self.messages.message(row)
-        if self._reply is not None:
-            self.status.showMessage("A reply is being written: wait for it, or press Stop", 4000)
+        m = self.w.messages.message(row)
+        if self.reply is not None:
+            self.w.status.showMessage("A reply is being written: wait for it, or press Stop", 4000)
             return
         version = int(m.get("version") or 0) + step
         if m["id"] is None or not 1 <= version <= int(m.get("versions") or 0):
             return
         try:
-            shown = self.store.choose_version(self._conv_id, m["id"], version)
+            shown = self.w.store.choose_version(self.w.chats.current, m["id"], version)
         except (KeyError, sqlite3.Error, OSError) as e:
             log.warning("could not show branch %s of reply %s", version, m["id"], exc_info=True)
-            self.show_error(f"Could not switch to that version of the reply ({e}).")
+            self.w.show_error(f"Could not switch to that version of the reply ({e}).")
             return
-        self.messages.finish(row, id=shown.id, finish_reason=shown.finish_reason, stats=shown.stats,
+        self.w.messages.finish(row, id=shown.id, finish_reason=shown.finish_reason, stats=shown.stats,
                              content=shown.content, version=shown.version, versions=shown.versions)
-        self.status.showMessage(f"Version {shown.version} of {shown.versions} of this reply", 3000)
-        self._live.pop(self._conv_id, None)   # the cache holds the other branch until the next message
-        self._show_context_of(self._conv_id)
-        self._sync()
+        self.w.status.showMessage(f"Version {shown.version} of {shown.versions} of this reply", 3000)
+        self.w.chats.live.pop(self.w.chats.current, None)   # the cache holds the other branch until the next message
+        self.w.chats.show_context_of(self.w.chats.current)
+        self.w._sync()
 
     def edit_last(self) -> None:
-        self.edit_message(self.messages.last_row("user"))
+        self.edit_message(self.w.messages.last_row("user"))
 
     def edit_message(self, row: int) -> None:
         """Edit your message at ``row``: its text goes to the message box; sending it replaces
         the message and drops every message after it (the banner says how many, and the chat
         shows them faded until then); Esc cancels."""
-        if not 0 <= row < self.messages.rowCount():
+        if not 0 <= row < self.w.messages.rowCount():
             return
-        if self._reply is not None:
-            self.status.showMessage("A reply is being written: wait for it, or press Stop", 4000)
+        if self.reply is not None:
+            self.w.status.showMessage("A reply is being written: wait for it, or press Stop", 4000)
             return
-        m = self.messages.message(row)
+        m = self.w.messages.message(row)
         if m["role"] != "user" or m["id"] is None:
             return
-        self._editing = m["id"]
-        self.input.setPlainText(m["content"])
-        last = row == self.messages.last_row("user")
-        self.page.show_edit_banner(self.messages.rowCount() - row - 1, last=last)
-        self.chat.edit_row = row
-        self.input.setFocus()
-        self._sync()
+        self.editing = m["id"]
+        self.w.input.setPlainText(m["content"])
+        last = row == self.w.messages.last_row("user")
+        self.w.page.show_edit_banner(self.w.messages.rowCount() - row - 1, last=last)
+        self.w.chat.edit_row = row
+        self.w.input.setFocus()
+        self.w._sync()
 
     def _end_edit(self) -> None:
-        self._editing = 0
-        self.edit_banner.hide()
-        self.chat.edit_row = -1
+        self.editing = 0
+        self.w.edit_banner.hide()
+        self.w.chat.edit_row = -1
 
     def cancel_edit(self) -> None:
         self._end_edit()
-        self.input.clear()
-        self._sync()
+        self.w.input.clear()
+        self.w._sync()
 
     def stop(self) -> None:
-        if self._reply is not None:
-            self.engine.stop()
+        if self.reply is not None:
+            self.w.engine.stop()
 
     def use_seed(self, seed: int) -> None:
         """Write the next replies with ``seed`` (a reply's, from its menu)."""
-        self.settings.set("generation/seed", int(seed))
-        self.status.showMessage(f"The next replies use seed {seed}; Settings > Generation > Seed "
+        self.w.settings.set("generation/seed", int(seed))
+        self.w.status.showMessage(f"The next replies use seed {seed}; Settings > Generation > Seed "
                                 "goes back to random", 8000)
 
     def _begin(self, request: int, conv: int, kind: str, gen: dict) -> None:
-        self.notice.hide()
-        row = self.messages.append("assistant", "", streaming=True)
-        self._reply = {"request": request, "conv_id": conv, "kind": kind, "text": "", "row": row,
-                       "cache_key": self.cache_key(), "settings": self.reply_settings(gen)}
-        self._sync()
+        self.w.notice.hide()
+        row = self.w.messages.append("assistant", "", streaming=True)
+        self.reply = {"request": request, "conv_id": conv, "kind": kind, "text": "", "row": row,
+                       "cache_key": self.w.chats.cache_key(), "settings": self.reply_settings(gen)}
+        self.w._sync()
 
-    def _on_text(self, text: str) -> None:
-        r = self._reply
+    def on_text(self, text: str) -> None:
+        r = self.reply
         if r is None:
             return
         r["text"] += text
         if r["row"] >= 0:
-            self.messages.append_text(r["row"], text)
+            self.w.messages.append_text(r["row"], text)
 
-    def _on_prefill(self, done: int, total: int) -> None:
-        r = self._reply
+    def on_prefill(self, done: int, total: int) -> None:
+        r = self.reply
         if r is None:
             return
         left = prefill_left(r, done, total, time.monotonic())
         if r["row"] >= 0:
-            self.status.set_prefill(done, total, left)
-            self.messages.set_progress(r["row"], done, total, left)
+            self.w.status.set_prefill(done, total, left)
+            self.w.messages.set_progress(r["row"], done, total, left)
 
-    def _on_stats(self, stats: dict) -> None:
-        r = self._reply
+    def on_stats(self, stats: dict) -> None:
+        r = self.reply
         if r is not None:
             r["stats"] = stats
         if r is not None and r["row"] >= 0:   # only the open conversation's figures are shown
-            self.status.set_stats(stats)
-            self.stats_updated.emit(stats)
+            self.w.status.set_stats(stats)
+            self.w.stats_updated.emit(stats)
 
-    def _on_finished(self, result: dict) -> None:
-        r = self._reply
+    def on_finished(self, result: dict) -> None:
+        r = self.reply
         if r is None or result["request"] != r["request"]:
             return
-        self._reply = None
-        if self.notice.text() == self.BUSY_NOTE:
-            self.notice.hide()
+        self.reply = None
+        if self.w.notice.text() == BUSY_NOTE:
+            self.w.notice.hide()
         result = dict(result, kind=r["kind"])   # an edit goes to the worker as a send
         conv, text, reason, stats = r["conv_id"], result["text"], result["reason"], result["stats"]
         if stats:   # the worker holds this conversation's cache now, made with these settings
-            self._live[conv] = r["cache_key"]
+            self.w.chats.live[conv] = r["cache_key"]
             stats = dict(stats, settings=r["settings"])   # kept with the reply: exports name them
-        sent, self._sent = getattr(self, "_sent", None), None
+        sent, self.sent = self.sent, None
         refused = result.get("refused") or (reason == "context" and not text)
         if refused and r["kind"] in ("send", "edit") and sent and sent["conv"] == conv:
             self._refused(sent, full=reason == "context")
         saved = unsaved = None
-        if text and self.store.conversation(conv) is not None:
+        if text and self.w.store.conversation(conv) is not None:
             entry = {"conv_id": conv, "kind": r["kind"], "text": text, "reason": reason, "stats": stats,
                      "token_ids": result.get("token_ids"), "token_model": result.get("token_model", "")}
             try:
-                self._save_unsaved()
-                saved = self._save_reply(entry)
-                self.conversations.refresh(conv)
+                self.w.chats.save_unsaved()
+                saved = self.w.chats.save_reply(entry)
+                self.w.conversations.refresh(conv)
             except (sqlite3.Error, OSError) as e:   # disk full: keep it, save it with the next write
-                self._unsaved.append(entry)
+                self.w.chats.unsaved.append(entry)
                 unsaved = entry
-                self._save_failed(e, "the reply")
+                self.w.chats.save_failed(e, "the reply")
         if r["row"] >= 0:
             if saved is not None:
-                self.messages.finish(r["row"], id=saved.id, finish_reason=reason, stats=stats, content=text,
+                self.w.messages.finish(r["row"], id=saved.id, finish_reason=reason, stats=stats, content=text,
                                      version=saved.version, versions=saved.versions)
             elif unsaved is not None:
-                self.messages.finish(r["row"], finish_reason=reason, stats=stats, content=text)
+                self.w.messages.finish(r["row"], finish_reason=reason, stats=stats, content=text)
             else:   # nothing to keep (stopped before any text, or failed): show what is stored
-                self.messages.set_messages(self._rows_of(conv))
-            self.status.end_busy()
+                self.w.messages.set_messages(self.w.chats.rows_of(conv))
+            self.w.status.end_busy()
             if stats:
-                self.status.set_stats(stats)
-                self._show_unseen(stats)
-        self._sync()
-        self.reply_finished.emit(result)
-
-    #: Said in the chat when the "stop" overflow policy finds the context full before a reply.
-    CONTEXT_FULL = ('The context is full: <a href="new" style="color: white">start a new chat</a>, or '
-                    '<a href="overflow" style="color: white">switch the overflow policy</a> to drop the oldest turns.')
+                self.w.status.set_stats(stats)
+                self.w.chats.show_unseen(stats)
+        self.w._sync()
+        self.w.reply_finished.emit(result)
 
     def _refused(self, sent: dict, *, full: bool) -> None:
         """No reply fits (the message is too long for the context, or the "stop" policy finds
@@ -339,27 +355,23 @@ class ReplyActions:
         error line is already shown."""
         conv = sent["conv"]
         try:
-            self.store.undo_send(conv, sent["id"], title=sent["title"], updated_at=sent["updated_at"],
+            self.w.store.undo_send(conv, sent["id"], title=sent["title"], updated_at=sent["updated_at"],
                                  dropped=sent["dropped"])
         except (KeyError, sqlite3.Error, OSError):
             log.warning("could not take back the message that got no reply", exc_info=True)
-        self.conversations.refresh(conv)
-        if conv == self._conv_id:
-            self.messages.set_messages(self._rows_of(conv))
-            row = next((i for i in range(self.messages.rowCount())
-                        if self.messages.message(i)["id"] == sent["edited"]), -1) if sent["edited"] else -1
+        self.w.conversations.refresh(conv)
+        if conv == self.w.chats.current:
+            self.w.messages.set_messages(self.w.chats.rows_of(conv))
+            row = next((i for i in range(self.w.messages.rowCount())
+                        if self.w.messages.message(i)["id"] == sent["edited"]), -1) if sent["edited"] else -1
             if row >= 0:
                 self.edit_message(row)   # the edit is still open, with the text that did not fit
-                self.input.setPlainText(sent["text"])
-            elif not self.input.toPlainText().strip():
-                self.input.setPlainText(sent["text"])
-            self.attachments.restore(sent.get("files") or [])
-            self.input.moveCursor(self.input.textCursor().MoveOperation.End)
-        self._update_title()
+                self.w.input.setPlainText(sent["text"])
+            elif not self.w.input.toPlainText().strip():
+                self.w.input.setPlainText(sent["text"])
+            self.w.attachments.restore(sent.get("files") or [])
+            self.w.input.moveCursor(self.w.input.textCursor().MoveOperation.End)
+        self.w.chats.update_title()
         if full:
-            self.show_error(self.CONTEXT_FULL)
-            self.status.showMessage("The context is full", 8000)
-
-    @property
-    def replying(self) -> bool:
-        return self._reply is not None
+            self.w.show_error(CONTEXT_FULL)
+            self.w.status.showMessage("The context is full", 8000)

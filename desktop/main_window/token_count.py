@@ -50,7 +50,7 @@ class TokenCounter(QObject):
         conv = w.current_conversation
         try:
             history = [(m.role, m.content) for m in w.store.messages(conv)
-                       if not w._editing or m.id < w._editing] if conv else []
+                       if not w.replies.editing or m.id < w.replies.editing] if conv else []
         except sqlite3.Error:   # a count is not worth an error line
             return
         self._asked = w.engine.count(conv, history, text, w.generation())

@@ -13,7 +13,7 @@ import sqlite3
 from typing import Callable
 
 from PySide6.QtCore import QCoreApplication, QEvent, QRect, Qt, Signal
-from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
+from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox, QSplitter, QStackedWidget, QWidget
 
 import models
@@ -24,6 +24,7 @@ from desktop.chat.store import Store
 from desktop.chat.view import MessageListModel
 from desktop.main_window.attach import Attachments
 from desktop.main_window.conversations import ConversationActions
+from desktop.main_window.menus import build_menus
 from desktop.main_window.panel_width import PanelWidthGuard
 from desktop.main_window.replies import ReplyActions
 from desktop.main_window.token_count import TokenCounter
@@ -46,8 +47,10 @@ PANEL_MIN_WIDTH = 270
 FRAME_ROOM = (16, 48)
 
 
-class MainWindow(ConversationActions, ReplyActions, QMainWindow):
-    """The chat window (conversations and replies in their mixins).
+class MainWindow(QMainWindow):
+    """The chat window. It owns its parts: ``chats`` (:class:`ConversationActions`: open,
+    create, delete, export, save) and ``replies`` (:class:`ReplyActions`: send, edit, regenerate,
+    stop, the streamed reply); the methods below them are what other modules and tests call.
 
     Args:
         store: the conversation database.
@@ -72,18 +75,13 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self.store, self.settings, self.engine = store, settings, engine
         self.confirm = confirm or (lambda q: QMessageBox.question(self, "attnchat", q) == QMessageBox.StandardButton.Yes)
         self.generation_overrides: dict = {}
-        self._conv_id = 0
-        self._reply: dict | None = None
-        self._editing = 0   # the id of the message being edited, or 0
         self._closed = False
         self._model_source = ""
         self._kept_source = ""   # the source of the model a failed load keeps
         self._models_loaded = 0   # in this window; stored figures without a model key fit only the first
-        # Replies the database refused (disk full): shown, and saved again before the next write.
-        self._unsaved: list[dict] = []
-        # Conversations whose cache the worker holds now (a reply in this run): their cache key then.
-        self._live: dict[int, tuple] = {}
         self.panels: dict[str, QDockWidget] = {}
+        self.chats = ConversationActions(self)
+        self.replies = ReplyActions(self)
 
         self.conversations = ConversationListModel(store, self)
         self.sidebar = ConversationPanel(self.conversations)
@@ -101,7 +99,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self.panel_width = PanelWidthGuard(self, self.stack)   # the docks leave the chat half the window
         self.setStatusBar(status := ChatStatusBar())
         self.status = status
-        self._build_menus()
+        build_menus(self, PANEL_SLOTS)
         self._connect()
         self.attachments = Attachments(self)   # files in the next message (before the counter: it counts them)
         self.token_counter = TokenCounter(self)
@@ -116,7 +114,6 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self.chat, self.input, self.notice, self.edit_banner = p.chat, p.input, p.notice, p.edit_banner
         self.notice.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
         self.notice.linkActivated.connect(self._on_notice_link)
-        self._sent: dict | None = None   # the last message sent, and what taking it back restores
         self.send_button, self.stop_button = p.send_button, p.stop_button
         self.regen_button, self.edit_button = p.regen_button, p.edit_button
         self.chat.setModel(self.messages)
@@ -125,13 +122,6 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self.stack = QStackedWidget()
         self.stack.addWidget(self.page)
         self.stack.addWidget(self.empty)
-
-    def _action(self, menu, text: str, slot, shortcut=None) -> QAction:
-        act = menu.addAction(text)
-        act.triggered.connect(slot)
-        if shortcut is not None:
-            act.setShortcut(QKeySequence(shortcut))
-        return act
 
     def add_file_action(self, action: QAction) -> None:
         """Put ``action`` in the File menu right after "Open model folder…" (at the end when
@@ -144,55 +134,25 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         else:
             self.file_menu.addAction(action)
 
-    def _build_menus(self) -> None:
-        bar = self.menuBar()
-        f = self.file_menu = bar.addMenu("&File")
-        self._action(f, "&New chat", self.new_conversation, QKeySequence.StandardKey.New)
-        self._action(f, "&Open model…", self.open_model_file, QKeySequence.StandardKey.Open)
-        self.open_folder_action = self._action(f, "Open model &folder…", self.open_model_folder)
-        self._action(f, "&Download the default model…", self.download_requested.emit)
-        f.addSeparator()
-        self.export_md = self._action(f, "Export as &Markdown…", lambda: self.export_dialog(self._conv_id, "markdown"))
-        self.export_json = self._action(f, "Export as &JSON…", lambda: self.export_dialog(self._conv_id, "json"))
-        f.addSeparator()
-        self._action(f, "&Quit", self.close, QKeySequence.StandardKey.Quit)
-        e = bar.addMenu("&Edit")
-        self.copy_action = self._action(e, "&Copy message", lambda: self.chat.copy_row(self.chat.selected_row()))
-        self.regen_action = self._action(e, "&Regenerate", self.regenerate, "Ctrl+R")
-        self.edit_action = self._action(e, "&Edit last message", self.edit_last, "Ctrl+E")
-        self._action(e, "&Attach files to the message…", lambda: self.attachments.choose(), "Ctrl+Shift+A")
-        self.stop_action = self._action(e, "&Stop", self.stop)
-        self._action(e, "Re&name chat", lambda: self._conv_id and self.sidebar.rename(self._conv_id), "F2")
-        v = bar.addMenu("&View")
-        self.view_menu = v
-        side = self._action(v, "&Conversations", lambda on: self.sidebar.setVisible(on))
-        side.setCheckable(True)
-        side.setChecked(True)
-        v.addSeparator()
-        self.panel_actions: dict[str, QAction] = {}
-        for name, title in PANEL_SLOTS.items():
-            act = v.addAction(f"{title} (not available yet)")
-            act.setEnabled(False)
-            self.panel_actions[name] = act
-
     def _connect(self) -> None:
         sb = self.sidebar
-        sb.selected.connect(self.open_conversation)
-        sb.new_requested.connect(self.new_conversation)
-        sb.delete_requested.connect(self.delete_conversation)
-        sb.export_requested.connect(self.export_dialog)
-        self.conversations.dataChanged.connect(self._update_title)
-        self.input.submitted.connect(self.submit)
-        self.input.cancelled.connect(lambda: self.cancel_edit() if self._editing else self.stop())
+        chats, replies = self.chats, self.replies
+        sb.selected.connect(chats.open)
+        sb.new_requested.connect(chats.new)
+        sb.delete_requested.connect(chats.delete)
+        sb.export_requested.connect(chats.export_dialog)
+        self.conversations.dataChanged.connect(chats.update_title)
+        self.input.submitted.connect(replies.submit)
+        self.input.cancelled.connect(lambda: replies.cancel_edit() if replies.editing else replies.stop())
         self.send_button.clicked.connect(self.input.submit)
-        self.stop_button.clicked.connect(self.stop)
-        self.regen_button.clicked.connect(self.regenerate)
-        self.edit_button.clicked.connect(self.edit_last)
-        self.chat.regenerate_requested.connect(self.regenerate)
-        self.chat.edit_requested.connect(self.edit_message)
-        self.chat.stop_requested.connect(self.stop)
-        self.chat.branch_requested.connect(self.show_branch)
-        self.chat.seed_requested.connect(self.use_seed)
+        self.stop_button.clicked.connect(replies.stop)
+        self.regen_button.clicked.connect(replies.regenerate)
+        self.edit_button.clicked.connect(replies.edit_last)
+        self.chat.regenerate_requested.connect(replies.regenerate)
+        self.chat.edit_requested.connect(replies.edit_message)
+        self.chat.stop_requested.connect(replies.stop)
+        self.chat.branch_requested.connect(replies.show_branch)
+        self.chat.seed_requested.connect(replies.use_seed)
         self.chat.copied.connect(lambda what: self.status.showMessage(
             "Copied the code block" if what == "code" else "Copied the message", 3000))
         self.empty_download.clicked.connect(self.download_requested.emit)
@@ -201,11 +161,11 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         en = self.engine
         en.model_loaded.connect(self._on_model_loaded)
         en.load_failed.connect(self._on_load_failed)
-        en.text_batch.connect(self._on_text)
-        en.prefill_progress.connect(self._on_prefill)
-        en.stats.connect(self._on_stats)
+        en.text_batch.connect(replies.on_text)
+        en.prefill_progress.connect(replies.on_prefill)
+        en.stats.connect(replies.on_stats)
         en.error.connect(self.show_error)
-        en.finished.connect(self._on_finished)
+        en.finished.connect(replies.on_finished)
 
     def fit_to_screen(self, room: QRect | None = None) -> None:
         """Shrink a new user's window (the default 1,100 x 720) to fit ``room`` (the screen's
@@ -240,11 +200,64 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
             if isinstance(widths, dict) else {}
         last = s.get("last_conversation")
         if last and self.conversations.row_of(last) >= 0:
-            self.open_conversation(last)
+            self.chats.open(last)
         elif self.conversations.rowCount():
-            self.open_conversation(self.conversations.index(0).data(ConversationListModel.IdRole))
+            self.chats.open(self.conversations.index(0).data(ConversationListModel.IdRole))
 
-    # ---- panels (their own issues) ---------------------------------------------------------
+    # ---- what other modules ask of the window (the parts do it) -------------------------------
+    @property
+    def current_conversation(self) -> int:
+        """The open conversation's id (0: none)."""
+        return self.chats.current
+
+    def new_conversation(self) -> int:
+        """Open a new conversation (the open one when it is still empty); its id."""
+        return self.chats.new()
+
+    def open_conversation(self, conv_id: int) -> None:
+        self.chats.open(conv_id)
+
+    def delete_conversation(self, conv_id: int) -> None:
+        """Delete ``conv_id`` after asking (``confirm``)."""
+        self.chats.delete(conv_id)
+
+    def export_conversation(self, conv_id: int, fmt: str, path) -> None:
+        """Write ``conv_id`` to ``path`` as ``"markdown"`` or ``"json"`` (raises OSError)."""
+        self.chats.export(conv_id, fmt, path)
+
+    def export_dialog(self, conv_id: int, fmt: str) -> None:
+        self.chats.export_dialog(conv_id, fmt)
+
+    def generation(self) -> dict:
+        """Every generation setting a reply gets (:meth:`ReplyActions.generation`)."""
+        return self.replies.generation()
+
+    def reply_generation(self) -> dict:
+        return self.replies.reply_generation()
+
+    def submit(self, text: str) -> None:
+        """Send ``text`` (or the edit being made) as the user would (:meth:`ReplyActions.submit`)."""
+        self.replies.submit(text)
+
+    def regenerate(self) -> None:
+        self.replies.regenerate()
+
+    def edit_message(self, row: int) -> None:
+        self.replies.edit_message(row)
+
+    def show_branch(self, row: int, step: int) -> None:
+        self.replies.show_branch(row, step)
+
+    def stop(self) -> None:
+        """Stop the reply being written (it is saved as stopped)."""
+        self.replies.stop()
+
+    @property
+    def replying(self) -> bool:
+        """Whether a reply is being written."""
+        return self.replies.reply is not None
+
+    # ---- panels (added by other modules) ------------------------------------------------------
     def add_panel(self, name: str, title: str, widget: QWidget, *, visible: bool = True) -> QDockWidget:
         """Dock ``widget`` on the right with a View menu entry; ``name`` is its object name.
 
@@ -278,7 +291,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
 
         A reply being written is stopped first (and saved as stopped, like any other).
         """
-        if self._reply is not None:
+        if self.replies.reply is not None:
             self.engine.stop()
         if self.engine.model:   # what a failed load goes back to
             self._kept_source = self._model_source
@@ -320,7 +333,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
     def _on_model_loaded(self, info: dict) -> None:
         self.settings.use_model(model_key(info))   # its own context, prompt, sampling, cache policy
         self._models_loaded += 1
-        self._live.clear()   # a load starts with no sessions
+        self.chats.live.clear()   # a load starts with no sessions
         self.status.set_model(info, self.context_limit())
         self.chat.placeholder = ASK
         self.stack.setCurrentIndex(0)
@@ -329,7 +342,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         if notices:  # before model_changed: the settings' resets it brings are added after them, not lost
             self.show_note(notices)
         self.model_changed.emit(info)      # the panels take the new model first,
-        self._show_context_of(self._conv_id)   # then the open conversation's figures,
+        self.chats.show_context_of(self.chats.current)   # then the open conversation's figures,
         # and then the message: sized against the fields as they now are (shown before them, a
         # restart's "Loaded SmolLM2-135M-Instruct.Q4_1 in" lost its time behind the last reply's figures)
         if info.get("remote"):
@@ -355,7 +368,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         if key in CONTEXT_KEYS:
             self.status.set_default_limit(self.context_limit())
             if self.engine.model:
-                self._show_context_of(self._conv_id)   # a new cache comes with the next reply
+                self.chats.show_context_of(self.chats.current)   # a new cache comes with the next reply
 
     def _on_load_failed(self, message: str) -> None:
         kept = self.engine.model   # the model loaded before, still there (Engine keeps it)
@@ -363,7 +376,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
             self._model_source = self._kept_source
             self.status.set_model(kept, self.context_limit())
             self.chat.placeholder = ASK
-            self._show_context_of(self._conv_id)
+            self.chats.show_context_of(self.chats.current)
             self.show_error(f"Could not load the model: {message}. Still using {kept.get('name', 'the model loaded before')}.")
         else:
             self.status.set_model(None)
@@ -375,7 +388,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
     def _on_notice_link(self, link: str) -> None:
         self.notice.hide()
         if link == "new":
-            self.new_conversation()
+            self.chats.new()
         elif link == "overflow":
             self.settings.set("generation/overflow", "truncate-middle")
             self.status.showMessage("Overflow policy: truncate-middle (the oldest turns are dropped); "
@@ -397,7 +410,7 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
 
     def _sync(self) -> None:
         """Enable what can be done now."""
-        busy = self._reply is not None
+        busy, editing = self.replies.reply is not None, self.replies.editing
         ready = bool(self.engine.model) and not busy
         has_user = self.messages.last_row("user") >= 0
         self.chat.busy = busy
@@ -406,11 +419,11 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
         self.stop_button.setVisible(busy)
         self.stop_action.setEnabled(busy)
         for w in (self.regen_button, self.regen_action):
-            w.setEnabled(ready and has_user and not self._editing)
+            w.setEnabled(ready and has_user and not editing)
         for w in (self.edit_button, self.edit_action):
-            w.setEnabled(not busy and has_user and not self._editing)
+            w.setEnabled(not busy and has_user and not editing)
         for w in (self.export_md, self.export_json):
-            w.setEnabled(bool(self._conv_id))
+            w.setEnabled(bool(self.chats.current))
 
     # ---- closing -------------------------------------------------------------------------------
     def closeEvent(self, event) -> None:  # noqa: N802
@@ -428,8 +441,8 @@ class MainWindow(ConversationActions, ReplyActions, QMainWindow):
             self.engine.shutdown()
             QCoreApplication.sendPostedEvents(self.engine, QEvent.Type.MetaCall.value)
             try:
-                self._save_unsaved()
+                self.chats.save_unsaved()
             except (sqlite3.Error, OSError):   # the last resort: the text is in the log file
-                for u in self._unsaved:
+                for u in self.chats.unsaved:
                     log.error("reply not saved (conversation %s): %r", u["conv_id"], u["text"])
         super().closeEvent(event)

@@ -6,6 +6,7 @@ from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QWheelEvent
 from PySide6.QtWidgets import QApplication
 
+from desktop.main_window.replies import BUSY_NOTE
 from desktop.worker import EngineWorker
 from runtime import ContextOverflowError
 from tests.desktop.fakes import fake_load, fake_session_factory
@@ -145,7 +146,7 @@ def test_a_refused_edit_gives_back_the_messages_it_would_have_dropped(qtbot, mak
     assert [(m.id, m.role, m.content, m.stats) for m in w.store.messages(conv)] == before
     assert w.messages.rowCount() == 4 and w.store.conversation(conv).title == "first"
     # Still editing the first message, with the text that did not fit.
-    assert w.edit_banner.isVisible() and w._editing == before[0][0] and w.input.toPlainText() == paste
+    assert w.edit_banner.isVisible() and w.replies.editing == before[0][0] and w.input.toPlainText() == paste
     w.input.setPlainText("first, shorter")
     with qtbot.waitSignal(w.reply_finished, timeout=5000):
         qtbot.keyClick(w.input, Qt.Key.Key_Return)
@@ -220,7 +221,7 @@ def test_the_prompt_being_read_shows_its_time_left(qtbot, make_window):
     w.input.setPlainText("x" * 30_000)
     with qtbot.waitSignal(w.reply_finished, timeout=10_000):
         qtbot.keyClick(w.input, Qt.Key.Key_Return)
-        row = w._reply["row"]
+        row = w.replies.reply["row"]
         w.messages.set_progress(row, 1500, 7500, 130.0)
         w.status.set_prefill(1500, 7500, 130.0)
         assert w.chat.delegate().state_text(w.messages.index(row)) == "Reading the prompt… 20% · about 2 min 10 s left"
@@ -233,7 +234,7 @@ def test_enter_during_a_reply_says_why_nothing_is_sent(qtbot, make_window):
         w.submit("first")
         w.input.setPlainText("second")
         qtbot.keyClick(w.input, Qt.Key.Key_Return)
-        assert w.notice.isVisible() and w.notice.text() == w.BUSY_NOTE and w.notice.property("kind") == "note"
+        assert w.notice.isVisible() and w.notice.text() == BUSY_NOTE and w.notice.property("kind") == "note"
         assert w.input.toPlainText() == "second"
     assert not w.notice.isVisible()   # the reply ended: the note goes
 

@@ -26,7 +26,7 @@ def test_reply_ids_are_stored_and_reused_after_a_restart(qtbot, make_window, tin
     w = make_window(worker=EngineWorker(load_fn=lambda source, device: tiny))
     w.generation_overrides = {"max_new_tokens": 16, "temperature": 0.0}
     first = send_and_wait(qtbot, w, "the cat")
-    conv = w._conv_id
+    conv = w.current_conversation
     reply = w.store.messages(conv)[-1]
     assert reply.role == "assistant" and reply.content == first["text"]
     # The random model's ids, all but the bytes of a character its length stop cut.
@@ -58,7 +58,7 @@ def test_editing_the_first_of_three_turns_reuses_the_cached_prefix_and_stores_a_
     w.generation_overrides = {"max_new_tokens": 16, "temperature": 0.0}
     for text in ("the cat is here", "and the dog", "or a bird"):
         assert send_and_wait(qtbot, w, text)["text"]
-    conv = w._conv_id
+    conv = w.current_conversation
     assert [m.role for m in w.store.messages(conv)] == ["user", "assistant"] * 3
     system = w.generation().get("system_prompt") or None
     head = [Message("system", system)] if system else []
@@ -90,7 +90,7 @@ def test_an_edit_too_long_for_the_context_is_refused_in_one_line_like_a_send(qtb
     w = make_window(worker=EngineWorker(load_fn=lambda source, device: tiny))
     w.generation_overrides = {"max_new_tokens": 8, "temperature": 0.0, "overflow": "stop", "context": 40}
     assert send_and_wait(qtbot, w, "the cat")["reason"] in ("stop", "length")
-    conv = w._conv_id
+    conv = w.current_conversation
     before = [(m.id, m.role, m.content) for m in w.store.messages(conv)]
     w.edit_message(0)
     long = " ".join(["the cat and the dog"] * 12)   # over 40 tokens alone

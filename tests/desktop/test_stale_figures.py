@@ -130,7 +130,7 @@ def test_the_kv_panel_and_status_bar_move_while_a_long_prompt_is_read(qtbot, mak
         kv.grab().save(str(tmp_path / "kv-prefill.png"))
     finally:
         SlowPrefillSession.go_on.set()
-    qtbot.waitUntil(lambda: w._reply is None, timeout=5000)
+    qtbot.waitUntil(lambda: w.replies.reply is None, timeout=5000)
     # The reply's own stats replace the prompt's progress.
     assert kv.series.pending == [] and kv.series.prefill is None and kv.series.tokens[-1] == 1001
     assert w.status.context_label.text() == "Context 1,001 / 8,192"

@@ -4,6 +4,7 @@ from __future__ import annotations
 from PySide6.QtCore import QEvent, QObject
 
 from desktop.chat.pages import ASK
+from desktop.main_window.replies import CONTEXT_FULL
 
 
 class PaintCounter(QObject):
@@ -78,6 +79,6 @@ def test_a_full_context_says_so_and_stores_no_orphan_message(qtbot, make_window,
     assert w.input.toPlainText() == "and the dog"
     w.notice.linkActivated.emit("overflow")
     assert w.settings.get("generation/overflow") == "truncate-middle" and not w.notice.isVisible()
-    w.show_error(w.CONTEXT_FULL)
+    w.show_error(CONTEXT_FULL)
     w.notice.linkActivated.emit("new")
     assert w.current_conversation != conv and w.messages.rowCount() == 0

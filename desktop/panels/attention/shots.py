@@ -64,7 +64,7 @@ def shoot(app: QApplication, window, out: Path, written: list[Path], *, themes, 
         settle(app)
         window.submit(PROMPT)
         _until(app, settle, lambda: panel.live.frame is not None and (
-            not window.replying or len(window._reply["text"]) >= 60), timeout_s, "live attention")
+            not window.replying or len(window.replies.reply["text"]) >= 60), timeout_s, "live attention")
         for theme in themes:
             themed(app, theme)
             save(dock, out / f"panel-attention-live-{theme}.png", written)
