@@ -8,6 +8,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QStyle, QToolButton, QVBoxLayout, QWidget
 
+from desktop.chat.status_bar import StatusField
 from desktop.chat.view import ChatView, MessageInput
 
 __all__ = ["ChatPage", "EmptyState"]
@@ -67,8 +68,10 @@ class ChatPage(QWidget):
         buttons.addWidget(self.regen_button)
         buttons.addWidget(self.edit_button)
         buttons.addStretch(1)
-        #: The message's tokens and the whole prompt's against the context, while typing.
-        self.token_count = QLabel("")
+        #: The message's tokens and the whole prompt's against the context, while typing. It gives
+        #: way (elided, whole in its tooltip): as a plain label its "too long for the context"
+        #: line set the row's minimum width, and the window grew 26 px and would not shrink back.
+        self.token_count = StatusField("")
         self.token_count.setObjectName("tokenCount")
         self.token_count.setForegroundRole(QPalette.ColorRole.PlaceholderText)
         buttons.addWidget(self.token_count)

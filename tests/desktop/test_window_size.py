@@ -38,3 +38,22 @@ def test_editing_a_message_does_not_widen_the_window(qtbot, make_window, which):
     assert w.page.minimumSizeHint().width() == page_min   # the banner wraps: it asks for no width
     banner = w.edit_banner
     assert banner.height() >= banner.heightForWidth(banner.width())   # all its lines are shown
+
+
+def test_a_too_long_count_under_the_box_does_not_widen_the_window(qtbot, make_window):
+    w = make_window()
+    w.resize(1100, 720)
+    qtbot.waitUntil(lambda: w.width() == 1100, timeout=2000)
+    settle(qtbot, w)
+    chat_width = w.stack.width()
+    label = w.page.token_count
+    with qtbot.waitSignal(w.engine.counted, timeout=5000):
+        w.input.setPlainText(" ".join(["word"] * 2000))   # the fake session: a token a character
+    want = "2,000 tokens · prompt 9,999 of 8,192 · too long for the context"
+    qtbot.waitUntil(lambda: label.text() == want, timeout=2000)
+    qtbot.wait(100)   # a layout that asks for more width grows the window on its next pass
+    assert (w.width(), w.stack.width()) == (1100, chat_width)
+    assert label.minimumSizeHint().width() <= 120 < label.sizeHint().width()
+    w.resize(1000, 720)   # and it lets the window get narrower: the count gives way, whole in its tooltip
+    qtbot.waitUntil(lambda: w.width() == 1000, timeout=2000)
+    assert label.width() < label.sizeHint().width() and want in label.toolTip()
