@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/langchain_structured.py [--model SRC] [--seeds 5] [--max-tokens 200]
 
-The schema is the issue's: a nested array of objects with an enum and a required integer.
+The schema is a langchain-like one: a nested array of objects with an enum and a required integer.
 Prints one line per run and a summary; exit status 1 unless every run parsed.
 """
 from __future__ import annotations

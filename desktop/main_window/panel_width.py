@@ -1,8 +1,8 @@
 """Docked panels never take the chat below half the window.
 
-At 1100 x 720 the attention panel once took 540 px (its widest row of controls) and left
-the chat 338 px; dragging the divider did nothing, and the saved window state reopened it
-so. Now each panel's content wraps (:mod:`desktop.flow_layout`), and :class:`PanelWidthGuard`
+A dock as wide as its widest row of controls would leave the chat a strip the divider cannot
+widen, and the saved window state would bring it back at every start. So each panel's
+content wraps (:mod:`desktop.flow_layout`), and :class:`PanelWidthGuard`
 gives every side dock area a maximum width: what the chat can spare above half the
 window. The divider then moves freely inside that bound; the width the user gave a panel
 (remembered with the window, :meth:`PanelWidthGuard.widths`) is clamped to it, and given

@@ -226,8 +226,8 @@ def plan(
             given); default every layer full.
         n_heads: query heads per layer (from ``config`` when given): adds the
             multi-head row to :attr:`MemoryPlan.variants`.
-        blocks: for a GGUF run from its own quantized blocks (the default for one, issue
-            26), ``(bytes, name)``: its weights' bytes and its quantization (``"Q4_K_M"``),
+        blocks: for a GGUF run from its own quantized blocks (the default for one),
+            ``(bytes, name)``: its weights' bytes and its quantization (``"Q4_K_M"``),
             used when ``weights_dtype`` is not given (it computes as float16 weights do).
         cache_budget, cache_budget_bytes: a cache policy's budget, in tokens per full layer or
             in bytes of the whole cache (sliding layers at their whole window,

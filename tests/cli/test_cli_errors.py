@@ -116,7 +116,7 @@ def test_a_good_argument_reaches_the_model(results, case_dir):
 
 
 def test_help_lists_every_weight_dtype():
-    """``--dtype`` takes int8 (8-bit weights); both commands' help says so (issue 30, item 5),
+    """``--dtype`` takes int8 (8-bit weights); both commands' help says so,
     and offers --reproducible."""
     import argparse
 

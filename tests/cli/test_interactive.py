@@ -70,9 +70,9 @@ def test_ctrl_c_stops_the_reply_then_reset_and_exit(default_model_file):
 
 
 def test_regenerate_and_the_same_conversation_again_give_the_same_greedy_text(default_model, monkeypatch, capsys):
-    """Issue 30's Done-when, in the terminal chat: a reply, /regenerate (its prompt from the cache
-    with the logits its prefill left), then /reset and the same message read from scratch: the
-    same greedy text three times. Before, /regenerate was sent as a message."""
+    """In the terminal chat: a reply, /regenerate (its prompt from the cache with the logits its
+    prefill left), then /reset and the same message read from scratch: the same greedy text
+    three times, and /regenerate is a command, not a message."""
     from attnchat.cli.chat import _interactive
     from runtime.generate.events import GenerationSettings
     from runtime.generate.session import ChatSession

@@ -1,10 +1,10 @@
-"""Issue 28 through the command line: a model file or folder from a stranger is refused by
+"""Untrusted models through the command line: a model file or folder from a stranger is refused by
 ``attnchat chat``, ``attnchat serve`` and ``attnchat models import`` with one line on stderr and
 exit status 2, and the process's peak resident memory is measured (with its children: the
 template sandbox) while it refuses.
 
-Before, the template of ``template-bomb`` took ``attnchat chat`` to 16 GB in 150 s; the GGUF
-``4x2^20-bytes`` 3.2 GB in 255 s; ``escaped-auto-map`` loaded; ``models import`` copied all.
+Unchecked, the template of ``template-bomb`` takes ``attnchat chat`` to 16 GB in 150 s, the GGUF
+``4x2^20-bytes`` to 3.2 GB in 255 s; ``escaped-auto-map`` loads; ``models import`` copies all.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from tests.hang import HANG_S
 ROOT = Path(__file__).resolve().parents[2]
 #: Peak resident memory of a refusing ``attnchat chat``/``serve`` process (torch and
 #: transformers imported; a tiny model's tokenizer loaded): 310-410 MiB measured on the
-#: Intel Xeon. Before issue 28's fixes these runs took 3-16 GB.
+#: Intel Xeon. Without the checks these runs take 3-16 GB.
 PEAK_CEILING_BYTES = 640 << 20
 
 #: Runs the command and reports its exit status, its output and the peak resident memory of
@@ -61,7 +61,7 @@ def sources(tmp_path_factory) -> dict[str, Path]:
     (escaped / "config.json").write_text(text[:-1] + ', "auto\\u005fmap": {"AutoModelForCausalLM": "evil.Evil"}}')
     (escaped / "evil.py").write_text("open('RAN', 'w').close()\n")
     out["escaped-auto-map"] = escaped
-    out.update(gguf_files.issue_28_files(root))
+    out.update(gguf_files.metadata_bomb_files(root))
     billion = root / "billion.gguf"  # the header says a billion items; the file is 60 bytes
     gguf_files.gguf(billion, gguf_files.ARCH, gguf_files.key("evil.x") + b"\x09\0\0\0\0\0\0\0" + (10**9).to_bytes(8, "little"))
     out["billion"] = billion

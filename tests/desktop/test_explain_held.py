@@ -47,7 +47,7 @@ def test_explain_reads_the_context_the_cache_held(qtbot, tiny):
     labels = {view.table.item(i, 0).text().split()[0] for i in range(view.table.rowCount())}
     assert labels == {f"#{p}" for p in r["positions"]}   # conversation positions, not 0..12
     assert f"{t - 13} earlier tokens had been dropped" in view.summary.text()
-    # Nothing dropped: the whole conversation, as before, and nothing said.
+    # Nothing dropped: the whole conversation, and nothing said.
     whole = run_explain(qtbot, tiny, ids[:t + 1])
     assert whole["positions"] == list(range(t)) and whole["dropped"] == 0
     view.set_result(whole)

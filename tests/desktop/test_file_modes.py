@@ -1,4 +1,4 @@
-"""Conversations and logs are readable by their user alone (issue 20): the data and log
+"""Conversations and logs are readable by their user alone: the data and log
 folders 0700, the database (and its -wal/-shm) and the log file 0600, on creation and
 repaired on start when an older version left them open to other users.
 """
@@ -102,7 +102,8 @@ def test_the_log_file_is_private(tmp_path, monkeypatch, open_umask):
 
 
 def test_the_settings_file_is_private(tmp_path, open_umask):
-    """Issue 28: ~/.config/attnchat/attnchat.conf (the system prompt, the model's path) was 0644."""
+    """~/.config/attnchat/attnchat.conf holds the system prompt and the model's path: 0600 in a
+    0700 folder whatever the umask, repaired when found open, and kept so when QSettings rewrites it."""
     from desktop.settings.values import Settings
 
     file = tmp_path / "config" / "attnchat" / "attnchat.conf"
@@ -122,7 +123,8 @@ def test_the_settings_file_is_private(tmp_path, open_umask):
 
 
 def test_the_cache_folder_is_private(tmp_path, monkeypatch, open_umask):
-    """Issue 28: the cache folders (converted tokenizers and chat templates: which models one runs) were 0755."""
+    """The cache folders (converted tokenizers and chat templates: which models one runs) are 0700
+    whatever the umask, repaired when found open, the default and a folder the environment names."""
     monkeypatch.delenv(paths.CACHE_DIR_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cache = paths.cache_dir()

@@ -82,7 +82,7 @@ def test_first_run_shows_the_empty_state_and_offers_the_download(qtbot, make_win
 
 def test_the_bar_and_the_line_under_it_say_the_same_thing(qtbot):
     """The byte counts come while the downloaded package is saved and hashed: the bar says
-    "saved" and the line says what is being done, not a download beside a check (issue 15)."""
+    "saved" and the line says what is being done, not a download beside a check."""
     gate, seen = threading.Event(), threading.Event()
 
     def fetch(entry, progress, cancel):

@@ -1,5 +1,5 @@
-"""The status bar and the KV-cache panel say the same true thing (issue 15's findings, on
-real widgets): one context limit, the open conversation's figures (not the last one's), a
+"""The status bar and the KV-cache panel say the same true thing, on real widgets: one
+context limit, the open conversation's figures (not the last one's), a
 readable empty chart, a legend no line runs through."""
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_new_chat_empties_the_panel_as_it_does_the_status_bar(qtbot, make_window
     qtbot.waitUntil(lambda: kv.series.tokens[-1:] == [used], timeout=2000)
     assert w.status.context_label.text() == f"Context {used:,} / 8,192"
     w.new_conversation()
-    # It kept the old chat's tokens while the status bar said 0.
+    # A new chat: no tokens in the panel either, as the status bar's 0 says.
     assert kv.series.tokens == [] and "No reply yet in this conversation" in kv.readout.text()
     assert w.status.context_label.text() == "Context 0 / 8,192" and kv.context_limit() == 8192
     w.open_conversation(first)   # back: both show that conversation's last reply

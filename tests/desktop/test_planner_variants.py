@@ -76,7 +76,7 @@ def test_a_grouped_query_model_is_its_own_row(big_window):
 
 
 def test_a_gguf_run_from_its_blocks_is_planned_at_its_bytes(make_window, monkeypatch):
-    """A quantized GGUF loaded from its own blocks (issue 26) names its quantization as its dtype:
+    """A quantized GGUF loaded from its own blocks names its quantization as its dtype:
     the planner takes its weights as loaded and its cache in the compute dtype (float32 on the CPU)."""
     def load(source, device):
         m = gemma_load(source, device)

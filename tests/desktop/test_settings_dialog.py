@@ -247,7 +247,7 @@ def test_weight_dtypes_show_their_measured_quality(big_window):
 
 def test_an_empty_system_prompt_shows_the_one_the_template_sends(qtbot, make_window):
     """SmolLM2's template sends "You are a helpful AI assistant named SmolLM…" when none is set:
-    the dialog says so instead of "No system prompt" (issue 15)."""
+    the dialog says so instead of "No system prompt"."""
     from tests.runtime.tiny_models import SMOLLM2_TEMPLATE, make_tokenizer
 
     tok = make_tokenizer()

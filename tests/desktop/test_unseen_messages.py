@@ -41,7 +41,7 @@ def test_evicted_messages_are_faded_with_a_note_and_the_banner_says_so(qtbot, ma
     assert w.chat.unseen == 0 and not w.page.unseen_banner.isVisible()
     send(qtbot, w, "second question")
     send(qtbot, w, "third question")
-    # They stayed shown in full with no sign the model no longer saw them.
+    # The three the model no longer sees are faded, each with the note, and the banner says so.
     assert w.chat.unseen == 3 and notes(w)[:3] == [UNSEEN_NOTE] * 3 and UNSEEN_NOTE not in notes(w)[3:]
     banner = w.page.unseen_banner
     assert banner.isVisible() and banner.text().startswith("The model no longer sees the first 3 messages (faded)")
@@ -80,9 +80,9 @@ def test_one_evicted_message_reads_as_one(qtbot, make_window):
 
 
 def test_after_a_restart_the_fade_is_the_last_replys_not_the_models(qtbot, make_window):
-    """Seen on a real display (1100x720, Intel Xeon) after a restart with other settings (context
-    8,192, truncate-middle): "The model no longer sees the first message (faded)" stayed, though
-    no cache existed and the next message reads the whole conversation again."""
+    """After a restart with other settings no cache of the conversation exists and the next
+    message reads it all again: the messages stay faded (the last reply did not see them), but
+    the banner and notes say it was the last reply, not "The model no longer sees"."""
     w = make_window(worker=EngineWorker(load_fn=fake_load, session_fn=lambda m, s, g: RollingSession(g)))
     w.settings.set("generation/overflow", "rolling")
     for text in ("first question", "second question", "third question"):
@@ -110,8 +110,8 @@ class TruncatingSession(RollingSession):
 
 
 def test_messages_truncate_middle_left_out_are_faded_and_said(qtbot, make_window, tmp_path):
-    """Under truncate-middle (the default overflow) the dropped turns stayed shown in full with no
-    sign the model no longer saw them (only rolling was reported)."""
+    """Under truncate-middle (the default overflow) the dropped turns are faded and said, as
+    under rolling."""
     from desktop.chat.delegate import DROPPED_NOTE
 
     w = make_window(worker=EngineWorker(load_fn=fake_load, session_fn=lambda m, s, g: TruncatingSession(g)))

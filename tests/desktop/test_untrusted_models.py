@@ -1,4 +1,4 @@
-"""Issue 28 in the window: a model whose chat template would take gigabytes answers with a
+"""Untrusted models in the window: a model whose chat template would take gigabytes answers with a
 banner (one line) and the window goes on; a GGUF whose metadata would take gigabytes is
 refused at load with a banner. The real worker thread and runtime.load_model.
 """
@@ -40,7 +40,7 @@ def test_a_template_bomb_is_a_banner_and_the_window_goes_on(qtbot, make_window, 
 
 
 def test_a_metadata_bomb_is_refused_at_load_with_a_banner(qtbot, make_window, tmp_path):
-    path = gguf_files.issue_28_files(tmp_path)["4x2^20-empty-strings"]
+    path = gguf_files.metadata_bomb_files(tmp_path)["4x2^20-empty-strings"]
     w = make_window(worker=EngineWorker(), load=False)
     with qtbot.waitSignal(w.engine.load_failed, timeout=120_000):
         w.load_model(str(path))

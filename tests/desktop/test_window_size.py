@@ -23,8 +23,8 @@ def test_editing_a_message_does_not_widen_the_window(qtbot, make_window, which):
     w = make_window(script=["Paris."])
     send(qtbot, w, "What is the capital of France? Answer with a short list of three facts.")
     send(qtbot, w, "And of Italy?")
-    # The attention panel wide, the chat narrow (about 400 px, as a new user had it at 1100 px
-    # before panels were bound to leave the chat half the window: now it takes a narrower window).
+    # The attention panel wide, the chat narrow (about 400 px: the panels leave the chat half
+    # the window, so a narrow chat needs a narrow window).
     w.resize(880, 720)
     qtbot.waitUntil(lambda: w.width() == 880, timeout=2000)
     w.resizeDocks([w.panels["attentionPanel"]], [560], Qt.Orientation.Horizontal)

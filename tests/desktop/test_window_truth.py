@@ -28,7 +28,7 @@ def test_the_empty_chat_repaints_when_the_model_has_loaded(qtbot, make_window):
     qtbot.wait(50)
     before = counter.paints
     assert w.chat.placeholder == ASK
-    # Setting the text asks for a repaint (it used to wait for the first message).
+    # Setting the text asks for a repaint at once, not at the first message.
     w.chat.placeholder = "Loading the model…"
     qtbot.waitUntil(lambda: counter.paints > before, timeout=2000)
     seen = counter.paints

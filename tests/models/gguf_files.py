@@ -1,5 +1,5 @@
 """GGUF headers for the tests of models.safety's scan (a helper, not a test file): raw
-metadata entries, and the files issue 28 built to exhaust a reader."""
+metadata entries, and files built to exhaust a reader (:func:`metadata_bomb_files`)."""
 from __future__ import annotations
 
 import struct
@@ -46,8 +46,9 @@ def vocabulary(n: int, *, scores: bool = True, types: bool = True, merges: int =
 ARCH = string_entry("general.architecture", "llama")
 
 
-def issue_28_files(folder: Path) -> dict[str, Path]:
-    """The metadata bombs of issue 28 (each passed the old scan): name -> file."""
+def metadata_bomb_files(folder: Path) -> dict[str, Path]:
+    """GGUF metadata bombs (each within a scan of counts alone, each gigabytes to a plain reader):
+    name -> file."""
     n = 1 << 20
     return {
         # 4 MB: 255 s and 3.2 GB in the reader

@@ -204,7 +204,7 @@ def test_pips_own_byte_counts_reach_the_window(fake_pip, folder, monkeypatch):
         f.write(b"00\n")
     counts.read(pip_log)
     assert got[-1] == (8000, 8000)
-    # An older pip (no raw bars): the command is as before.
+    # An older pip (no raw bars): the command has no progress flag.
     monkeypatch.setattr(fetch_mod, "_pip_raw_progress", lambda: False)
     fetch_mod.fetch(FAKE, downloading=lambda d, t: None)
     assert "--progress-bar" not in fake_pip.calls[-1]

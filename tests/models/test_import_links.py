@@ -1,6 +1,6 @@
 """Importing a model folder copies the regular files inside it, nothing a link points to
-(issue 20: a ``home -> /root`` link copied 7.4 GB, a link to ``/dev/zero`` wrote until a
-ulimit stopped it, a link to someone's 0600 file was copied). Names are logged with repr.
+(following them, a ``home -> /root`` link would copy 7.4 GB, a link to ``/dev/zero`` write
+until a ulimit stopped it, a link to someone's 0600 file be copied). Names are logged with repr.
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""models.safety's rule on what a model folder may hold (issue 28, found outside the suite): only
+"""models.safety's rule on what a model folder may hold: only
 regular files and folders, once links are followed, and chat templates of at most 1 MiB.
 
-Before, a ``generation_config.json`` linked to ``/dev/zero`` was read until memory ran out
+Without it, a ``generation_config.json`` linked to ``/dev/zero`` is read until memory runs out
 (``attnchat chat --model DIR`` reached 10.9 GB and ended in "internal error: MemoryError"), and
-a FIFO kept the load waiting forever. The checks run in a child whose address space is capped
-at what it maps plus 256 MiB (the old read fails there at once instead of taking the
+a FIFO keeps the load waiting forever. The checks run in a child whose address space is capped
+at what it maps plus 256 MiB (an unchecked read fails there at once instead of taking the
 machine's memory) and whose run is cut at 60 s; its peak resident memory is measured.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""models.safety's GGUF rules (issue 28): the header scan refuses what would cost a reader too
+"""models.safety's GGUF rules: the header scan refuses what would cost a reader too
 much from the counts, before one item of a refused array is read, and its cost model holds
 for the readers attnchat calls (measured in a child process).
 """
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def bombs(tmp_path_factory):
-    return g.issue_28_files(tmp_path_factory.mktemp("bombs"))
+    return g.metadata_bomb_files(tmp_path_factory.mktemp("bombs"))
 
 
 @pytest.mark.parametrize("name, words", [
@@ -36,7 +36,7 @@ def bombs(tmp_path_factory):
     ("10000x400-items", "it declares 10,001 metadata keys (the limit is 4,096)"),
     ("4000x400-items", "its metadata arrays outside the vocabulary hold over 65,536 items (at 'evil.163')"),
 ])
-def test_issue_28_files_are_refused_from_their_counts(bombs, name, words):
+def test_metadata_bombs_are_refused_from_their_counts(bombs, name, words):
     path = bombs[name]
     stats = HeaderStats()
     with pytest.raises(GGUFHeaderError) as e:

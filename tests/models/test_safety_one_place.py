@@ -1,4 +1,4 @@
-"""Issue 28's "one place": every rule on whether a model file, folder, chat template or key file
+"""One place: every rule on whether a model file, folder, chat template or key file
 may be used lives in models/safety, and every entry point reaches it. Read from the source (AST),
 so a new entry point that renders a template or reads a model its own way fails here.
 """
@@ -33,7 +33,7 @@ def _modules() -> tuple[tuple[Path, ast.Module], ...]:
 
 def test_no_template_is_rendered_outside_the_sandbox():
     """Neither jinja2 nor transformers' template rendering is used outside models/safety: a
-    template rendered in this process could take gigabytes (issue 28)."""
+    template rendered in this process could take gigabytes."""
     found = []
     for file, tree in _modules():
         for node in ast.walk(tree):

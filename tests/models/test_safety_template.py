@@ -1,7 +1,7 @@
 """models.safety.template: chat templates render in a child process whose memory, time and
-output are bounded (issue 28), and render as transformers renders them.
+output are bounded, and render as transformers renders them.
 
-The memory cases are what an attacker would write (issue 28's ``'x' * 4000000000`` and a
+The memory cases are what an attacker would write (``'x' * 4000000000`` and a
 string doubled 40 times, and other ways to build a big value in one step); each must stop
 inside the child's limit: the child's peak resident memory is measured (``VmHWM`` /
 ``ru_maxrss``), and so is what this process allocated meanwhile (tracemalloc).
@@ -101,9 +101,9 @@ def test_a_template_that_refuses_the_conversation_says_why_in_one_line(tok):
 
 # ---- bounded memory -----------------------------------------------------------------------------
 BOMBS = {
-    "repeat-4e9": "{{ 'x' * 4000000000 }}",  # issue 28, folded into one constant when jinja compiles it
+    "repeat-4e9": "{{ 'x' * 4000000000 }}",  # folded into one constant when jinja compiles it
     "double-40": "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"
-                 "{{ ns.s | length }}",  # issue 28: 6.7 GB before the old deadline fired
+                 "{{ ns.s | length }}",  # 6.7 GB before a time limit alone would stop it
     "center": "{{ 'x' | center(3000000000) }}",
     "format-width": "{{ '{:>3000000000}'.format('x') }}",
     "list-repeat": "{{ (range(100000) | list) * 100000 }}",

@@ -1,5 +1,5 @@
 """The loaded GGUF cut short (``truncate``) or replaced while the app runs: the process lives
-(before, the next token read a page past the file's end and SIGBUS killed it, exit 135,
+(unguarded, the next token reads a page past the file's end and SIGBUS kills it, exit 135,
 nothing said), the next reply is refused in one line saying to reload, the conversation is
 kept, and nothing of the file stays memory-mapped after the load."""
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
-#: The families added for issue 16, each with its own piece: Llama 3.1's RoPE scaling,
+#: More families, each with its own piece: Llama 3.1's RoPE scaling,
 #: Qwen3's q/k norms, Gemma 2 (soft-capping, alternating sliding layers), Gemma 3
 #: (multi-query, 2 sliding + 1 global layer with their own RoPE bases), Phi-3 (fused
 #: q/k/v and gate/up, partial rotary), Mistral and Qwen2 with a sliding window.

@@ -1,7 +1,7 @@
-"""What one request reuses of another's KV cache (issue 30, item 3): up to the end of the
+"""What one request reuses of another's KV cache: up to the end of the
 longest earlier prompt it extends plus the part of the model's reply it repeats, never a
-partial earlier prompt, never across API keys. Engine and app on a tiny seeded model; the
-issue's own flow (replies sent back stripped) on the real server."""
+partial earlier prompt, never across API keys. Engine and app on a tiny seeded model; a
+client's usual flow (replies sent back stripped) on the real server."""
 from __future__ import annotations
 
 import asyncio
@@ -63,7 +63,7 @@ def test_a_reply_sent_back_changed_reuses_up_to_where_it_differs(engine, tiny):
 
 
 def test_a_partial_earlier_prompt_is_never_reused(engine, tiny):
-    """The probe of issue 20, now against the second prompt of a conversation: a client that
+    """A timing probe for another client's prompt, against the second prompt of a conversation: a client that
     knows the first turn whole may reuse it and its reply, but not a token of the secret
     second message."""
     u1 = Message("user", "who are you")
@@ -109,8 +109,9 @@ def test_the_app_partitions_by_the_key_a_request_came_with(tiny):
 # ---- the real server ------------------------------------------------------------------------
 @pytest.mark.slow
 def test_stripped_replies_keep_the_reuse(client, model_id):
-    """The issue's flow with the official client: turn 3 sends both replies back stripped of a
-    character (0 tokens reused before), and the same request twice (0 the second time)."""
+    """A client's usual flow with the official client: turn 3 sends both replies back stripped of
+    a character and still reuses at least turn 1's prompt; the same request sent twice reuses
+    all of its prompt the second time, with the same text."""
     sys_msg = {"role": "system", "content": "Answer in one short sentence."}
     u1 = {"role": "user", "content": "Name a fruit that is red."}
 

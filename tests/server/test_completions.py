@@ -62,7 +62,7 @@ def test_refused_fields(client, model_id, extra, param):
 def test_echo_with_logprobs_scores_the_prompt_too(client, model_id, paris, default_model):
     """As OpenAI's: the prompt's tokens come first, the first without a log-probability, each
     other with the model's log-probability of it after the ones before (checked against our
-    model's own logits), then the reply's (issue 30, item 5)."""
+    model's own logits), then the reply's."""
     import torch
 
     r = client.completions.create(model=model_id, prompt=PROMPT, temperature=0, max_tokens=6, logprobs=2, echo=True)

@@ -1,5 +1,5 @@
-"""``--max-connections`` holds its slots for the clients that use the server (issue 28: any
-local user could hold all 64 with idle connections, and everyone got 503 for 12 s).
+"""``--max-connections`` holds its slots for the clients that use the server (else any local
+user could hold all 64 with idle connections, and everyone would get 503 until they closed).
 
 The rule (attnchat.server.guard.ConnectionCap): a connection arriving at the cap closes an
 idle one, those without a valid key first; only when every connection has a request in

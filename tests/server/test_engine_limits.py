@@ -1,6 +1,6 @@
 """The server's engine and app on a tiny seeded model (fast, no HTTP socket): the bounded
 queue (429 + Retry-After, cancelled jobs dropped), no KV-cache reuse across conversations
-(the prompt oracle of issue 20), the max_tokens ceiling, the access log without query strings.
+(else a client could learn another's prompt from its timing), the max_tokens ceiling, the access log without query strings.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The server and the head atlas on the issue-16 families, tiny seeded models (no socket).
+"""The server and the head atlas on the newer families, tiny seeded models (no socket).
 
 Gemma 3 (sliding and global layers, one KV head) without a chat template, as the real
 270M file comes, and Qwen3 (q/k norms) with one. ``/v1/completions`` continues a prompt

@@ -1,4 +1,4 @@
-"""What ``attnchat serve`` refuses (issue 20): foreign Host names (DNS rebinding), foreign
+"""What ``attnchat serve`` refuses: foreign Host names (DNS rebinding), foreign
 web pages (Origin), bodies that are not JSON (``attnchat.server.guard``), and requests
 that would hold the only worker for hours.
 
@@ -148,7 +148,7 @@ def test_ten_thousand_messages_are_trimmed_not_a_freeze(http, ask):
 
 @pytest.mark.slow
 def test_half_sent_headers_are_cut_off(guarded_server):
-    """A request whose headers never finish no longer holds its connection for good."""
+    """A request whose headers never finish is cut off: it does not hold its connection for good."""
     host, port = guarded_server.base_url.removeprefix("http://").removesuffix("/v1").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=HEADER_TIMEOUT_S + 20) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")

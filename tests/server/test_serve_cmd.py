@@ -115,7 +115,8 @@ def test_an_api_key_file_is_read_before_the_load(serve, tmp_path):
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX file modes")
 def test_a_key_file_others_may_read_is_refused_and_one_its_group_may_read_is_warned_about(serve, tmp_path):
-    """Issue 28: a 0644 key file was accepted silently."""
+    """A key file others may read (0644) is refused in one line; one only its group may read
+    (0640) is used with a warning."""
     key = tmp_path / "key"
     key.write_text("sk-from-a-file\n")
     key.chmod(0o644)

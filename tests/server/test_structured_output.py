@@ -39,9 +39,9 @@ def test_json_object_mode_streams_an_object(client, model_id):
 
 @pytest.mark.parametrize("strict", [None, False])
 def test_a_plain_schema_is_closed_even_when_strict_is_false(client, model_id, strict):
-    """Unset additionalProperties: the default model added "wind", "temperature_humid", ...
-    until max_tokens (100 tokens, 20 s) with the object left open; closed, it stops. langchain
-    sends ``"strict": false`` by default: that is no wish for invented keys (issue 30)."""
+    """Unset additionalProperties: left open, the default model adds "wind", "temperature_humid",
+    ... until max_tokens (100 tokens, 20 s) with the object unclosed; closed, it stops. langchain
+    sends ``"strict": false`` by default: that is no wish for invented keys."""
     plain = {"type": "object", "properties": {"city": {"type": "string"}, "temperature": {"type": "number"}},
              "required": ["city", "temperature"]}
     spec = {"name": "w", "schema": plain, **({} if strict is None else {"strict": strict})}

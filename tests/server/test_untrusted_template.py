@@ -1,4 +1,4 @@
-"""A chat template that would take gigabytes (issue 28): ``attnchat serve`` renders it at
+"""A chat template that would take gigabytes: ``attnchat serve`` renders it at
 start-up (the tool-support probe) and for every request. The probe falls back to the tool
 prompt, and a request gets one error JSON (400 ``chat_template_error``), while the render
 stays inside the sandbox's memory limit (a tiny seeded model, no socket).

@@ -1,5 +1,5 @@
 """A Hub download is checked by models.safety after its sha256 and before it enters the
-model folder (issue 28): a GGUF whose metadata a reader would pay gigabytes for is
+model folder: a GGUF whose metadata a reader would pay gigabytes for is
 refused in one line and not kept; its sha256 was right, so nothing is kept to resume."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ REPO = "owner/Bomb-GGUF"
 
 def _bomb() -> bytes:
     """A valid tiny GGUF (the shape keys the listing reads) with one more key: an array of
-    2^20 bytes (the reader of issue 28 took 800 MB for each such array)."""
+    2^20 bytes (a plain reader takes 800 MB for each such array)."""
     good = gguf_bytes(payload=0)
     version, tensors, keys = struct.unpack_from("<IQQ", good, 4)
     name = b"evil.blob"

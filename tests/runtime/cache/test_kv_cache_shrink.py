@@ -1,5 +1,5 @@
 """``KVCache.shrink_to_fit``: an idle cache's buffers cut to the smallest chunk multiple
-that holds its tokens (issue 17: a pooled server session kept a long reply's buffers),
+that holds its tokens (a pooled server session would otherwise keep a long reply's buffers),
 with nothing dropped: the same bytes in use, the same values, the same decoding after."""
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_a_cropped_cache_shrinks_to_one_chunk_and_keeps_its_tokens():
     assert cache.allocated_bytes == 8 * cache.bytes_per_token and cache.used_bytes == used
     assert all(torch.equal(_held(cache, i), before[i]) for i in range(2))
     assert cache.v[1][0, 0, :5, 0].tolist() == [-float(i) for i in range(5)]
-    _write(cache, 10, start_value=5)  # grows again as before
+    _write(cache, 10, start_value=5)  # and it grows again by whole chunks
     assert (cache.length, cache.capacity) == (15, 16)
     assert cache.k[0][0, 1, :15, 3].tolist() == [float(i) for i in range(15)]
 

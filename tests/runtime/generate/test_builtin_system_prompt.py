@@ -1,6 +1,6 @@
-"""The system prompt a chat template sends on its own when none is set (issue 15: the
-settings said "No system prompt" while SmolLM2 got "You are a helpful AI assistant named
-SmolLM…"). Runs on the tiny test tokenizer with real models' templates planted.
+"""The system prompt a chat template sends on its own when none is set (SmolLM2's sends
+"You are a helpful AI assistant named SmolLM…"): found, so the settings can name it instead
+of saying "No system prompt". Runs on the tiny test tokenizer with real models' templates planted.
 """
 from __future__ import annotations
 

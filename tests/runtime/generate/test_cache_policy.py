@@ -168,9 +168,9 @@ def test_a_budget_in_bytes_is_never_passed(model):
 
 
 def test_allocated_shrinks_to_what_the_policy_holds(model):
-    """A long prompt read under a 40-token budget grew the buffers to two 256-token chunks
-    while a chunk was read; after the eviction they stayed there ("allocated" never shrank).
-    Now they come back to the one chunk that holds the budget and the next step."""
+    """A long prompt read under a 40-token budget grows the buffers to two 256-token chunks
+    while a chunk is read; after the eviction "allocated" comes back to the one chunk that
+    holds the budget and the next step."""
     st = GenerationSettings(max_new_tokens=20, context_limit=1024, cache_policy="h2o", cache_budget=40,
                             overflow="stop", logits_processors=(_no_stop(model),))   # the default 256-token chunks
     s = ChatSession(model, settings=st)

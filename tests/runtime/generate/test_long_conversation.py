@@ -1,8 +1,8 @@
 """A conversation far longer than the context is trimmed in a few encodes, not one per turn.
 
-Issue 20: a 340 KB body of 10,000 one-letter messages made ``drop_oldest_turns`` render
-and encode the conversation once per dropped turn (8,642 encodes, ~44 minutes). The
-trimming now estimates each message once and searches the turn starts; these tests
+Dropping one turn at a time would render and encode a 340 KB body of 10,000 one-letter
+messages once per dropped turn (8,642 encodes, ~44 minutes). ``drop_oldest_turns``
+estimates each message once and searches the turn starts; these tests
 count what gets rendered (not seconds) and check the result is the one-turn-at-a-time
 answer.
 """

@@ -41,7 +41,7 @@ def test_random_edit_of_an_earlier_message_gives_a_fresh_sessions_logits(tiny, t
     cold.run(cold.send(edited[-1].content))
     torch.testing.assert_close(warm.last_logits, cold.last_logits, atol=1e-5, rtol=1e-5)
     # Exactly the common token prefix was reused: at most all but one prompt token, or all of it
-    # when the "edit" left the prompt as it was (its prefill's logits are kept, issue 30).
+    # when the "edit" left the prompt as it was (its prefill's logits are kept).
     prompt = encode_messages(tiny.tokenizer, edited)
     assert warm.last_stats.prompt_tokens == len(prompt)
     assert 0 <= warm.last_stats.reused_tokens < len(prompt) or (edited == msgs and warm.last_stats.prefilled_tokens == 0)

@@ -140,8 +140,8 @@ def only_words(tiny):
 
 
 def test_a_length_stop_feeds_its_last_token_so_turn2_prefills_only_the_new_message(tiny, only_words):
-    """The issue's two-turn command prefilled 20 = 1 too many: a length stop sampled its last
-    token but never fed it. Now the cache holds the whole reply when the turn ends."""
+    """A length stop feeds its last sampled token, so the cache holds the whole reply when the
+    turn ends and the second turn prefills only the new message's tokens."""
     s = ChatSession(tiny, system_prompt=SYS, settings=GenerationSettings(max_new_tokens=5,
                                                                           logits_processors=(only_words,)))
     first = s.run(s.send("the cat"))

@@ -1,5 +1,4 @@
-"""The same greedy reply for a conversation however its tokens were computed (issue 30,
-item 1; issue 29, item 7).
+"""The same greedy reply for a conversation however its tokens were computed.
 
 - Default mode: Regenerate (and the same prompt sent again) reuses the logits the prompt's
   prefill left, instead of feeding its last token again as a one-token step, whose

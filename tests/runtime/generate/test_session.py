@@ -126,7 +126,7 @@ def test_edit_and_regenerate_reuse_the_cache_up_to_the_first_difference(default_
     assert s.messages == history + [Message("user", edited_msg), Message("assistant", edited.text)]
 
     again = run_turn(s, s.regenerate())
-    # Same prompt: all of it is reused, with the logits its prefill left (issue 29, item 7).
+    # Same prompt: all of it is reused, with the logits its prefill left.
     assert again.stats.prompt_tokens == len(new_prompt)
     assert (again.stats.reused_tokens, again.stats.prefilled_tokens) == (len(new_prompt), 0)
     assert again.text == edited.text

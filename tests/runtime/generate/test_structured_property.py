@@ -1,4 +1,4 @@
-"""Structured output always ends (issue 30, item 2): over random schemas, seeds and token
+"""Structured output always ends: over random schemas, seeds and token
 limits, a sampled reply of the default model under the schema's grammar parses, validates
 against the client's schema and ends (the model's end of turn) before ``max_tokens``.
 
@@ -67,8 +67,8 @@ def _check(schema, grammar, finish, limit):
 
 @pytest.mark.parametrize("seed", [0])
 def test_the_langchain_basket_ends(default_model, seed):
-    """The issue's schema (a nested array of objects with an enum and a required integer) at
-    200 tokens: before, the array never closed and one item repeated to the limit."""
+    """A langchain-like schema (a nested array of objects with an enum and a required integer)
+    at 200 tokens: the array closes and the reply ends, no item repeated to the limit."""
     grammar, finish = _reply(default_model, BASKET, seed, 200)
     _check(BASKET, grammar, finish, 200)
 

@@ -7,7 +7,7 @@ from runtime import load_model
 from runtime.insight.context_cost import attention_step_seconds, scores_per_head
 
 
-def test_scores_per_head_match_the_issue_numbers():
+def test_scores_per_head_match_the_worked_numbers():
     assert scores_per_head(1_000, prefill=True) == 1_000_000          # about a million
     assert scores_per_head(100_000, prefill=True) == 10_000_000_000   # ten billion
     assert scores_per_head(100_000, prefill=False) == 100_000

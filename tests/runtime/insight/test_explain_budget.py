@@ -1,4 +1,4 @@
-"""Explain within bounds (issue 29, item 2): integrated gradients batched within a memory
+"""Explain within bounds: integrated gradients batched within a memory
 budget, a 16-bit model's weights not widened for the backward pass, a moving window of
 positions, progress and Cancel, the cost said before it starts."""
 from __future__ import annotations

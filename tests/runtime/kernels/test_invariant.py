@@ -1,5 +1,5 @@
 """runtime.kernels.invariant and the reproducible kernels: a row's product has the same bits
-whatever rows come with it and whatever the thread count (issue 30, item 1)."""
+whatever rows come with it and whatever the thread count."""
 from __future__ import annotations
 
 import json

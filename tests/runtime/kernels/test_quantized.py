@@ -15,7 +15,7 @@ from tests.runtime.tiny_gguf import EVERY_TYPE, make_tiny_gguf
 needs_ggml = pytest.mark.skipif(not ggml_ops.available(), reason="ggml-python not installed")
 
 #: Relative error bounds against float64 on the same dequantized weights, from measured
-#: errors on the real models' matrices and these tiny ones (Intel Xeon, issue 26): ggml
+#: errors on the real models' matrices and these tiny ones (Intel Xeon): ggml
 #: quantizes activations per block of 32 (0.3-0.9 %); int4pack rounds them and the
 #: scales to bfloat16 (0.3 %); int8pack requantizes the weights per row (0.8-1.4 %);
 #: f16 rounds activations and weights to float16 (0.04 %); widen is float32 (1e-7); ggml-exact

@@ -38,7 +38,7 @@ def test_float16_weights_compute_in_float32(model16, default_model):
     assert model16.decoder.blocks[0].mlp.gate_up_proj.weight.dtype == torch.float16
     assert model16.decoder.blocks[0].attn_norm.weight.dtype == torch.float32
     # Every matrix is float16, widened from the GGUF's blocks in memory: no converted
-    # file is mapped (none is written: the GGUF is the weights' cache, issue 26).
+    # file is mapped (none is written: the GGUF is the weights' cache).
     assert {p.dtype for p in model16.decoder.parameters() if p.dim() == 2} == {torch.float16}
     assert mapped_files(model16) <= {"", "[heap]"}  # anonymous memory only
     # Half the bytes, less the norm weights, which stay float32 (61 x 576 of 134.5M).

@@ -1,4 +1,4 @@
-"""A quantized GGUF runs from its own blocks by default (issue 26): tiny generated files for
+"""A quantized GGUF runs from its own blocks by default: tiny generated files for
 the loader's paths, the real default model for the answers and the memory.
 
 Truth is the float32 run of the same file (``dtype="float32"``: its blocks dequantized
@@ -188,7 +188,7 @@ def test_the_head_keeps_its_activations(tiny):
 @pytest.mark.slow
 def test_default_model_from_its_blocks(default_model_file, default_model):
     """The real default model: Paris, >= 98 % teacher-forced decode agreement with float32
-    (measured 98.2 % on the Intel Xeon of issue 26; llama.cpp 96.6 % on the same file),
+    (measured 98.2 % on an Intel Xeon; llama.cpp 96.6 % on the same file),
     the file's bytes as its weights."""
     from runtime.generate.chat_format import Message, encode_messages
 

@@ -1,6 +1,6 @@
 """Quality of 8-bit weights and of the 8-bit KV cache on the real default model.
 
-The bar (issue 19): the model still answers "Paris", and at least 98 % of greedy tokens
+The bar: the model still answers "Paris", and at least 98 % of greedy tokens
 agree with float32 over a few hundred positions of English text, teacher-forced token
 by token (the decode path), as test_float16_weights measured float16. The int8 cache
 also has to recall a fact placed about 3,000 tokens back. Truth is our float32 engine,
@@ -89,9 +89,9 @@ def test_int8_weights_are_a_quarter_of_float32(model8, default_model):
 
 
 def test_int8_weights_agree_with_float32(model8, default_model, text_ids):
-    """Measured on an AMD EPYC Zen 3 (issue 19), one prefill over the 371 positions (the
+    """Measured on an AMD EPYC Zen 3, one prefill over the 371 positions (the
     weight-only kernels compute the same product token by token): 95.7 %, mean |logit
-    difference| 0.18, max 1.59: under the issue's 98 % bar, so int8 weights are not the
+    difference| 0.18, max 1.59: under the 98 % bar, so int8 weights are not the
     default. The bound is what was measured, so a regression fails; the bar is not claimed."""
     ref = default_model.logits(text_ids)[0, 1:]
     got = model8.logits(text_ids)[0, 1:]
@@ -100,8 +100,8 @@ def test_int8_weights_agree_with_float32(model8, default_model, text_ids):
 
 
 def test_int8_cache_agrees_with_float32(default_model, text_ids):
-    """Measured on an AMD EPYC Zen 3 (issue 19): 97.8 % (363 of 371 greedy tokens), mean
-    |logit difference| 0.067, max 0.91: just under the issue's 98 % bar. The bound here is
+    """Measured on an AMD EPYC Zen 3: 97.8 % (363 of 371 greedy tokens), mean
+    |logit difference| 0.067, max 0.91: just under the 98 % bar. The bound here is
     what was measured, so a regression fails; the bar is not claimed."""
     ref = default_model.logits(text_ids)[0, 1:]
     steps = teacher_forced(default_model, text_ids, cache_dtype="int8")

@@ -13,7 +13,7 @@ from runtime.memory.sizes import kv_bytes_per_token
 from tests.hang import HANG_S
 
 
-def test_issue_example_32_layers_8_kv_heads_128_dims_2_bytes():
+def test_worked_example_32_layers_8_kv_heads_128_dims_2_bytes():
     p = plan(layers=32, kv_heads=8, head_dim=128, cache_dtype="bfloat16", context=100_000)
     assert p.kv_bytes_per_token == 131_072
     assert p.kv_bytes == 13_107_200_000
@@ -60,7 +60,7 @@ def test_parameter_count_matches_the_loaded_default_model(default_model):
                                           ("gemma3", "int8"), ("gpt2", "int8")])
 def test_the_planners_weights_are_what_the_loader_keeps(tmp_path, family, dtype):
     """Norm weights and biases stay in the compute dtype (float32 on the CPU): the planner
-    counted them at the weights' 2 bytes (issue 30, item 4)."""
+    counts them so, not at the weights' 2 bytes."""
     from runtime import load_model
     from runtime.memory.planner import weights_bytes
     from tests.runtime.tiny_models import make_tiny_model
@@ -121,7 +121,7 @@ def test_memory_command_on_the_default_model(default_model_file, default_model):
     assert data["kv_bytes_per_token"] == 23_040
     assert data["kv_bytes"] == 23_040_000
     assert data["max_context_in_budget"] == 10 * 2**20 // 23_040
-    # A quantized GGUF runs from its own blocks by default (issue 26): its weights are the
+    # A quantized GGUF runs from its own blocks by default: its weights are the
     # file's tensors at their size, named by the file's quantization.
     from runtime.weights.gguf.mmap import read_gguf_tensors
 

@@ -6,9 +6,9 @@ equal to transformers' for 32 tokens, and the cache's per-layer-type count equal
 planner's.
 
 Why 1,200 tokens and not fewer: RoPE angles grow with the position, and so do their
-rounding errors. Our angles used to be float64 (transformers' are float32): 2.3e-3 off at
-1,200 tokens, but 1.5e-4 at 600, under the bound; so a 600-token input would not have
-caught it (measured on an AMD EPYC Zen 3). With float32 angles: 8e-5 at 1,200.
+rounding errors. Angles in float64 (transformers' are float32) are 2.3e-3 off at 1,200
+tokens but 1.5e-4 at 600, under the bound, so a 600-token input would not catch such a
+mismatch (measured on an AMD EPYC Zen 3). With float32 angles, as ours are: 8e-5 at 1,200.
 
 Slow: transformers' GGUF reader dequantizes the file for minutes on 2 shared cores; its
 result is kept in pytest's cache (see :func:`theirs`) and read back in seconds.

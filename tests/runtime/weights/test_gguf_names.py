@@ -13,7 +13,7 @@ from tests.runtime.tiny_gguf import EVERY_TYPE, make_tiny_gguf
 
 
 def _transformers_state(path):
-    """transformers' dequantized tensors in our decoder's names (the pre-issue-26 path)."""
+    """transformers' dequantized tensors in our decoder's names (the reference for our own reader)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 

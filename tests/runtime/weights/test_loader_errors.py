@@ -69,7 +69,8 @@ def test_empty_gguf(tmp_path):
 
 @pytest.mark.skipif(not os.path.exists("/dev/zero") or not hasattr(os, "mkfifo"), reason="POSIX")
 def test_a_fifo_or_a_device_named_gguf(tmp_path):
-    """Issue 28 outside the suite: both were called 'empty; download it again'."""
+    """A FIFO or a device behind a .gguf name is "not a regular file", not "empty; download it
+    again"."""
     os.mkfifo(tmp_path / "fifo.gguf")
     _raises(tmp_path / "fifo.gguf", ModelLoadError, "fifo.gguf", "not a regular file")
     os.symlink("/dev/zero", tmp_path / "zero.gguf")

@@ -1,4 +1,4 @@
-"""A model can carry no code and no memory bomb into attnchat (issues 20, 28).
+"""A model can carry no code and no memory bomb into attnchat.
 
 - ``auto_map`` in any JSON of a model folder, in any JSON spelling and at any depth, or a
   string naming one of the folder's ``*.py`` files, is refused in one line, before
@@ -6,7 +6,8 @@
 - A GGUF's tokenizer is read from the file alone, not from the folder it sits in.
 - ``trust_remote_code=False`` is passed to every transformers loader call.
 - Oversized GGUF metadata is refused from a scan of the header's sizes, in bounded memory,
-  issue 28's files included (they passed the old limits and took 3-7 GB in the reader).
+  the metadata bombs of tests/models/gguf_files.py included (a reader without the scan
+  takes 3-7 GB for them).
 - Each refusal reaches the command line as one line and exit status 2, in bounded memory
   (the peak resident memory of the ``attnchat chat``/``serve`` process is measured).
 """
@@ -104,7 +105,7 @@ def test_every_transformers_loader_call_refuses_remote_code():
 
 
 @pytest.mark.parametrize("file, text", [
-    ("config.json", '"auto\\u005fmap": {"AutoModelForCausalLM": "modeling_evil.Evil"}'),  # issue 28
+    ("config.json", '"auto\\u005fmap": {"AutoModelForCausalLM": "modeling_evil.Evil"}'),  # an escaped key
     ("tokenizer_config.json", '"extra": {"deeper": [{"\\u0061uto_map": {"AutoTokenizer": "x.Y"}}]}'),
 ])
 def test_auto_map_in_any_spelling_at_any_depth_is_refused(tmp_path, tiny_llama, file, text):
@@ -195,8 +196,8 @@ def test_malformed_or_oversized_headers_are_refused(tmp_path, entry, words):
 
 
 @pytest.mark.parametrize("name", ["4x2^20-bytes", "4x2^20-empty-strings", "10000x400-items", "4000x400-items"])
-def test_issue_28_metadata_is_refused_in_bounded_memory(tmp_path, name):
-    path = gguf_files.issue_28_files(tmp_path)[name]
+def test_metadata_bombs_are_refused_in_bounded_memory(tmp_path, name):
+    path = gguf_files.metadata_bomb_files(tmp_path)[name]
     with pytest.raises(ModelLoadError):  # once first: the imports it makes are not the file's cost
         load_model(path, device="cpu")
     tracemalloc.start()
@@ -207,7 +208,7 @@ def test_issue_28_metadata_is_refused_in_bounded_memory(tmp_path, name):
     finally:
         tracemalloc.stop()
     assert "\n" not in str(e.value)
-    assert peak < 4 << 20, f"{peak:,} bytes"  # one 1 MiB buffer of the header; the old path took 3-7 GB
+    assert peak < 4 << 20, f"{peak:,} bytes"  # one 1 MiB buffer of the header; a reader without the scan takes 3-7 GB
 
 
 def test_too_many_tensors_are_refused(tmp_path):
