@@ -166,8 +166,8 @@ def check_entries(folder: Path) -> None:
     """Every entry under ``folder`` is a regular file or a folder once links are followed,
     and its chat templates (``*.jinja``) are at most :data:`MAX_TEMPLATE_FILE_BYTES`.
 
-    A link to ``/dev/zero`` as ``generation_config.json`` took a reader to 10.9 GB, and a
-    FIFO kept it waiting forever (found outside the suite); transformers reads a
+    A link to ``/dev/zero`` as ``generation_config.json`` takes a reader to 10.9 GB, and a
+    FIFO keeps it waiting forever; transformers reads a
     ``chat_template.jinja`` whole, whatever its size.
 
     Raises:

@@ -1,9 +1,7 @@
 """A Markdown export keeps each message's code inside that message: a reply stopped (or cut at
-its length limit) inside a code block left its fence open, and in the exported file every
-section after it ("## You", the next replies) was inside that code block.
-
-Seen on a real display (1100x720, Intel Xeon): a reply stopped mid-code, exported as
-Markdown; the file's later turns rendered as one grey code box in a Markdown viewer.
+its length limit) inside a code block leaves its fence open, and unclosed, every section of the
+exported file after it ("## You", the next replies) would render inside that code block (one
+grey code box in a Markdown viewer).
 """
 from __future__ import annotations
 

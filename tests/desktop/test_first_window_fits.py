@@ -1,9 +1,7 @@
 """A new user's first window fits their screen: the default 1,100 x 720 with a window manager's
-title bar was taller than a 720 px screen, and the status bar (model, context, "Serving at …")
-was below its bottom edge until a restart restored a geometry Qt had fitted.
-
-Seen on a real display (Xvfb 1100x720 with openbox, Intel Xeon): the window's client area
-1100x720 at y 20, the status bar off the screen.
+title bar is taller than a 720 px screen, and unfitted the status bar (model, context,
+"Serving at …") would sit below its bottom edge (on Xvfb 1100x720 with openbox: the client area
+1100x720 at y 20) until a restart restored a geometry Qt had fitted.
 """
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def test_a_query_clicked_on_the_mean_of_heads_gets_its_formula_and_a_head_change
     QTest.mouseClick(heat, Qt.MouseButton.LeftButton,
                      pos=QPointF(r.left() + 0.5 * r.width() / T, r.top() + (row + 0.5) * r.height() / T).toPoint())
     assert panel.numbers.query.value() == row and "head 0" in panel.status.text()
-    # The Formula tab computes at once, for its own head (it said "choose one head" and stayed empty).
+    # The Formula tab computes at once, for its own head (not "choose one head" and empty).
     with qtbot.waitSignal(c.numbers_ready, timeout=10_000) as got:
         panel.tabs.setCurrentIndex(NUMBERS)
     assert (got.args[0]["query"], got.args[0]["head"]) == (row, 0)

@@ -122,7 +122,7 @@ def test_zoom_spans_a_short_chat_and_an_edit_cuts_the_line_to_the_cache(panel):
     for t in range(45, 84, 4):
         panel.on_stats(stats(t, request=1))
     panel.redraw()
-    # Zoomed: twice the 81 tokens used (it stayed 0..1,024 for a 45..90-token chat).
+    # Zoomed: twice the 81 tokens used (not 0..1,024 for a 45..90-token chat).
     assert panel.theory["float32"].getData()[0][-1] == 162
     assert panel.plot.getPlotItem().viewRange()[0][1] == pytest.approx(162 * 1.02)
     panel.zoom.setChecked(False)

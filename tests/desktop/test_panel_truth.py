@@ -188,8 +188,8 @@ def test_the_chart_lines_keep_their_width_at_device_pixel_ratio_2(qtbot, monkeyp
 
 
 def test_the_loaded_message_is_whole_after_the_fields_take_the_conversations_figures(qtbot, make_window):
-    """Seen on a real display at 1100x720 after a restart: "Loaded SmolLM2-135M-Instruct.Q4_1 in" (the time
-    cut off): the message was sized before the fields took the open conversation's last-reply figures."""
+    """After a restart at 1100x720, "Loaded SmolLM2-135M-Instruct.Q4_1 in … s" is shown whole: the
+    message is sized after the fields take the open conversation's last-reply figures, not before."""
     def long_name(source, device):
         m = fake_load(source, device)
         m.name = "SmolLM2-135M-Instruct.Q4_1"

@@ -89,8 +89,8 @@ def test_the_kv_legend_and_chart_are_never_cut_off(qtbot, make_window, width, tm
 
 
 def test_the_head_choice_is_not_cut_when_the_panel_showed_before_the_model(qtbot, make_window, tmp_path):
-    # Seen on a real display: the attention panel, open (behind the KV panel's tab) while the
-    # model loaded, kept the head box as wide as its empty self: "Mean of hea".
+    # The attention panel, open (behind the KV panel's tab) while the model loads: the head box
+    # widens to its items, not as wide as its empty self ("Mean of hea").
     w = make_window(load=False)
     sized(qtbot, w, 1100, 720)
     panel = open_attention(qtbot, w).widget()

@@ -125,8 +125,9 @@ def test_save_dialogs_start_in_the_documents_folder(qtbot, make_window, document
 @pytest.mark.parametrize("unit, budget, flag, said", [("tokens", 512.0, "512", "h2o cache policy (512 tokens)"),
                                                       ("MiB", 1.5, "1.5MiB", "h2o cache policy (1.5 MiB)")])
 def test_the_server_gets_the_windows_cache_policy(qtbot, make_window, unit, budget, flag, said):
-    """Seen on a real display: with a cache policy set (Edit > Settings > Cache policy), the
-    toggle's server kept every token (its default, none): the policy is a cache setting too."""
+    """The cache policy set in Edit > Settings > Cache policy reaches the server the toggle
+    starts (its flags and the menu entry's text); without it that server would keep every token
+    (its default, none). With the policy none, no flag is added."""
     w = make_window()
     for key, value in (("generation/cache_policy", "h2o"), ("generation/cache_budget", budget),
                        ("generation/cache_budget_unit", unit)):

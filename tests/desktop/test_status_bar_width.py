@@ -1,10 +1,10 @@
 """The status bar never makes the window wider: its fields give way (elided, the whole text in
 reach) when they do not fit beside each other.
 
-Seen on a real display (1366x768, Intel Xeon): Server > Serve the loaded model added
-"● Serving at http://127.0.0.1:46717/v1" beside the last reply's figures, and the window grew
-from 1,100 to 1,211 px (on a 1,100 px screen its right edge, with the Attention panel, left
-the screen). The fields' full widths were the window's minimum width.
+If the fields' full widths were the window's minimum width, Server > Serve the loaded model,
+adding "● Serving at http://127.0.0.1:46717/v1" beside the last reply's figures, would grow the
+window from 1,100 to 1,211 px (on a 1,100 px screen its right edge, with the Attention panel,
+off the screen).
 """
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ def test_a_lost_system_prompt_is_said(qtbot, make_window):
 
 
 def test_one_evicted_message_reads_as_one(qtbot, make_window):
-    # Seen on a real display: "The model no longer sees the first 1 message (faded): ... evicted them".
+    # One message reads as one ("the first message ... evicted it"), not "the first 1 message ... them".
     w = make_window()
     w.page.show_unseen(1)
     assert w.page.unseen_banner.text().startswith(
