@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from attnchat.server.engine import POOL_BYTES, POOL_IDLE_S, Engine
@@ -37,7 +37,7 @@ from attnchat.server.jobs import Delta, Done, Failed, Job, Started
 from attnchat.server.reuse import TURNS
 from runtime import ChatTemplateError, ContextOverflowError, GenerationSettings, Message, Model, ModelFileChanged
 from runtime.cache.paged import PagePool
-from runtime.device import trim_heap
+from runtime.device import free_memory_bytes, trim_heap
 from runtime.dtypes import parse_cache_dtype
 from runtime.generate.batch import Batcher, BatchReply, ReplyRequest
 from runtime.generate.events import Finish, PrefillProgress, TextPiece
@@ -51,6 +51,91 @@ PARALLEL = 4
 MAX_QUEUED = 64
 #: Replies whose token ids are remembered by their text (a reply the client sends back).
 WRITTEN = 256
+#: Bytes kept free beside the pool when :func:`plan` asks whether memory holds it: a prefill
+#: chunk's activations, the replies' logits and the HTTP side.
+RESERVE_BYTES = 512 << 20
+#: What one waiting request may hold (its body of at most 1 MiB, the parsed messages, the
+#: rendered prompt): :func:`plan` sizes the queue from the memory left at this much each.
+QUEUED_BYTES = 4 << 20
+#: The most requests :func:`plan` lets wait, however much memory is free.
+MAX_QUEUED_AUTO = 1024
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How ``attnchat serve`` runs requests (:func:`plan`): ``parallel`` replies decoding
+    together (1: the one-at-a-time engine), the KV pool's ``pool_bytes``, ``max_queued`` (None:
+    the engine's default) and ``reason``, one line for the startup log."""
+
+    parallel: int
+    pool_bytes: int
+    max_queued: int | None
+    reason: str
+
+
+def plan(model: Model, settings: GenerationSettings, *, parallel: int | None = None, pool_bytes: int | None = None,
+         max_queued: int | None = None, free_bytes: int | None = -1) -> Plan:
+    """Batching when it can work, else one request at a time, and why (``serve --parallel auto``).
+
+    ``parallel`` None (auto) gives :data:`PARALLEL` when the overflow policy is ``stop``, no
+    cache policy is set, the pool holds one whole conversation of the context and ``free_bytes``
+    hold the pool plus :data:`RESERVE_BYTES`; else 1 and the reason. ``pool_bytes`` None gives
+    batching the larger of :data:`POOL_BYTES` and one whole conversation (what the one-at-a-time
+    engine's session takes for it), the one-at-a-time engine :data:`POOL_BYTES` of idle caches. With batching and ``max_queued`` None, the queue holds what
+    the memory left after the pool allows at :data:`QUEUED_BYTES` a request, from
+    :data:`MAX_QUEUED` to :data:`MAX_QUEUED_AUTO`.
+
+    Args:
+        model: the loaded model (its shape, device and compute dtype).
+        settings: the server's settings (context, cache dtype, overflow, cache policy).
+        parallel: replies decoding together as asked (None: auto).
+        pool_bytes: the KV pool's bytes as asked (None: as above).
+        max_queued: requests that may wait as asked (None: as above).
+        free_bytes: free memory on the model's device in bytes (None: unknown, taken as
+            enough; the default -1 asks :func:`runtime.device.free_memory_bytes`).
+
+    Raises:
+        ValueError: an asked ``parallel`` above 1 that cannot work (an overflow or cache
+            policy, or memory that does not hold the pool): one line saying what to change.
+    """
+    if free_bytes == -1:
+        free_bytes = free_memory_bytes(model.device)
+    context = settings.context_limit or model.config.max_position_embeddings
+    whole = _page_pool(model, settings, None).bytes_for(context)
+    pool = max(POOL_BYTES, whole) if pool_bytes is None else pool_bytes
+    pool = min(pool, settings.cache_limit_bytes or pool)
+    mib = pool >> 20
+    why_not = None
+    if settings.overflow != "stop":
+        why_not = f"--overflow {settings.overflow} runs one request at a time (batching needs --overflow stop)"
+    elif settings.cache_policy != "none":
+        why_not = f"--cache-policy {settings.cache_policy} runs one request at a time"
+    elif free_bytes is not None and free_bytes < pool + RESERVE_BYTES:
+        why_not = (f"{free_bytes >> 20} MiB free does not hold a {mib} MiB KV pool and {RESERVE_BYTES >> 20} MiB "
+                   "beside it; lower --pool-mib or --context")
+    elif pool < whole and parallel is None:
+        why_not = (f"a {mib} MiB KV pool holds less than one {context}-token conversation ({whole >> 20} MiB); "
+                   "raise --pool-mib or lower --context")
+    if parallel is not None and parallel > 1 and why_not is not None:
+        raise ValueError(f"--parallel {parallel}: {why_not}; or drop --parallel")
+    if parallel == 1 or why_not is not None:
+        return Plan(1, POOL_BYTES if pool_bytes is None else pool_bytes, max_queued,
+                    "one request at a time: " + (why_not or "--parallel 1"))
+    n = parallel or PARALLEL
+    if max_queued is None:
+        spare = None if free_bytes is None else free_bytes - pool - RESERVE_BYTES
+        max_queued = MAX_QUEUED if spare is None else max(MAX_QUEUED, min(MAX_QUEUED_AUTO, spare // QUEUED_BYTES))
+    return Plan(n, pool, max_queued, f"{n} replies decode together (continuous batching over a {mib} MiB paged "
+                                     f"KV cache: {pool // whole if whole else 0} whole {context}-token conversations); "
+                                     f"{max_queued} requests may wait")
+
+
+def _page_pool(model: Model, settings: GenerationSettings, limit: int | None, page_tokens: int = 16) -> PagePool:
+    """The model's page pool in the settings' cache dtype (no arena until a page is taken)."""
+    c = model.config
+    dtype = parse_cache_dtype(settings.cache_dtype) if settings.cache_dtype else model.compute_dtype
+    return PagePool(c.n_layers, c.n_kv_heads, c.head_dim, page_tokens=page_tokens, dtype=dtype,
+                    device=model.device, windows=c.windows, limit_bytes=limit)
 
 
 class BatchEngine(Engine):
@@ -82,11 +167,8 @@ class BatchEngine(Engine):
                              "use --parallel 1 for truncate-middle, rolling or a cache policy")
         super().__init__(model, settings=settings, sessions=1, max_queued=max_queued, pool_bytes=pool_bytes,
                          pool_idle_s=pool_idle_s, on_reply=on_reply)
-        c = model.config
         limit = min(pool_bytes, settings.cache_limit_bytes or pool_bytes)
-        dtype = parse_cache_dtype(settings.cache_dtype) if settings.cache_dtype else model.compute_dtype
-        self.pool = PagePool(c.n_layers, c.n_kv_heads, c.head_dim, page_tokens=page_tokens, dtype=dtype,
-                             device=model.device, windows=c.windows, limit_bytes=limit)
+        self.pool = _page_pool(model, settings, limit, page_tokens)
         self.parallel = parallel
         self.batcher = Batcher(model, self.pool, max_batch=parallel, prefill_chunk=settings.prefill_chunk,
                                on_events=self._on_events, on_failed=self._on_failed)

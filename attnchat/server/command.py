@@ -1,6 +1,6 @@
 """``attnchat serve``: the OpenAI-compatible HTTP server (see :mod:`attnchat.server`).
 
-``attnchat serve [--model SRC] [--host 127.0.0.1] [--port 8000] [--api-key KEY]``
+``attnchat serve [--model SRC] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--parallel auto|N]``
 
 It binds to loopback by default and refuses any other address without an API key.
 The address is checked and bound before the model loads, so a mistake costs no wait.
@@ -41,6 +41,11 @@ def _count(text: str) -> int:
     return value
 
 
+def _parallel(text: str) -> int | None:
+    """``auto`` (None: batching when it can work, :func:`attnchat.server.batching.plan`) or a count."""
+    return None if text.strip().lower() == "auto" else _count(text)
+
+
 def _origin(text: str) -> str:
     from attnchat.server.guard import normalize_origin
 
@@ -53,7 +58,8 @@ def _origin(text: str) -> str:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
-        description="GET /v1/models and POST /v1/chat/completions (streamed or not), one request at a time. "
+        description="GET /v1/models and POST /v1/chat/completions (streamed or not); several replies decode "
+                    "together (continuous batching) where the settings and memory allow. "
                     "Binds to loopback unless given --host with --api-key.")
     p.add_argument("--model", metavar="SRC", help="a .gguf file, a model folder, a catalog id or hf.co/OWNER/REPO:QUANT "
                                                   "(fetched first when missing; default: the default model)")
@@ -88,15 +94,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="conversations that keep their KV cache between requests (default 4)")
     p.add_argument("--max-queued", type=_count, default=None, metavar="N",
                    help="requests that may wait behind the running ones; more get 429 with Retry-After "
-                        "(default 16, with --parallel 64)")
-    p.add_argument("--parallel", type=_count, default=1, metavar="N",
+                        "(default: one at a time 16; batching what memory allows, 64 to 1024)")
+    p.add_argument("--parallel", type=_parallel, default=None, metavar="N",
                    help="replies decoding together in one step over a paged KV cache of --pool-mib (continuous "
-                        "batching; needs --overflow stop); 1: one request at a time (default 1)")
+                        "batching; needs --overflow stop and no cache policy); 1: one request at a time; "
+                        "auto (default): 4 where the settings and free memory allow, else 1 (the startup line says why)")
     p.add_argument("--max-connections", type=_count, default=64, metavar="N",
                    help="open connections at most; a new one closes an idle one, one without a valid API key first, "
                         "and gets 503 only when every one has a request in progress (default 64)")
-    p.add_argument("--pool-mib", type=_count, default=256, metavar="M",
-                   help="KV-cache MiB the idle sessions may keep; the least recently used caches are freed "
+    p.add_argument("--pool-mib", type=_count, default=None, metavar="M",
+                   help="batching: the KV pool's MiB (default: 256, or one whole conversation of the context "
+                        "when more); one at a time: the MiB idle sessions may keep, least recently used freed "
                         "past it (default 256)")
     # engine.POOL_IDLE_S (not imported here: it imports torch; a test checks they agree)
     p.add_argument("--pool-idle-s", type=float, default=10.0, metavar="S",
@@ -201,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(args.api_key, str) and not args.api_key.strip():
         raise ValueError("--api-key is empty; give a key, or leave it out on loopback")
     settings = _settings(args)  # check before the slow load
-    if args.parallel > 1 and (settings.overflow != "stop" or settings.cache_policy != "none"):
+    if args.parallel is not None and args.parallel > 1 and (settings.overflow != "stop" or settings.cache_policy != "none"):
         raise ValueError(f"--parallel {args.parallel} needs --overflow stop and no cache policy; "
                          "drop --parallel (one request at a time) or those options")
     sock = bind(args.host, args.port)
@@ -244,16 +252,21 @@ def _serve(args: argparse.Namespace, settings, sock: socket.socket) -> int:
 
     from attnchat.server.app import create_app
     from attnchat.fetching import model_source
+    from attnchat.server.batching import plan
     from attnchat.server.guard import drop_query_strings
     from runtime import load_model
 
     model = load_model(model_source(args.model), device=args.device, dtype=args.dtype, reproducible=args.reproducible)
+    how = plan(model, settings, parallel=args.parallel, max_queued=args.max_queued,
+               pool_bytes=None if args.pool_mib is None else args.pool_mib << 20)
+    logging.getLogger("attnchat.serve").info("%s", how.reason)
+    print(f"attnchat: {how.reason}", flush=True)
     app = create_app(model, api_key=args.api_key, model_id=args.model_id, settings=settings,
                      sessions=args.sessions, default_temperature=args.temperature,
                      default_max_tokens=args.max_tokens, max_tokens_limit=args.max_tokens_limit,
-                     max_queued=args.max_queued, parallel=args.parallel,
+                     max_queued=how.max_queued, parallel=how.parallel,
                      allowed_hosts=[args.host, *args.allowed_host],
-                     cors_origins=args.cors_origin, pool_bytes=args.pool_mib << 20,
+                     cors_origins=args.cors_origin, pool_bytes=how.pool_bytes,
                      pool_idle_s=args.pool_idle_s)
     config = server_config(app, max_connections=args.max_connections, api_key=args.api_key)
     logging.getLogger("uvicorn.access").addFilter(drop_query_strings)

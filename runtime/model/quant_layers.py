@@ -4,8 +4,10 @@ Must not import Qt.
 :class:`QuantLinear` holds a matrix as parts in their file's blocks
 (:class:`runtime.weights.quant_weight.QuantWeight`, stacked along the output rows: a
 layer's q/k/v when their types differ) and runs each part with the kernel chosen for
-its block type and the row count (:class:`runtime.kernels.quant_choice.QuantChoice`: one
-row is decode, several prefill). :class:`QuantEmbedding` widens only the rows a token
+its block type and the phase (:class:`runtime.kernels.quant_choice.QuantChoice`): one new
+token per sequence is decode (one row, or ``(B, 1, in)``: a batch of sequences decoding
+together, each row with the numbers it gets alone, as ggml's product is row-invariant and
+the prefill kernel need not be), several tokens of a sequence prefill. :class:`QuantEmbedding` widens only the rows a token
 needs. Inside ``torch.compile`` both call opaque ops (ggml's kernels are ctypes calls);
 with gradients (the attribution view) a product uses the dequantized matrix, so autograd
 sees an ordinary linear layer.
@@ -103,7 +105,8 @@ class QuantLinear(nn.Module):
         x2 = x.reshape(-1, shape[-1])
         if not x2.is_contiguous():
             x2 = x2.contiguous()
-        phase = 0 if x2.shape[0] == 1 else 1
+        # one token per sequence (B, 1, in) decodes as one row does: a batched reply equals it alone
+        phase = 0 if x2.shape[0] == 1 or (x.dim() >= 3 and shape[-2] == 1) else 1
         if torch.compiler.is_compiling():
             op = qk.compiled_linear()
             outs = [op(x2, key, run[3]) for key, run in zip(self._keys, self._runs[phase])]

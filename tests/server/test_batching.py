@@ -1,6 +1,7 @@
 """The batching engine (``attnchat serve --parallel N``) on a tiny seeded model: replies decoded
 together equal the one-at-a-time engine's, a cancelled stream frees its pages at once, 40
-concurrent requests are all answered, and the reuse rule holds for pages."""
+concurrent requests are all answered, and the reuse rule holds for pages; ``--parallel auto``'s
+plan; on the default GGUF, replies batched equal each alone."""
 from __future__ import annotations
 
 import asyncio
@@ -11,8 +12,16 @@ import httpx2 as httpx
 import pytest
 
 from attnchat.server.app import create_app
-from attnchat.server.batching import BatchEngine
-from attnchat.server.engine import Delta, Done, Engine, Job
+from attnchat.server.batching import (
+    MAX_QUEUED,
+    MAX_QUEUED_AUTO,
+    PARALLEL,
+    QUEUED_BYTES,
+    RESERVE_BYTES,
+    BatchEngine,
+    plan,
+)
+from attnchat.server.engine import POOL_BYTES, Delta, Done, Engine, Job
 from runtime import GenerationSettings, Message, SamplingParams, load_model
 from tests.runtime.tiny_models import WORDS, make_tiny_model
 
@@ -167,5 +176,89 @@ def test_kept_sequences_give_their_pages_back_when_the_pool_needs_them(tiny):
         assert all(d.reason in ("length", "stop") for d in dones)
         pages = engine.stats()["pages"]
         assert pages["pages_total"] <= 24 and len(engine._kept) <= 8
+    finally:
+        engine.close()
+
+
+# ---- serve --parallel auto --------------------------------------------------------------
+LOOSE = 16 << 30  # free bytes of a machine with room to spare
+
+
+def test_auto_batches_on_a_loose_memory_cpu(tiny):
+    how = plan(tiny, SETTINGS, free_bytes=LOOSE)
+    whole = BatchEngine(tiny, settings=SETTINGS, parallel=1).pool.bytes_for(128)
+    assert (how.parallel, how.pool_bytes, how.max_queued) == (PARALLEL, POOL_BYTES, MAX_QUEUED_AUTO)
+    assert f"{PARALLEL} replies decode together" in how.reason and f"{POOL_BYTES // whole} whole" in how.reason
+    # the queue from the memory left after the pool: 100 waiting requests' worth
+    tight = POOL_BYTES + RESERVE_BYTES + 100 * QUEUED_BYTES
+    assert plan(tiny, SETTINGS, free_bytes=tight).max_queued == 100
+    assert plan(tiny, SETTINGS, free_bytes=tight, max_queued=7).max_queued == 7
+    assert plan(tiny, SETTINGS, free_bytes=POOL_BYTES + RESERVE_BYTES).max_queued == MAX_QUEUED
+    # a context whose one conversation passes 256 MiB gets a pool that holds it
+    big = BatchEngine(tiny, settings=GenerationSettings(overflow="stop"), parallel=1).pool
+    assert plan(tiny, GenerationSettings(overflow="stop"), free_bytes=LOOSE).pool_bytes == max(
+        POOL_BYTES, big.bytes_for(tiny.config.max_position_embeddings))
+
+
+@pytest.mark.parametrize("settings, free, pool, said", [
+    (GenerationSettings(context_limit=128, overflow="rolling"), LOOSE, None, "--overflow rolling"),
+    (GenerationSettings(context_limit=128, overflow="truncate-middle"), LOOSE, None, "--overflow truncate-middle"),
+    (GenerationSettings(context_limit=128, overflow="stop", cache_policy="h2o", cache_budget=64), LOOSE, None,
+     "--cache-policy h2o"),
+    (SETTINGS, 600 << 20, None, "MiB free does not hold a 256 MiB KV pool"),
+    (SETTINGS, LOOSE, 1024, "holds less than one 128-token conversation"),
+])
+def test_auto_is_one_at_a_time_with_a_setting_batching_cannot_take(tiny, settings, free, pool, said):
+    how = plan(tiny, settings, free_bytes=free, pool_bytes=pool)
+    assert how.parallel == 1 and how.max_queued is None
+    assert how.reason.startswith("one request at a time: ") and said in how.reason and "\n" not in how.reason
+    assert how.pool_bytes == (POOL_BYTES if pool is None else pool)  # the idle sessions' budget as before
+
+
+def test_an_asked_parallel_that_cannot_work_is_one_line(tiny):
+    with pytest.raises(ValueError, match=r"^--parallel 4: 600 MiB free does not hold") as e:
+        plan(tiny, SETTINGS, parallel=4, free_bytes=600 << 20)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match=r"^--parallel 2: --overflow rolling"):
+        plan(tiny, GenerationSettings(context_limit=128, overflow="rolling"), parallel=2, free_bytes=LOOSE)
+    # asked, a small pool is the user's: longer conversations are refused, not the server
+    assert plan(tiny, SETTINGS, parallel=2, pool_bytes=1 << 20, free_bytes=LOOSE).parallel == 2
+    assert plan(tiny, SETTINGS, parallel=1, free_bytes=LOOSE).reason == "one request at a time: --parallel 1"
+    assert plan(tiny, SETTINGS, free_bytes=None).parallel == PARALLEL  # memory unknown: as the engine would
+
+
+# ---- the default model as `attnchat serve` loads it (its Q4_1 blocks, ggml's products) ---
+@pytest.fixture(scope="module")
+def default_blocks(default_model_file):
+    return load_model(default_model_file, device="cpu")
+
+
+DEFAULT_ASKS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.",
+                "Name a colour and a fruit."]
+
+
+@pytest.mark.slow
+def test_default_gguf_replies_batched_equal_each_alone(default_blocks):
+    """Four greedy replies decoding together give each one's token ids as it gets alone on the
+    same server (a batch of one-token rows takes the decode kernel, row-invariant)."""
+    settings = GenerationSettings(context_limit=1024, overflow="stop")
+    engine = BatchEngine(default_blocks, settings=settings, parallel=4)
+    try:
+        alone = []
+        for ask in DEFAULT_ASKS:
+            job, items, done = _job(ask, max_tokens=24)
+            engine.submit(job)
+            assert done.wait(120)
+            alone.append(_done(items).token_ids)
+        rows_before = engine.stats()["decoded_rows"]
+        jobs = [_job(ask, max_tokens=24) for ask in DEFAULT_ASKS]
+        for job, _, _ in jobs:
+            engine.submit(job)
+        together = []
+        for job, items, done in jobs:
+            assert done.wait(120)
+            together.append(_done(items).token_ids)
+        assert engine.stats()["decoded_rows"] - rows_before > 3 * 24  # they did decode together
+        assert together == alone and min(len(t) for t in alone) >= 5
     finally:
         engine.close()

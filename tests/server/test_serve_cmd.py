@@ -134,3 +134,21 @@ def test_a_key_file_others_may_read_is_refused_and_one_its_group_may_read_is_war
 def test_a_default_max_tokens_past_the_limit_is_one_line(serve):
     status, _, err = serve("--max-tokens", "5000", "--max-tokens-limit", "4096")
     assert status == 2 and err.count("\n") == 1 and "--max-tokens-limit" in err, err
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--parallel", "2", "--overflow", "rolling"], "--parallel 2 needs --overflow stop and no cache policy"),
+    (["--parallel", "4", "--cache-policy", "h2o", "--cache-budget", "64"], "--parallel 4 needs --overflow stop"),
+    (["--parallel", "0"], "0 must be at least 1"),
+    (["--parallel", "many"], "'many' is not a whole number"),
+])
+def test_a_parallel_that_cannot_work_is_one_line_before_the_load(serve, args, words):
+    status, _, err = serve(*args)
+    assert status == 2 and err.count("\n") == 1 and words in err and "model.gguf" not in err, err
+
+
+@pytest.mark.parametrize("args", [["--parallel", "auto"], ["--parallel", "AUTO", "--overflow", "rolling"],
+                                  ["--overflow", "rolling"], ["--parallel", "3"], ["--pool-mib", "64"]])
+def test_auto_parallel_and_one_that_can_work_are_accepted(serve, args):
+    status, _, err = serve(*args)
+    assert status == 2 and "model.gguf" in err and "--parallel" not in err, err  # the error is about the model
