@@ -107,9 +107,9 @@ def plan(model: Model, settings: GenerationSettings, *, parallel: int | None = N
     mib = pool >> 20
     why_not = None
     if settings.overflow != "stop":
-        why_not = f"--overflow {settings.overflow} runs one request at a time (batching needs --overflow stop)"
+        why_not = f"batching needs --overflow stop, not --overflow {settings.overflow}"
     elif settings.cache_policy != "none":
-        why_not = f"--cache-policy {settings.cache_policy} runs one request at a time"
+        why_not = f"batching takes no cache policy (--cache-policy {settings.cache_policy})"
     elif free_bytes is not None and free_bytes < pool + RESERVE_BYTES:
         why_not = (f"{free_bytes >> 20} MiB free does not hold a {mib} MiB KV pool and {RESERVE_BYTES >> 20} MiB "
                    "beside it; lower --pool-mib or --context")
@@ -125,8 +125,9 @@ def plan(model: Model, settings: GenerationSettings, *, parallel: int | None = N
     if max_queued is None:
         spare = None if free_bytes is None else free_bytes - pool - RESERVE_BYTES
         max_queued = MAX_QUEUED if spare is None else max(MAX_QUEUED, min(MAX_QUEUED_AUTO, spare // QUEUED_BYTES))
+    k = pool // whole
     return Plan(n, pool, max_queued, f"{n} replies decode together (continuous batching over a {mib} MiB paged "
-                                     f"KV cache: {pool // whole if whole else 0} whole {context}-token conversations); "
+                                     f"KV cache: room for {k} whole {context}-token conversation{'s' * (k != 1)}); "
                                      f"{max_queued} requests may wait")
 
 

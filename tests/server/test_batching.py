@@ -188,7 +188,7 @@ def test_auto_batches_on_a_loose_memory_cpu(tiny):
     how = plan(tiny, SETTINGS, free_bytes=LOOSE)
     whole = BatchEngine(tiny, settings=SETTINGS, parallel=1).pool.bytes_for(128)
     assert (how.parallel, how.pool_bytes, how.max_queued) == (PARALLEL, POOL_BYTES, MAX_QUEUED_AUTO)
-    assert f"{PARALLEL} replies decode together" in how.reason and f"{POOL_BYTES // whole} whole" in how.reason
+    assert f"{PARALLEL} replies decode together" in how.reason and f"room for {POOL_BYTES // whole} whole 128-token conversations" in how.reason
     # the queue from the memory left after the pool: 100 waiting requests' worth
     tight = POOL_BYTES + RESERVE_BYTES + 100 * QUEUED_BYTES
     assert plan(tiny, SETTINGS, free_bytes=tight).max_queued == 100
@@ -219,7 +219,7 @@ def test_an_asked_parallel_that_cannot_work_is_one_line(tiny):
     with pytest.raises(ValueError, match=r"^--parallel 4: 600 MiB free does not hold") as e:
         plan(tiny, SETTINGS, parallel=4, free_bytes=600 << 20)
     assert "\n" not in str(e.value)
-    with pytest.raises(ValueError, match=r"^--parallel 2: --overflow rolling"):
+    with pytest.raises(ValueError, match=r"^--parallel 2: batching needs --overflow stop, not --overflow rolling; or drop --parallel$"):
         plan(tiny, GenerationSettings(context_limit=128, overflow="rolling"), parallel=2, free_bytes=LOOSE)
     # asked, a small pool is the user's: longer conversations are refused, not the server
     assert plan(tiny, SETTINGS, parallel=2, pool_bytes=1 << 20, free_bytes=LOOSE).parallel == 2

@@ -251,3 +251,33 @@ def test_concurrent_requests_are_queued_and_all_answered(client, model_id):
     for t in threads:
         t.join(120)
     assert sorted(answers) == [0, 1, 2] and set(answers.values()) <= {"stop", "length"}
+
+
+def test_the_default_server_batches_and_says_why(server, client, model_id, http):
+    """No --parallel: four replies decode together, as the startup line says."""
+    line = next(x for x in server.output if "decode together" in x)
+    assert line.startswith("attnchat: 4 replies decode together (continuous batching over a 256 MiB paged KV cache")
+    before = _stats(http)
+    assert before["parallel"] == 4
+    done: list[str] = []
+
+    def ask(i: int) -> None:
+        r = client.chat.completions.create(model=model_id, max_tokens=16, temperature=0,
+                                           messages=[{"role": "user", "content": f"Tell me about the number {i}."}])
+        done.append(r.choices[0].finish_reason)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    after = _stats(http)
+    assert len(done) == 4
+    # one at a time, each decoded row would take a step of its own (and each prompt one more)
+    assert after["decoded_rows"] - before["decoded_rows"] > after["decode_steps"] - before["decode_steps"]
+
+
+def test_a_setting_batching_cannot_take_runs_one_at_a_time_and_says_why(guarded_server):
+    line = next(x for x in guarded_server.output if x.startswith("attnchat: one request at a time"))
+    assert line == "attnchat: one request at a time: batching needs --overflow stop, not --overflow truncate-middle\n"
+    assert "parallel" not in httpx.get(guarded_server.base_url + "/attnchat/stats").json()
