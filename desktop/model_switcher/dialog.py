@@ -108,7 +108,8 @@ def fit_line(fit: dict | None) -> str:
 
 
 class ModelsDialog(QDialog):
-    """The models on this computer and the catalog's (first tab), and the Hugging Face Hub
+    """The models on this computer and the catalog's (first tab: the recommended one at the top,
+    chosen when none is loaded), and the Hugging Face Hub
     (second tab, :class:`~.hub_browser.HubBrowser`); :attr:`load_requested` carries the path
     to load.
 
@@ -219,7 +220,10 @@ class ModelsDialog(QDialog):
     def refresh(self) -> None:
         """Rebuild the list's rows (after a download or a load)."""
         row = max(self.list.currentRow(), 0)
-        self.rows = [("catalog", e) for e in self.catalog]
+        entries = list(self.catalog)
+        if self.recommended is not None:   # first, where it is seen: at its place it was below the fold
+            entries.sort(key=lambda e: e.id != self.recommended.entry.id)
+        self.rows = [("catalog", e) for e in entries]
         self.rows += [("hub", f) for f in self._hub_downloads()]
         self.list.blockSignals(True)
         self.list.clear()

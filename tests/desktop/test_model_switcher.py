@@ -11,6 +11,14 @@ from desktop.download_dialog import DownloadDialog
 SMOL, GEMMA = models.DEFAULT_MODEL, models.get("gemma3-270m")
 
 
+@pytest.fixture(autouse=True)
+def no_recommendation(monkeypatch):
+    """The catalog in its own order: what is recommended depends on this machine's memory and disk."""
+    from desktop.model_switcher import dialog as switcher
+
+    monkeypatch.setattr(switcher, "recommend", lambda **kw: None)
+
+
 @pytest.fixture
 def folder(tmp_path):
     """Installed files: the default model only, at first."""
@@ -144,3 +152,28 @@ def test_a_usable_first_model_is_recommended_for_this_machine(qtbot, tmp_path, m
     assert shown is not None and shown.entry is r.entry
     shown.close()
     w.engine.shutdown()
+
+
+def test_the_recommended_model_is_listed_first_and_chosen_when_none_is_loaded(qtbot, make_window, folder, monkeypatch):
+    """At its catalog place (11th of 12) it was below the fold of the list at 1100x720."""
+    from desktop.model_switcher import dialog as switcher
+    from desktop.model_switcher.recommend import Recommendation
+
+    big = models.get("smollm2-1.7b-instruct")
+    r = Recommendation(big, {"verdict": "fits"}, "the largest chat model in the catalog that fits this machine")
+    monkeypatch.setattr(switcher, "recommend", lambda **kw: r)
+    w = make_window(load=False)
+    d = _switcher(w, folder, []).open()
+    rows = [d.list.item(i).text() for i in range(d.list.count())]
+    assert rows[0] == "SmolLM2-1.7B-Instruct\n1,060 MB to download · Apache-2.0\n★ recommended for this machine"
+    assert rows[1] == "SmolLM2-135M-Instruct\ninstalled · Apache-2.0" and len(rows) == len(models.CATALOG)
+    assert sum("recommended" in t for t in rows) == 1
+    assert d.list.currentRow() == 0 and not d.download_button.isHidden()
+    assert "<b>Recommended:</b> the largest chat model in the catalog that fits this machine." in d.details.text()
+    d.close()
+    with qtbot.waitSignal(w.engine.model_loaded, timeout=5000):
+        w.load_model(str(folder[SMOL.id]))
+    again = w.model_switcher.open()   # a model loaded: that one is chosen, the recommendation stays on top
+    assert again.list.currentRow() == 1 and again.load_button.text() == "Loaded"
+    assert again.list.item(0).text().endswith("★ recommended for this machine")
+    again.close()
