@@ -32,7 +32,9 @@ __all__ = ["BADGE_COLOURS", "HubBrowser", "fit_tooltip", "mb", "runs_line"]
 BADGE_COLOURS = {"fits": "#b7e4c7", "tight": "#ffe08a", "does not fit": "#f4a6a6", "unknown": "#d9d9d9",
                  "not supported": "#d9d9d9", "will not run": "#d9d9d9"}
 BANNER_STYLE = "color: white; background: #b3261e; padding: 6px; border-radius: 4px;"
-NOTE_STYLE = "background: #fff4ce; padding: 6px; border-radius: 4px;"
+#: A note that is not an error: dark text of its own, since the dark palette's light text on
+#: this pale yellow could not be read.
+NOTE_STYLE = "color: #3d2e00; background: #fff4ce; padding: 6px; border-radius: 4px;"
 
 
 def mb(n: int | float | None) -> str:

@@ -206,6 +206,29 @@ def test_offline_says_so_and_shows_the_models_here(qtbot, make_window, hub, monk
     d.close()
 
 
+def test_the_offline_note_reads_in_the_dark_palette(qtbot, make_window, qapp):
+    """Its pale yellow kept the palette's text colour: near white in the dark palette."""
+    from desktop.app import apply_theme
+
+    kept = qapp.palette()
+    apply_theme(qapp, "dark")
+    try:
+        w = make_window()
+        w.model_switcher.service = service()
+        d = open_dialog(qtbot, w)
+        d.show_offline("cannot reach the Hugging Face Hub at https://huggingface.co (no connection could be made)")
+        d.show()
+        qtbot.waitUntil(lambda: d.banner.isVisible(), timeout=2000)
+        image = d.banner.grab().toImage()
+        colours = {image.pixelColor(x, y).lightness() for x in range(0, image.width(), 2)
+                   for y in range(0, image.height(), 2)}
+        # The background (#fff4ce, lightness 230) and text at most half as light: ink, not white.
+        assert max(colours) >= 225 and min(colours) < 100
+        d.close()
+    finally:
+        qapp.setPalette(kept)
+
+
 def test_a_catalog_model_from_the_hub_downloads_with_progress_cancel_and_resume(qtbot, make_window, hub, tmp_path):
     from models import catalog
 
