@@ -73,6 +73,13 @@ class Graph:
         self._keep.append(t)
         return x
 
+    def slot(self, ggml_type: int, ne: tuple[int, ...]):
+        """A leaf without memory of its own (shape ``ne``, ggml's order): the caller points its
+        ``data`` at memory it owns (and may reshape it, and views of it) before each
+        :meth:`compute`. For buffers that move between computes, such as a KV cache that grows."""
+        make = {1: self.g.ggml_new_tensor_1d, 2: self.g.ggml_new_tensor_2d, 3: self.g.ggml_new_tensor_3d}[len(ne)]
+        return make(self._leaf_ctx, ggml_type, *ne)
+
     def output(self, node) -> None:
         """Make ``node`` (and everything it needs) part of the graph."""
         self.g.ggml_build_forward_expand(self._graph, node)

@@ -24,12 +24,13 @@ TINY_VOCAB = 320
 
 def make_tiny_gguf(folder: Path, name: str = "tiny.gguf", *, matrix_type: str = "Q4_K",
                    overrides: dict[str, str] | None = None, embed_type: str | None = None,
-                   tokenizer: dict | None = None, seed: int = 0, arch: str = "llama") -> Path:
+                   tokenizer: dict | None = None, seed: int = 0, arch: str = "llama", window: int = 512) -> Path:
     """Write ``folder / name``: the tiny shape, every projection ``matrix_type`` unless
     ``overrides`` says otherwise (:data:`EVERY_TYPE` covers all quantized types)."""
     shape = SHAPES["tiny"] if tokenizer else LlamaShape(**{**SHAPES["tiny"].__dict__, "vocab": TINY_VOCAB})
     return write_random_gguf(folder / name, shape, matrix_type=matrix_type, overrides=overrides,
-                             embed_type=embed_type, tokenizer=tokenizer, seed=seed, std=0.1, arch=arch)
+                             embed_type=embed_type, tokenizer=tokenizer, seed=seed, std=0.1, arch=arch,
+                             window=window)
 
 
 def tiny_tokenizer_metadata() -> dict:

@@ -130,6 +130,7 @@ def write_random_gguf(
     seed: int = 0,
     std: float = 0.02,
     arch: str = "llama",
+    window: int = 512,
 ) -> Path:
     """Write a random-weight Llama-family GGUF to ``path`` and return it.
 
@@ -145,7 +146,7 @@ def write_random_gguf(
             and ``shape.vocab`` must be set.
         std: the weights' standard deviation (norm weights are ``1 + N(0, std)``).
         arch: ``"llama"`` or ``"gemma3"`` (Gemma 3's metadata keys, extra norms, a sliding
-            window of 512 tokens and llama.cpp's stored ``1 + w`` norm weights).
+            window of ``window`` tokens and llama.cpp's stored ``1 + w`` norm weights).
 
     Raises:
         KeyError: an unknown block type. ValueError: no vocabulary size.
@@ -179,7 +180,7 @@ def write_random_gguf(
     w.add_value_length(shape.head_dim)
     w.add_vocab_size(vocab)
     if arch == "gemma3":
-        w.add_sliding_window(512)
+        w.add_sliding_window(window)
     w.add_file_type(FILE_TYPES.get(matrix_type, 1024))
     w.add_quantization_version(2)
     for key, value in (tokenizer or {}).items():

@@ -36,9 +36,9 @@ def pair(files):
         mp.undo()
 
 
-def _decode(model, ids, n: int):
+def _decode(model, ids, n: int, dtype=None):
     """Teacher-forced decode logits ``(n, V)`` after a prefill of ``ids[:-n]``, and the cache."""
-    cache = model.new_cache(len(ids) + 1)
+    cache = model.new_cache(len(ids) + 1, dtype=dtype)
     model.logits(ids[:-n], cache)
     return torch.stack([model.decode_next(t, cache)[0, -1].clone() for t in ids[-n:]]), cache
 
@@ -83,17 +83,24 @@ def test_logits_are_as_close_to_float32_as_the_eager_steps(pair, float32):
         assert (cb.v[layer][:, :, :n] - ca.v[layer][:, :, :n]).abs().mean() < 0.01
 
 
-def test_head_norms_and_rope_are_the_eager_formulas(pair):
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_head_norms_and_rope_are_the_eager_formulas(pair, dtype):
     """Given the step's own q/k/v product, its rotated queries and keys are the eager
-    path's (q/k head norms where the family has them, RoPE from the same tables)."""
+    path's (q/k head norms where the family has them, RoPE from the same tables), in the
+    one-graph token (a float cache) and the per-layer graphs (an int8 cache)."""
     from runtime.model.rope import apply_rope
 
     _, ggml = pair
     dec = ggml.decoder
     with torch.inference_mode():
-        _, cache = _decode(ggml, IDS, 2)
+        _, cache = _decode(ggml, IDS, 2, dtype=dtype)
         step = ggml._step._ggml
-        H, Hkv, D = step.H, step.Hkv, step.D
+        if dtype == "float32":
+            assert step.token_graph(cache) is not None
+            step = step.tokens[torch.float32]
+        else:
+            assert step.token_graph(cache) is None and step.graphs
+        H, Hkv, D = ggml.decoder.cfg.n_heads, ggml.decoder.cfg.n_kv_heads, ggml.decoder.cfg.head_dim
         pos = cache.length - 1
         for layer, block in enumerate(dec.blocks):
             qkv = step.qkv[layer]
@@ -104,8 +111,10 @@ def test_head_norms_and_rope_are_the_eager_formulas(pair):
             cos, sin = dec.rope(layer, pos, 1)
             torch.testing.assert_close(step.qk[layer][:H], apply_rope(q, cos, sin)[0, :, 0], rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(step.qk[layer][H:], apply_rope(k, cos, sin)[0, :, 0], rtol=1e-5, atol=1e-5)
-            # and the cache holds exactly those keys and values at the newest position
-            torch.testing.assert_close(cache.k[layer][0, :, cache.held(layer) - 1], step.qk[layer][H:], rtol=0, atol=0)
+            if dtype == "float32":  # and the cache holds exactly those keys and values at the newest position
+                newest = cache.held(layer) - 1
+                torch.testing.assert_close(cache.k[layer][0, :, newest], step.qk[layer][H:], rtol=0, atol=0)
+                torch.testing.assert_close(cache.v[layer][0, :, newest].reshape(-1), qkv[(H + Hkv) * D:], rtol=0, atol=0)
 
 
 def test_python_per_layer_takes_the_eager_step(pair):
