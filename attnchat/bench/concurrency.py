@@ -13,13 +13,19 @@ masked, so every reply has the same length). Figures per level:
   behind the others' prefill is part of it;
 - ``peak_rss_bytes``: the level's process at its peak (model, pool and activations).
 
+For a GGUF, each level also runs llama.cpp's own server with N slots on the same file and the
+same prompt ids (:mod:`attnchat.bench.llama_server`: ``llama-server -np N``, found through
+``ATTNCHAT_LLAMA_SERVER`` or the PATH; said and skipped when there is none), and the table
+gives our aggregate decode as a ratio of its.
+
 Speed figures mean something only from a quiet machine: the report names the CPU and the
-load average. No asserts on speed anywhere (tests run it on a tiny model for its shape).
+load average before and after. No asserts on speed anywhere (tests run it on a tiny model for its shape).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -59,7 +65,14 @@ def run_levels(args: argparse.Namespace, model: str, machine: dict) -> int:
     if args.prefill_tokens + args.decode_tokens + 1 > limit:
         raise ValueError(f"a request needs {args.prefill_tokens + args.decode_tokens + 1} tokens but the model's "
                          f"context is {limit}; lower --prefill-tokens or --decode-tokens")
-    results = []
+    from attnchat.bench import llama_server
+
+    peer = llama_server.find_server() if model.endswith(".gguf") and args.device == "cpu" else None
+    if peer is None:
+        why = ("not a GGUF on the CPU" if not model.endswith(".gguf") or args.device != "cpu"
+               else f"none found: set ${llama_server.ENV} or put llama-server on the PATH")
+        print(f"llama-server: not run ({why})")
+    results, peers = [], []
     for n in levels:
         cmd = python_command("attnchat.bench.concurrency", "--model", model, "--device", args.device,
                              "--requests", str(n), "--prefill-tokens", str(args.prefill_tokens),
@@ -69,20 +82,40 @@ def run_levels(args: argparse.Namespace, model: str, machine: dict) -> int:
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise RuntimeError(f"the concurrency {n} run failed: {tail}")
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    base = results[0]["aggregate_decode_tokens_per_s"] or 1.0
-    print(f"{'requests':>8} {'aggregate tok/s':>16} {'x first':>8} {'per request tok/s':>18} "
-          f"{'TTFT median s':>14} {'TTFT max s':>11} {'peak RSS MiB':>13}")
-    for r in results:
-        print(f"{r['requests']:>8} {r['aggregate_decode_tokens_per_s']:>16.1f} "
-              f"{r['aggregate_decode_tokens_per_s'] / base:>8.2f} {r['request_decode_tokens_per_s']['median']:>18.1f} "
-              f"{r['ttft_s']['median']:>14.3f} {r['ttft_s']['max']:>11.3f} {r['peak_rss_bytes'] / 2**20:>13.0f}")
+        prompts = results[-1].pop("prompts")
+        if peer is not None:
+            peers.append(llama_server.level(peer, model, prompts, args.decode_tokens, os.cpu_count() or 1))
+    _table("ours (the batching engine)", results, peers)
+    if peers:
+        _table(f"llama-server -np N ({peer})", peers, [])
+    machine = dict(machine)
+    try:
+        machine["load_average_after"] = list(os.getloadavg())
+    except OSError:
+        pass
+    print(f"load average before {machine.get('load_average')}, after {machine.get('load_average_after')}")
     if args.json:
         report = {"model": model, "machine": machine, "settings": {
             "concurrency": levels, "prefill_tokens": args.prefill_tokens, "decode_tokens": args.decode_tokens,
-            "device": args.device, "dtype": args.dtype}, "levels": results}
+            "device": args.device, "dtype": args.dtype}, "levels": results, "llama_server": peers}
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
     return 0
+
+
+def _table(title: str, results: list[dict], peers: list[dict]) -> None:
+    """One engine's levels; with ``peers`` (the same levels on llama-server) our aggregate as a ratio of its."""
+    base = results[0]["aggregate_decode_tokens_per_s"] or 1.0
+    print(title)
+    print(f"{'requests':>8} {'aggregate tok/s':>16} {'x first':>8} {'per request tok/s':>18} "
+          f"{'TTFT median s':>14} {'TTFT max s':>11} {'peak RSS MiB':>13}" + (f" {'x llama-server':>15}" if peers else ""))
+    for i, r in enumerate(results):
+        ratio = (f" {r['aggregate_decode_tokens_per_s'] / (peers[i]['aggregate_decode_tokens_per_s'] or 1.0):>15.2f}"
+                 if peers else "")
+        print(f"{r['requests']:>8} {r['aggregate_decode_tokens_per_s']:>16.1f} "
+              f"{r['aggregate_decode_tokens_per_s'] / base:>8.2f} {r['request_decode_tokens_per_s']['median']:>18.1f} "
+              f"{r['ttft_s']['median']:>14.3f} {r['ttft_s']['max']:>11.3f} {r['peak_rss_bytes'] / 2**20:>13.0f}"
+              + ratio)
 
 
 def _prompts(tokenizer, n: int, length: int) -> list[tuple[int, ...]]:
@@ -123,7 +156,8 @@ def _level(model_path: str, device: str, dtype: str, requests: int, prefill: int
     batcher = Batcher(model, pool, max_batch=requests, prefill_chunk=256,
                       on_events=lambda r, evs: finishes.extend(e for e in evs if isinstance(e, Finish)))
     limit = prefill + decode + 1
-    for prompt in _prompts(model.tokenizer, requests, prefill):
+    prompts = _prompts(model.tokenizer, requests, prefill)
+    for prompt in prompts:
         batcher.add(ReplyRequest(prompt, max_new_tokens=decode, context_limit=limit, logits_processors=(no_stop,)))
     decode_s, decode_rows = 0.0, 0
     t0 = time.perf_counter()
@@ -142,7 +176,8 @@ def _level(model_path: str, device: str, dtype: str, requests: int, prefill: int
             "request_decode_tokens_per_s": {"median": statistics.median(rates), "min": min(rates), "max": max(rates)},
             "ttft_s": {"median": statistics.median(ttfts), "max": max(ttfts)},
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "pages": pool.stats()["pages_total"], "page_bytes": pool.bytes_per_page}
+            "pages": pool.stats()["pages_total"], "page_bytes": pool.bytes_per_page,
+            "prompts": [list(p) for p in prompts]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,8 +25,28 @@ def test_concurrency_levels_on_a_tiny_model(tmp_path):
         assert lv["aggregate_decode_tokens_per_s"] > 0 and lv["request_decode_tokens_per_s"]["min"] > 0
         assert 0 < lv["ttft_s"]["median"] <= lv["ttft_s"]["max"] < lv["wall_s"]
         assert lv["peak_rss_bytes"] > 50 << 20 and lv["pages"] >= 1
+    assert report["llama_server"] == [] and len(report["machine"]["load_average_after"]) == 3
     table = proc.stdout.splitlines()
-    assert table[0].split()[:3] == ["requests", "aggregate", "tok/s"] and len(table) == 3
+    assert table[0] == "llama-server: not run (not a GGUF on the CPU)"  # a model folder: llama.cpp cannot read it
+    assert table[1] == "ours (the batching engine)" and table[2].split()[:3] == ["requests", "aggregate", "tok/s"]
+    assert [line.split()[0] for line in table[3:5]] == ["1", "3"] and table[5].startswith("load average before [")
+    assert len(table) == 6
+
+
+def test_llama_server_is_found_by_its_variable_or_the_path(tmp_path, monkeypatch):
+    from attnchat.bench.llama_server import ENV, find_server
+
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\n")
+    monkeypatch.setenv(ENV, str(binary))
+    assert find_server() is None  # not executable
+    binary.chmod(0o755)
+    assert find_server() == str(binary)
+    monkeypatch.delenv(ENV)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert find_server() == str(binary)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert find_server() is None
 
 
 def test_bad_levels_exit_2(tmp_path):
