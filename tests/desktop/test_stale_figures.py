@@ -185,3 +185,22 @@ def test_another_model_clears_knock_out_and_explain(qtbot, make_window):
     with qtbot.waitSignal(w.engine.model_loaded, timeout=5000):
         w.load_model("/models/gemma.gguf")
     assert ko.heads.text() == "1.0"
+
+
+def test_the_heads_tab_drops_the_old_models_scores_when_another_is_loaded(qtbot, make_window):
+    """After a switch it kept SmolLM2's 30 x 9 maps, captioned with SmolLM2's name, until Gemma's came."""
+    import numpy as np
+
+    from desktop.panels.attention.panel import PANEL_NAME
+
+    w = make_window()
+    atlas = w.panels[PANEL_NAME].widget().atlas
+    rng = np.random.default_rng(0)
+    atlas.set_scores({"model": "old-model", "batch": 4, "repeat_len": 50, "windows": None,
+                      "induction": rng.random((2, 4)), "previous_token": rng.random((2, 4))})
+    assert atlas.top.count() == 10 and atlas.caption.text().startswith("old-model: mean attention")
+    with qtbot.waitSignal(w.engine.model_loaded, timeout=5000):
+        w.load_model("other.gguf")
+    assert atlas.scores is None and atlas.top.count() == 0 and atlas.top_heads("induction", 5) == []
+    assert all(g.values is None for g in atlas.grids.values())
+    assert "old-model" not in atlas.caption.text() and atlas.caption.text() == atlas.CAPTION

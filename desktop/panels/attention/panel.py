@@ -148,6 +148,9 @@ class AttentionPanel(QWidget):
         self.head.setCurrentIndex(max(i, 0))
         self.layer.blockSignals(False)
         self.head.blockSignals(False)
+        # The old model's head maps stayed on the Heads tab, captioned with its name, until the
+        # new model's were measured.
+        self.atlas.clear()
         self._done.clear()
         self.context_changed()
 

@@ -337,8 +337,7 @@ class AtlasView(QWidget):
         super().__init__(parent)
         self.scores: dict | None = None
         self.measure_button = QPushButton("Measure heads")
-        self.caption = rich_label("Each head's score on random tokens repeated twice (Olsson et al. 2022). "
-                              "Click a head to choose it.")
+        self.caption = rich_label(self.CAPTION)
         self.grids = {k: HeatmapWidget(min_size=QSize(60, 120)) for k in ("previous_token", "induction")}
         self.readout = rich_label("", small=True)
         self.scale = ColorBar()
@@ -384,6 +383,16 @@ class AtlasView(QWidget):
         self.caption.setText(f"{scores['model']}: mean attention over {scores['batch']} sequences of "
                              f"{scores['repeat_len']} random tokens repeated twice (Olsson et al. 2022).{note} "
                              "Click a head to choose it.")
+
+    CAPTION = "Each head's score on random tokens repeated twice (Olsson et al. 2022). Click a head to choose it."
+
+    def clear(self) -> None:
+        """No scores: another model was loaded (its heads are not these)."""
+        self.scores = None
+        for w in self.grids.values():
+            w.set_values(None)
+        self.top.clear()
+        self.caption.setText(self.CAPTION)
 
     def top_heads(self, kind: str, n: int) -> list[tuple[int, int, float]]:
         """The ``n`` best heads for ``kind`` (``"induction"`` or ``"previous_token"``): (layer, head, score)."""
