@@ -99,23 +99,38 @@ def cached_model_config(cached: Path | None) -> ModelConfig | None:
         return None
 
 
+#: tokenizer_config.json keys that say where a tokenizer came from, not what it is.
+_PROVENANCE_KEYS = ("tokenizer_class", "backend", "is_local", "local_files_only", "auto_map")
+
+
 def _read_cached_fast(cached: Path | None):
     """(ModelConfig, tokenizer) from :data:`CONFIG_FILE` and the cached fast tokenizer,
     or (None, None) when either is missing or unreadable (the slow path then runs).
 
-    About 1.2 s less than :func:`read_cached` on our 2-core machine: no transformers
-    config class, and the tokenizer class is named instead of resolved by AutoTokenizer.
+    The fast tokenizer is built from its files directly: ``tokenizers`` reads tokenizer.json
+    (in Rust), the special tokens come from tokenizer_config.json, the chat template from
+    chat_template.jinja. transformers' ``from_pretrained`` would also parse the whole
+    tokenizer.json again in Python for its added tokens, which the Rust tokenizer already
+    holds (Gemma 3's 33 MB file: 10.5 s against 2.4 s on a busy 2-core AMD EPYC Zen 4; a
+    test checks both give the same ids, text and special tokens on the real files). No
+    transformers config class is built either.
     """
     cfg = cached_model_config(cached)
     if cfg is None or not (cached / "tokenizer.json").exists():
         return None, None
     try:
-        tok_cls = json.loads((cached / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
-        if tok_cls not in _FAST_TOKENIZER_CLASSES:
+        kwargs = json.loads((cached / "tokenizer_config.json").read_text(encoding="utf-8"))
+        if kwargs.get("tokenizer_class") not in _FAST_TOKENIZER_CLASSES:
             return None, None
+        for key in _PROVENANCE_KEYS:
+            kwargs.pop(key, None)
+        template = cached / "chat_template.jinja"
+        if "chat_template" not in kwargs and template.exists():
+            kwargs["chat_template"] = template.read_text(encoding="utf-8")
         from transformers import PreTrainedTokenizerFast
 
-        return cfg, PreTrainedTokenizerFast.from_pretrained(str(cached), trust_remote_code=False)
+        return cfg, PreTrainedTokenizerFast(tokenizer_file=str(cached / "tokenizer.json"), name_or_path=str(cached),
+                                            **kwargs)
     except Exception:  # a stale or broken file: the slow path rebuilds
         log.warning("GGUF cache %s: fast read failed, using the slow path", cached, exc_info=True)
         return None, None

@@ -53,3 +53,19 @@ def test_the_fast_read_gives_transformers_own_tokenizer(entry_name):
     for name in SPECIAL:
         assert getattr(fast, name) == getattr(own, name), name
     assert len(fast) == len(own) and fast.get_vocab() == own.get_vocab()
+
+
+@pytest.mark.parametrize("entry_name", ["DEFAULT_MODEL", "GEMMA3_270M"])
+def test_stop_ids_are_every_end_of_turn_token_in_the_vocabulary(entry_name):
+    from models import catalog
+    from runtime.loader.load import END_OF_TURN_TOKENS, _stop_ids
+    from runtime.weights.gguf.converted import _read_cached_fast
+
+    cfg, fast = _read_cached_fast(_cached_folder(getattr(catalog, entry_name)))
+    vocab = fast.get_vocab()
+    want = {vocab[t] for t in END_OF_TURN_TOKENS if t in vocab} | set(cfg.eos_token_ids) | {fast.eos_token_id}
+    got = _stop_ids(fast, cfg)
+    assert got == want
+    # the turn ends each chat template writes are among them
+    ends = {"DEFAULT_MODEL": "<|im_end|>", "GEMMA3_270M": "<end_of_turn>"}[entry_name]
+    assert vocab[ends] in got
