@@ -169,7 +169,9 @@ class ConversationPanel(QWidget):
         self.filter = QLineEdit(placeholderText="Search chats")
         self.filter.setToolTip("Finds the chats whose title or messages contain these words")
         self.filter.setClearButtonEnabled(True)
-        self.filter.textChanged.connect(self.proxy.search)
+        self.filter.textChanged.connect(self._search)
+        #: The conversation the window shows (what :meth:`select` or a click made current).
+        self.open_id = 0
         self.new_button = QPushButton("New chat")
         self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
         self.new_button.clicked.connect(self.new_requested)
@@ -202,8 +204,30 @@ class ConversationPanel(QWidget):
         idx = self.list.currentIndex()
         return idx.data(ConversationListModel.IdRole) if idx.isValid() else 0
 
+    def _search(self, text: str) -> None:
+        """Filter the list; the open conversation stays open. When the filter hid the current
+        row, Qt moved the current index to a neighbour and that opened another conversation
+        at each keystroke."""
+        self.list.selectionModel().blockSignals(True)
+        try:
+            self.proxy.search(text)
+            self._show_current(self.open_id)
+        finally:
+            self.list.selectionModel().blockSignals(False)
+        self.list.viewport().update()
+
+    def _show_current(self, conv_id: int) -> None:
+        """Highlight ``conv_id`` if it is listed, else nothing (signals are the caller's)."""
+        row = self.model.row_of(conv_id)
+        idx = self.proxy.mapFromSource(self.model.index(row)) if row >= 0 else QModelIndex()
+        if idx.isValid():
+            self.list.setCurrentIndex(idx)
+        else:
+            self.list.selectionModel().clear()
+
     def select(self, conv_id: int) -> None:
         """Make ``conv_id`` current (clearing the filter if it hides it), without re-emitting."""
+        self.open_id = conv_id
         row = self.model.row_of(conv_id)
         if row < 0:
             self.list.clearSelection()
@@ -225,7 +249,8 @@ class ConversationPanel(QWidget):
 
     def _current_changed(self, current: QModelIndex, previous: QModelIndex) -> None:
         if current.isValid():
-            self.selected.emit(current.data(ConversationListModel.IdRole))
+            self.open_id = current.data(ConversationListModel.IdRole)
+            self.selected.emit(self.open_id)
 
     def _menu(self, pos) -> None:
         idx = self.list.indexAt(pos)

@@ -305,6 +305,33 @@ def test_the_chat_list_searches_the_messages_text(qtbot, make_window):
     assert sb.proxy.rowCount() == 2
 
 
+def test_searching_the_chat_list_keeps_the_open_conversation_open(qtbot, make_window):
+    """Each keystroke that hid the open chat moved the list's current row, which opened the chat found."""
+    w = make_window(script=["The Uffizi is in Florence."])
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        w.submit("Where is a famous gallery?")
+    art = w.current_conversation
+    w.new_conversation()
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        w.submit("Something else")
+    other = w.current_conversation
+    sb = w.sidebar
+    with qtbot.assertNotEmitted(sb.selected):
+        qtbot.keyClicks(sb.filter, "galler")
+    assert [sb.proxy.index(r, 0).data(sb.model.IdRole) for r in range(sb.proxy.rowCount())] == [art]
+    assert w.current_conversation == other and w.input.isEnabled()
+    assert [m.content for m in w.store.messages(w.current_conversation)][0] == "Something else"
+    assert not sb.list.currentIndex().isValid()   # the open chat is not listed: nothing is highlighted
+    with qtbot.assertNotEmitted(sb.selected):
+        sb.filter.clear()
+    assert w.current_conversation == other and sb.current_id() == other   # highlighted again
+    with qtbot.waitSignal(sb.selected, timeout=2000) as picked:   # a click on a found chat opens it
+        qtbot.keyClicks(sb.filter, "galler")
+        rect = sb.list.visualRect(sb.proxy.index(0, 0))
+        qtbot.mouseClick(sb.list.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
+    assert picked.args == [art] and w.current_conversation == art
+
+
 def test_the_message_box_counts_its_tokens_against_the_context(qtbot, make_window):
     w = make_window()
     with qtbot.waitSignal(w.reply_finished, timeout=5000):
