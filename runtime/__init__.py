@@ -12,9 +12,11 @@ from runtime.memory.sizes import cache_bytes_per_token, element_bytes, kv_bytes_
 from runtime.config.model import ModelConfig
 from runtime.device import (
     WEIGHT_DTYPE_QUALITY,
+    DeviceProfile,
     available_devices,
     compute_dtype,
     default_dtype,
+    device_profile,
     free_memory_bytes,
     resolve_device,
 )
@@ -90,7 +92,7 @@ from runtime.model.attention import (
 )
 
 __all__ = [
-    "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "resolve_device", "compute_dtype", "default_dtype", "WEIGHT_DTYPE_QUALITY", "Message", "builtin_system_prompt", "ModelConfig", "KVCache", "CACHE_POLICIES", "CACHE_POLICY_FIGURES", "PolicyParams", "Evictor", "budget_for_bytes", "CACHE_DTYPES", "Model", "load_model",
+    "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "resolve_device", "compute_dtype", "default_dtype", "DeviceProfile", "device_profile", "WEIGHT_DTYPE_QUALITY", "Message", "builtin_system_prompt", "ModelConfig", "KVCache", "CACHE_POLICIES", "CACHE_POLICY_FIGURES", "PolicyParams", "Evictor", "budget_for_bytes", "CACHE_DTYPES", "Model", "load_model",
     "SamplingParams", "Fit", "fit", "MemoryPlan", "plan", "plan_for_config", "kv_bytes_per_token", "cache_bytes_per_token", "count_parameters", "element_bytes",
     "free_memory_bytes", "AttentionCapture", "HeadScores", "head_scores",
     "ABLATION_MODES", "InductionAblation", "ablated", "induction_ablation", "parse_heads", "top_and_probs",

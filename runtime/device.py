@@ -1,6 +1,7 @@
 """Device and dtype choice. Must not import Qt; probes nothing at import time."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -160,6 +161,74 @@ def decode_mode(device: torch.device | str) -> str:
       it saves there (``attnchat bench`` measures both).
     """
     return "graph" if torch.device(device).type == "cuda" else "eager"
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProfile:
+    """What a device runs with where the caller does not say: decided once per device
+    (:func:`device_profile`), read by the loader's three steps.
+
+    Attributes:
+        device: the resolved device.
+        weight_dtype: the weights' default dtype (:func:`default_dtype`).
+        decode_mode: how one token is decoded (:func:`decode_mode`, or the caller's).
+        linear_path: the matrix products' path (:func:`linear_path`).
+        compute_dtypes: weight dtype -> the activations' dtype for it here (:func:`compute_dtype`),
+            for every dtype the weights can be stored in.
+        reproducible: the reproducible variant (:meth:`reproducible_variant`): a token's
+            logits have the same bits however it was computed; CPU and eager decode only.
+    """
+
+    device: torch.device
+    weight_dtype: torch.dtype
+    decode_mode: str
+    linear_path: str
+    compute_dtypes: dict = dataclasses.field(default_factory=dict, compare=False)
+    reproducible: bool = False
+
+    def with_decode(self, mode: str | None) -> "DeviceProfile":
+        """This profile decoding with ``mode`` (None: its own).
+
+        Raises:
+            ValueError: ``"graph"`` off CUDA (the mode's name itself is the caller's to check).
+        """
+        if mode is None or mode == self.decode_mode:
+            return self
+        if mode == "graph" and self.device.type != "cuda":
+            raise ValueError("decode mode 'graph' needs CUDA; use eager, static or compile")
+        return dataclasses.replace(self, decode_mode=mode)
+
+    def reproducible_variant(self) -> "DeviceProfile":
+        """The reproducible mode of this profile: the same device and defaults, row-invariant
+        kernels chosen by the loader.
+
+        Raises:
+            ValueError: off the CPU or with a decode mode other than eager (one line).
+        """
+        if self.device.type != "cpu" or self.decode_mode != "eager":
+            raise ValueError("reproducible replies run on the CPU with eager decode; drop --reproducible "
+                             f"or use --device cpu (asked: {self.device.type}, decode {self.decode_mode})")
+        return dataclasses.replace(self, reproducible=True)
+
+
+def device_profile(device: str | torch.device = "auto", *, decode: str | None = None,
+                   reproducible: bool = False) -> DeviceProfile:
+    """The :class:`DeviceProfile` of ``device`` (resolved as :func:`resolve_device` does), its
+    decode mode ``decode`` where given, its reproducible variant with ``reproducible``. The
+    defaults are decided once per resolved device in this process.
+
+    Raises:
+        DeviceError: the device is not available here.
+        ValueError: ``decode="graph"`` off CUDA; ``reproducible`` off the CPU or off eager decode.
+    """
+    profile = _profile(resolve_device(device)).with_decode(decode)
+    return profile.reproducible_variant() if reproducible else profile
+
+
+@functools.lru_cache(maxsize=None)
+def _profile(dev: torch.device) -> DeviceProfile:
+    computes = {w: compute_dtype(dev, w) for w in WEIGHT_DTYPES.values()}
+    return DeviceProfile(dev, default_dtype(dev), decode_mode(dev), linear_path(dev), computes)
 
 
 def free_memory_bytes(device: str | torch.device = "cpu") -> int | None:

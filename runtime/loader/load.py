@@ -1,7 +1,9 @@
-"""Load a model: transformers reads config, tokenizer and weights; our decoder runs them.
+"""Load a model in three steps: read its weights (:mod:`runtime.loader.read`), build our
+decoder on them, choose its kernels (:mod:`runtime.loader.choose`), all for the device's
+profile (:func:`runtime.device.device_profile`, decided once per device).
 
-Must not import Qt. Sources: a ``.gguf`` file (dequantized by transformers' GGUF
-reader), a folder in transformers' layout (config.json, ``*.safetensors``, tokenizer
+Must not import Qt. Sources: a ``.gguf`` file (run from its own blocks, or widened),
+a folder in transformers' layout (config.json, ``*.safetensors``, tokenizer
 files), or ``None`` for the default model. Never ``trust_remote_code`` (passed as False
 to every transformers call, and a folder whose JSON names custom code is refused); a GGUF's
 tokenizer is read from the file alone, never from its folder; never unpickle.
@@ -11,43 +13,25 @@ from __future__ import annotations
 import logging
 import os
 import time
-from pathlib import Path
 
 import torch
 
 from models.safety import template as template_sandbox
 from runtime.config.model import ModelConfig
-from runtime.device import compute_dtype, decode_mode, default_dtype, linear_path, resolve_device, trim_heap
+from runtime.device import DeviceProfile, device_profile, trim_heap
 from runtime.dtypes import parse_cache_dtype, parse_weight_dtype
 from runtime.errors import ModelLoadError, UnsupportedModelError
-from runtime.kernels import ggml_ops, quant_choice
-from runtime.kernels import quantized as quant_kernels
-from runtime.kernels.choice import KernelChoice
-from runtime.kernels.threads import SizedGovernors, cpu_governor
+from runtime.loader.choose import choose_kernels
 from runtime.loader.model import Model
+from runtime.loader.read import ReadWeights, read_weights
+from runtime.model import quant_layers
 from runtime.model.attention import AttentionKernels, attention_kernels
 from runtime.model.decode_step import DECODE_MODES
-from runtime.model import quant_layers
 from runtime.model.decoder import Decoder
-from runtime.weights import file_guard, validate
+from runtime.weights import validate
 from runtime.weights.gguf import open as gguf_open
-from runtime.weights.convert import decoder_state, quantize_state
-from runtime.weights.folder import read_folder
-from runtime.weights.gguf.converted import (
-    cached_model_config,
-    gguf_cache_dir,
-    gguf_only,
-    load_gguf,
-    read_cached,
-)
-from runtime.weights.sources import (
-    check_gguf_file,
-    check_gguf_metadata,
-    model_config,
-    one_line,
-    refuse_custom_code,
-    resolve_source,
-)
+from runtime.weights.gguf.converted import cached_model_config, gguf_cache_dir, read_cached
+from runtime.weights.sources import check_gguf_file, model_config, one_line, refuse_custom_code, resolve_source
 
 log = logging.getLogger(__name__)
 
@@ -115,64 +99,67 @@ def load_model(
         DeviceError: a device that is not available.
     """
     t0 = time.perf_counter()
-    dev = resolve_device(device)
-    mode = decode or decode_mode(dev)
-    if mode not in DECODE_MODES:
-        raise ValueError(f"unknown decode mode {mode!r}; use one of {', '.join(DECODE_MODES)}")
-    if mode == "graph" and dev.type != "cuda":
-        raise ValueError("decode mode 'graph' needs CUDA; use eager, static or compile")
-    if reproducible and (dev.type != "cpu" or mode != "eager"):
-        raise ValueError("reproducible replies run on the CPU with eager decode; drop --reproducible "
-                         f"or use --device cpu (asked: {dev.type}, decode {mode})")
+    profile = _profile(device, decode, reproducible)
     blocks_wanted = isinstance(dtype, str) and dtype.lower() in ("gguf", "quantized")
     if blocks_wanted and reproducible:
         raise ValueError("reproducible replies run on float weights (their row-invariant kernels); "
                          "drop --dtype gguf or --reproducible")
     try:
-        wdtype = parse_weight_dtype(dtype) if dtype is not None and not blocks_wanted else default_dtype(dev)
+        wdtype = parse_weight_dtype(dtype) if dtype is not None and not blocks_wanted else profile.weight_dtype
     except ValueError as e:
         raise ValueError(f"{e}, or gguf (a GGUF's own quantized blocks)") from None
-    path = resolve_source(source)
-    quant = None  # the GGUF's blocks, when the decoder runs them
-    identity = None  # the GGUF file as loaded (file_guard): a reply checks it is still that file
-    if path.is_dir():
-        cfg, tokenizer, tensors = read_folder(path, wdtype)
-        state = decoder_state(path, cfg, tensors, wdtype)
-        del tensors
-    elif path.exists() or path.suffix.lower() == ".gguf":
-        g = gguf_open.open_gguf(path)
-        identity = file_guard.FileIdentity.of(path)
-        # before any reader divides by its numbers or reads its blocks; the config kept for this
-        # very file (its path, size and mtime) spares building transformers' config class (~2 s)
-        validate.check_gguf(path, g, cached_model_config(gguf_cache_dir(path)))
-        g.release_pages()  # the checks' reads: not resident beside the copies detach makes
-        if gguf_open.runs_from_blocks(g):
-            gguf_open.refuse_without_ggml(path, g, None if ggml_ops.available() else ggml_ops.unavailable_reason())
-            cfg, tokenizer = gguf_open.config_and_tokenizer(path, g)
-            quant = gguf_open.blocks(path, g, cfg)
-            file_guard.detach(quant, g)  # nothing of the file stays mapped: it may change under us
-            # widened for comparison, or for reproducible replies (row-invariant float kernels): no copy on disk
-            if (dtype is not None and not blocks_wanted) or reproducible:
-                state = gguf_open.widened_state(quant, torch.float32 if wdtype == torch.int8 else wdtype,
-                                                  quant_kernels.widen)
-                state = quantize_state(state) if wdtype == torch.int8 else state
-                quant = None
-        else:  # an architecture our quantized layers do not map: transformers widens it
-            quantized = gguf_open.widening_cost(g, wdtype)
-            if quantized:  # said first; no float copy of a quantized file on disk
-                gguf_open.drop_stale_conversions(gguf_cache_dir(path))
-                log.warning("%s: its quantized weights run widened to %s in memory (%.0f MB; the file: %.0f MB)",
-                            path.name, str(wdtype).removeprefix("torch."), quantized / 1e6, path.stat().st_size / 1e6)
-            cfg, tokenizer, state = load_gguf(path, wdtype, keep=not quantized)
-    else:
-        raise ModelLoadError(f"{path} does not exist; give a .gguf file or a model folder")
-    if getattr(tokenizer, "chat_template", None):
+    # 1. read the weights
+    widen = (dtype is not None and not blocks_wanted) or reproducible  # a GGUF's blocks as float weights
+    weights = read_weights(resolve_source(source), wdtype, widen=widen)
+    if getattr(weights.tokenizer, "chat_template", None):
         template_sandbox.prestart()  # its child starts while the weights load, not at the first reply
+    # 2. build the decoder
+    decoder = _build(weights, profile, compute, kernels)
+    # 3. choose its kernels
+    chosen = choose_kernels(decoder, weights, profile, decode_given=decode is not None, threads=threads)
+    quant, cfg = weights.blocks, weights.config
+    model = Model(
+        tokenizer=weights.tokenizer, path=weights.path, config=cfg, device=profile.device,
+        dtype=quant.file_type if quant is not None else wdtype, decoder=decoder, compute_dtype=decoder.compute_dtype,
+        load_seconds=time.perf_counter() - t0, stop_token_ids=_stop_ids(weights.tokenizer, cfg),
+        decode_mode=chosen.decode_mode, kernels=chosen.kernels, quant_kernels=chosen.quant_kernels,
+        file_identity=weights.identity, reproducible=profile.reproducible, **chosen.governors,
+    )
+    # What loading freed (a tokenizer's parsed JSON, a conversion's tensors, a kernel
+    # timing's inputs) goes back to the operating system: ~30 MiB of a cached default load.
+    trim_heap()
+    return model
+
+
+def _profile(device: str, decode: str | None, reproducible: bool) -> DeviceProfile:
+    """The device's profile (:func:`runtime.device.device_profile`) with the caller's decode mode,
+    its reproducible variant where asked; the decode mode's name checked here.
+
+    Raises:
+        DeviceError, ValueError: as :func:`load_model`.
+    """
+    profile = device_profile(device)
+    if decode is not None and decode not in DECODE_MODES:
+        raise ValueError(f"unknown decode mode {decode!r}; use one of {', '.join(DECODE_MODES)}")
+    profile = profile.with_decode(decode)
+    return profile.reproducible_variant() if reproducible else profile
+
+
+def _build(weights: ReadWeights, profile: DeviceProfile, compute, kernels: AttentionKernels | None) -> Decoder:
+    """Our decoder for ``weights`` on ``profile``'s device: built on the meta device, then given
+    the weights (a GGUF's blocks, or float weights) computing in ``compute`` (default: the
+    profile's for the weights; a GGUF's blocks compute as float16 weights would), with the
+    device's attention kernels and matrix-product path.
+
+    Raises:
+        ValueError: an unknown or non-float ``compute``.
+    """
+    dev, quant = profile.device, weights.blocks
     with torch.device("meta"):
-        decoder = Decoder(cfg)
+        decoder = Decoder(weights.config)
     try:
-        # a GGUF's blocks compute as float16 weights would: float32 on the CPU, float16 on a GPU
-        cdtype = parse_cache_dtype(compute) if compute is not None else compute_dtype(dev, torch.float16 if quant else wdtype)
+        cdtype = parse_cache_dtype(compute) if compute is not None else \
+            profile.compute_dtypes[torch.float16 if quant is not None else weights.dtype]
         if not cdtype.is_floating_point:
             raise ValueError
     except ValueError:
@@ -181,115 +168,12 @@ def load_model(
         quant_layers.install(decoder, quant.matrices, quant.embed, quant.head,
                              {k: v.to(dev) for k, v in quant.floats.items()}, cdtype)
     else:
-        decoder.load_weights({k: v.to(dev) for k, v in state.items()}, compute_dtype=cdtype)
+        decoder.load_weights({k: v.to(dev) for k, v in weights.state.items()}, compute_dtype=cdtype)
+        weights.state = None  # the decoder holds them now
     decoder.set_attention_kernels(kernels or attention_kernels(dev))
-    decoder.set_linear_path(linear_path(dev))
+    decoder.set_linear_path(profile.linear_path)
     decoder.eval()
-    choice = qchoice = None
-    if decode is None and quant is not None and dev.type == "cpu":
-        from runtime.model.ggml_step import unsupported
-
-        # A GGUF's blocks decode fastest as per-layer ggml graphs where they build (docs/benchmarks.md)
-        mode = "ggml" if unsupported(decoder) is None else mode
-    if quant is not None:
-        # The ggml graphs multiply the blocks themselves: only the prefill kernel is chosen (a
-        # repack beside the blocks, int4pack's, only where it prefills 10 % faster)
-        qchoice = _choose_quant_kernels(decoder, dev, gguf_cache_dir(path), decode="ggml" if mode == "ggml" else None)
-        quant_layers.set_choice(decoder, qchoice, dev)
-        _say_widened(path, decoder)
-    governors: dict = {}
-    if dev.type == "cpu":
-        decode_gov = cpu_governor(threads)
-        if quant is None:  # float weights: the float kernels (a GGUF's blocks have theirs, above)
-            if reproducible:
-                if not cdtype == torch.float32:
-                    raise ValueError(f"reproducible replies compute in float32; not {cdtype} (drop --compute)")
-                from runtime.kernels.reproducible import reproducible_choice
-
-                # checked on the model's own matrices under every count the governors may choose,
-                # once per machine where the GGUF's cache folder keeps the verdicts
-                folder = gguf_cache_dir(path) if path.is_file() else None
-                choice = reproducible_choice(wdtype, [ref for ref, _ in decoder.kernel_matrices()],
-                                             threads=decode_gov.options,
-                                             folder=folder if folder is not None and folder.exists() else None)
-                log.info("reproducible mode's kernel: %s", choice.reason)
-                decoder.set_reproducible(True)
-            else:
-                choice = _choose_kernels(decoder, wdtype, gguf_cache_dir(path) if path.is_file() else None)
-            decoder.set_kernels(choice)
-            if reproducible:
-                _prepare_kernels(decoder)
-
-        def decode_choice() -> int | None:  # once decode has tried every count
-            return decode_gov.choice if decode_gov.calls >= len(decode_gov.options) else None
-
-        governors = dict(decode_threads=decode_gov,
-                         prefill_threads=SizedGovernors(lambda: cpu_governor(threads), start=decode_choice))
-    model = Model(
-        tokenizer=tokenizer, path=path, config=cfg, device=dev, dtype=quant.file_type if quant else wdtype,
-        decoder=decoder, compute_dtype=cdtype, load_seconds=time.perf_counter() - t0,
-        stop_token_ids=_stop_ids(tokenizer, cfg), decode_mode=mode, kernels=choice, quant_kernels=qchoice,
-        file_identity=identity,
-        reproducible=reproducible, **governors,
-    )
-    # What loading freed (a tokenizer's parsed JSON, a conversion's tensors, a kernel
-    # timing's inputs) goes back to the operating system: ~30 MiB of a cached default load.
-    trim_heap()
-    return model
-
-
-def _say_widened(path: Path, decoder: Decoder) -> None:
-    """Say once per load what the kernels' copies beside the file's blocks cost (float16 copies
-    where ggml does not load or a device has no kernel for a type; int4pack's repacks)."""
-    token, _ = quant_layers.token_weights(decoder)
-    parts = {id(p): p for p in token}.values()
-    extra = [p for p in parts if p.extra_bytes]
-    if extra:
-        types = sorted({p.btype.name for p in extra})
-        log.warning("%s: %d matrices (%s) run from copies beside the file's blocks: %.0f MB more memory (the file: %.0f MB)",
-                    path.name, len(extra), ", ".join(types), sum(p.extra_bytes for p in extra) / 1e6,
-                    path.stat().st_size / 1e6)
-
-
-def _choose_kernels(decoder: Decoder, wdtype: torch.dtype, folder: Path | None) -> KernelChoice:
-    """The CPU kernels for this decoder: kept beside a GGUF's converted weights, keyed by
-    the machine (:func:`runtime.kernels.chooser.load_or_measure`), else timed now: decode streaming
-    every matrix of a token, prefill on one matrix of each shape (about a second for the
-    default model; a folder model is timed at every load)."""
-    from runtime.kernels import choice as kernels
-    from runtime.kernels.chooser import load_or_measure
-
-    mats = decoder.kernel_matrices()
-
-    def measure() -> KernelChoice:
-        choice = kernels.measure(mats, wdtype, prefill_matrices=mats[:-1],  # prefill: the head sees one row
-                                 token_matrices=decoder.token_matrices())
-        log.info("kernels for %s weights: decode %s, prefill %s (us per token: %s)", wdtype, choice.decode,
-                 choice.prefill, choice.timings_us)
-        return choice
-
-    return load_or_measure(folder if folder is not None and folder.exists() else None,
-                           kernels.FloatKernels(wdtype, measure))
-
-
-def _choose_quant_kernels(decoder: Decoder, dev: torch.device, folder: Path | None,
-                          decode: str | None = None) -> quant_choice.QuantChoice:
-    """The kernels per block type for a decoder on a GGUF's blocks: kept beside the GGUF's
-    config in the cache folder, keyed by the machine, else timed now on its own matrices
-    (:func:`runtime.kernels.quant_choice.measure_quant`); off the CPU the device's defaults.
-    ``decode``: the decode kernel the step runs (the ggml graphs': ``"ggml"``), only prefill chosen."""
-    token, prefill = quant_layers.token_weights(decoder)
-    btypes = {p.btype for p in token}
-
-    def measure() -> quant_choice.QuantChoice:
-        choice = quant_choice.measure_quant(token, dev, prefill_weights=prefill, decode=decode)
-        log.info("quantized kernels: %s (us per token: %s)", choice.kernels, choice.timings_us)
-        return choice
-
-    from runtime.kernels.chooser import load_or_measure
-
-    return load_or_measure(folder if folder is not None and folder.exists() else None,
-                           quant_choice.BlockKernels(btypes, dev, measure, decode=decode))
+    return decoder
 
 
 def gguf_blocks_bytes(source: str | os.PathLike | None = None) -> tuple[int, str] | None:
@@ -345,18 +229,3 @@ def read_config(source: str | os.PathLike | None = None) -> ModelConfig:
         except Exception as e:
             raise ModelLoadError(f"{path.name} could not be read as GGUF ({one_line(e)}); download it again") from None
     return model_config(path, hf_config)
-
-
-@torch.inference_mode()
-def _prepare_kernels(decoder: Decoder) -> None:
-    """Make each kernel's prepared form of its matrix now (a packed copy: FBGEMM's float16
-    form takes seconds for the default model), not on the first token: every Linear's
-    and the LM head's (:meth:`Decoder.set_kernels` set them)."""
-    from runtime.kernels.choice import apply as apply_kernel
-    from runtime.model.layers import Linear
-
-    refs = [m.weight_ref for m in decoder.modules() if isinstance(m, Linear) and m.weight_ref is not None]
-    if decoder._head_ref is not None and all(r is not decoder._head_ref for r in refs):
-        refs.append(decoder._head_ref)
-    for ref in refs:
-        apply_kernel(decoder.kernels, torch.zeros(1, 1, ref.weight.shape[1]), ref, None)
