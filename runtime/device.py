@@ -227,8 +227,8 @@ def device_profile(device: str | torch.device = "auto", *, decode: str | None = 
 
 @functools.lru_cache(maxsize=None)
 def _profile(dev: torch.device) -> DeviceProfile:
-    computes = {w: compute_dtype(dev, w) for w in WEIGHT_DTYPES.values()}
-    return DeviceProfile(dev, default_dtype(dev), decode_mode(dev), linear_path(dev), computes)
+    weights, mode, path = default_dtype(dev), decode_mode(dev), linear_path(dev)
+    return DeviceProfile(dev, weights, mode, path, {w: compute_dtype(dev, w) for w in WEIGHT_DTYPES.values()})
 
 
 def free_memory_bytes(device: str | torch.device = "cpu") -> int | None:
