@@ -95,7 +95,10 @@ class ServerPanel(QWidget):
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         form.addRow(self.state)
-        form.addRow("Address", _row(self.address, self.copy_address))
+        # The address across the panel, under its label and Copy: beside them a 240 px panel
+        # showed "0.0.1:58869/v1", the end of the address without its start.
+        form.addRow("Address", _row(QWidget(), self.copy_address))
+        form.addRow(self.address)
         form.addRow("Port", self.port)
         form.addRow(self.require_key)
         # The key on a row of its own: beside its buttons a 265 px panel showed 7 of its characters.
@@ -128,6 +131,7 @@ class ServerPanel(QWidget):
             self.state.setText(words)
             self.address.setText(f"http://127.0.0.1:{port}/v1" if port else "")
             self._poll.stop()
+        self.address.setCursorPosition(0)   # read from its start when it is cut
         self.copy_address.setEnabled(bool(self.address.text()))
         on = self.require_key.isChecked()
         self.key.setText(self.toggle.api_key() if on else "")

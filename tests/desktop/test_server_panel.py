@@ -66,3 +66,19 @@ def test_the_request_log(qtbot, make_window):
     assert w.findChild(type(panel.dock), "serverDock") is panel.dock and not panel.dock.isVisible()
     panel.dock.show()   # a tab beside the KV panel, not a strip split below it
     assert w.tabifiedDockWidgets(panel.dock)
+
+
+def test_the_address_shows_whole_in_the_panel_at_1100_px(qtbot, make_window):
+    """Beside its label and Copy the field showed "0.0.1:58869/v1" in the 240 px panel."""
+    w = make_window()
+    w.resize(1100, 720)
+    panel = w.server_panel
+    panel.dock.show()
+    w.settings.set("server/port", 58869)
+    qtbot.waitUntil(lambda: panel.address.text() == "http://127.0.0.1:58869/v1", timeout=2000)
+    qtbot.waitUntil(lambda: panel.isVisible() and panel.address.width() > 0, timeout=2000)
+    qtbot.wait(50)
+    a = panel.address
+    room = a.width() - a.textMargins().left() - a.textMargins().right() - 8   # the frame and its padding
+    assert a.fontMetrics().horizontalAdvance(a.text()) <= room, (a.width(), panel.width())
+    assert a.cursorPosition() == 0
