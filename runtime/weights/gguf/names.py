@@ -21,6 +21,7 @@ import functools
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from runtime.weights.gguf.mmap import GGUFTensors
@@ -147,8 +148,9 @@ def _fused(g: GGUFTensors, names: list[str], perms: list[torch.Tensor | None]) -
                     got = os.preadv(f.fileno(), [memoryview(part.numpy()).cast("B")], infos[k].offset)
                     if got != infos[k].nbytes:
                         raise OSError(f"short read of {names[k]!r} ({got} of {infos[k].nbytes} bytes)")
-                    if perms[k] is not None:
-                        part.copy_(part.index_select(0, perms[k]))
+                    if perms[k] is not None:  # numpy: torch's index_select of uint8 rows took 12 ms a matrix, this 8 us
+                        rows_np = part.numpy()
+                        rows_np[:] = np.take(rows_np, perms[k].numpy(), axis=0)
                     r0 += n
             out.append(QuantWeight(buf, block_type(infos[i].ggml_type), rows, infos[i].shape[1]))
         i = j
