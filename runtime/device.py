@@ -225,6 +225,13 @@ def device_profile(device: str | torch.device = "auto", *, decode: str | None = 
     return profile.reproducible_variant() if reproducible else profile
 
 
+def profile_of(dev: torch.device | str) -> DeviceProfile:
+    """The :class:`DeviceProfile` of a device type whether or not this machine has it (the
+    memory planner's figures for a GPU elsewhere): the same once-per-device defaults as
+    :func:`device_profile`, without its availability check."""
+    return _profile(torch.device(dev))
+
+
 @functools.lru_cache(maxsize=None)
 def _profile(dev: torch.device) -> DeviceProfile:
     weights, mode, path = default_dtype(dev), decode_mode(dev), linear_path(dev)

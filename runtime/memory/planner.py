@@ -30,7 +30,7 @@ import torch
 from models.kv_bytes import bytes_at, longest_context, policy_tokens
 from runtime import device as devices
 from runtime.config.model import ModelConfig
-from runtime.device import compute_dtype, default_dtype
+from runtime.device import compute_dtype, profile_of
 from runtime.dtypes import cache_number_bytes, dtype_name, parse_cache_dtype, parse_weight_dtype
 from runtime.memory.sizes import attention_variants, cache_bytes_per_token, layer_type_figures
 
@@ -243,9 +243,10 @@ def plan(
         raise ValueError(f"the budget must not be negative; got {budget_bytes} bytes")
     as_blocks = blocks is not None and weights_dtype is None
     if cache_dtype is None:
-        dev = torch.device(device)
+        profile = profile_of(device)
         try:
-            cache_dtype = compute_dtype(dev, default_dtype(dev) if weights_dtype is None else weights_dtype)
+            cache_dtype = profile.compute_dtypes[profile.weight_dtype if weights_dtype is None
+                                                 else parse_weight_dtype(weights_dtype)]
         except ValueError:
             raise ValueError(f"unknown weights dtype {weights_dtype!r}; use float32, bfloat16, float16 or int8") from None
     dt = parse_cache_dtype(cache_dtype)
@@ -263,16 +264,16 @@ def plan(
     params = weights = wdtype = tok = turn = None
     if config is not None and as_blocks:  # the file's tensors as stored (norms included), computing as float16 weights do
         params, (weights, wdtype) = count_parameters(config), blocks
-        tok, turn = tokenizer_bytes(config.vocab_size), turn_bytes(config, compute_dtype(torch.device(device), torch.float16))
+        tok, turn = tokenizer_bytes(config.vocab_size), turn_bytes(config, profile_of(device).compute_dtypes[torch.float16])
     elif config is not None:
         params = count_parameters(config)
         if weights_dtype is None:
-            weights_dtype = default_dtype(torch.device(device))
+            weights_dtype = profile_of(device).weight_dtype
         try:
             wdtype = dtype_name(parse_weight_dtype(weights_dtype))
         except ValueError:
             raise ValueError(f"unknown weights dtype {weights_dtype!r}; use float32, bfloat16, float16 or int8") from None
-        cdtype = compute_dtype(torch.device(device), wdtype)
+        cdtype = profile_of(device).compute_dtypes[parse_weight_dtype(wdtype)]
         weights = weights_bytes(config, wdtype, cdtype)
         tok, turn = tokenizer_bytes(config.vocab_size), turn_bytes(config, cdtype)
     free = devices.free_memory_bytes(device)

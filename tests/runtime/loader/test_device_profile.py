@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import runtime.device as device_mod
-from runtime.device import DeviceProfile, compute_dtype, device_profile
+from runtime.device import DeviceProfile, compute_dtype, device_profile, profile_of
 from runtime.dtypes import WEIGHT_DTYPES
 
 
@@ -19,8 +19,8 @@ def test_the_cpu_profile_holds_the_cpu_defaults():
 
 
 def test_a_gpu_profile_holds_its_own_defaults():
-    # Built without CUDA: the choices are the device type's, no device is probed.
-    p = device_mod._profile(torch.device("cuda"))
+    # Without CUDA here (the planner's figures for a GPU elsewhere): the device type's choices.
+    p = profile_of("cuda")
     assert (p.weight_dtype, p.decode_mode, p.linear_path) == (torch.float16, "graph", "accelerator")
     assert p.compute_dtypes[torch.float16] == torch.float16 and p.compute_dtypes[torch.bfloat16] == torch.float32
     with pytest.raises(ValueError, match="reproducible replies run on the CPU with eager decode"):
@@ -38,6 +38,7 @@ def test_the_defaults_are_decided_once_per_device(monkeypatch):
         assert device_profile("cpu") is first
         assert device_profile(torch.device("cpu"), decode="static").decode_mode == "static"
         assert device_profile("cpu", reproducible=True).reproducible
+        assert profile_of("cpu") is first
         assert calls == [torch.device("cpu")]
     finally:
         device_mod._profile.cache_clear()   # the next test's profiles use the real default_dtype
