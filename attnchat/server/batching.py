@@ -185,6 +185,7 @@ class BatchEngine(Engine):
         # Per partition, the latest replies' [prompt ids, ids written] (the reuse rule's turns).
         self._turns: dict[str, collections.deque] = {}
         self._pages: dict[str, Any] = self.pool.stats()  # the pool's figures after the last step
+        self._sequences: list[dict] = []  # per running or kept sequence its pages, after the last step
 
     # ---- figures -----------------------------------------------------------------------
     def memory(self) -> dict[str, int]:
@@ -194,13 +195,28 @@ class BatchEngine(Engine):
 
     def stats(self) -> dict[str, Any]:
         """The base engine's figures, with ``busy`` meaning a reply runs, ``running`` (replies
-        in the batch), ``parallel`` and ``pages`` (the pool's page counts after the last step)."""
+        in the batch), ``parallel``, ``pages`` (the pool's page counts after the last step) and
+        ``sequences``: per running request (``id``, ``client``) or finished one kept for its next
+        turn (``kept`` true) its ``tokens``, ``pages`` and ``shared_pages``, after the last step."""
         out = super().stats()
         with self._lock:
             running = len(self._jobs_of)
+            sequences = [dict(s) for s in self._sequences]
         out.update(busy=running > 0, running=running, parallel=self.parallel, pages=dict(self._pages),
-                   decode_steps=self.batcher.steps, decoded_rows=self.batcher.rows_decoded)
+                   sequences=sequences, decode_steps=self.batcher.steps, decoded_rows=self.batcher.rows_decoded)
         return out
+
+    def _figures(self) -> None:
+        """The pool's and each sequence's page counts now (on the worker, which owns the pool)."""
+        pages = self.pool.stats()
+        rows = []
+        for reply in list(self.batcher.running):
+            job = self._jobs_of.get(id(reply))
+            if job is not None:
+                rows.append({"id": job.id, "client": job.client, "kept": False, **_pages_of(reply.seq)})
+        rows += [{"id": None, "client": None, "kept": True, **_pages_of(seq)} for seq in self._kept]
+        with self._lock:
+            self._pages, self._sequences = pages, rows
 
     # ---- the worker --------------------------------------------------------------------
     def _work(self) -> None:
@@ -233,7 +249,7 @@ class BatchEngine(Engine):
                     log.exception("a batched step failed")
                     for reply in list(self.batcher.running) + list(self.batcher.waiting):
                         self.batcher.cancel(reply)
-                self._pages = self.pool.stats()
+                self._figures()
                 if not self.batcher.busy:
                     if self.model.device.type == "cpu":
                         trim_heap()  # a prefill's freed activations back to the OS
@@ -320,7 +336,7 @@ class BatchEngine(Engine):
                     self.batcher.donors = list(self._kept)
                 with self._lock:  # not running before the client hears, so stats never lag
                     self._jobs_of.pop(id(reply), None)
-                    self._pages = self.pool.stats()  # its pages are back (or kept)
+                self._figures()  # its pages are back (or kept)
                 self._record(job, ev.reason, ev.stats)
                 self._send(job, Done(ev.reason, ev.text, ev.stats, ev.token_ids))
 
@@ -362,9 +378,14 @@ class BatchEngine(Engine):
         while self._reclaim():
             pass
         if self.pool.release_arenas():
-            self._pages = self.pool.stats()
+            self._figures()
             if self.model.device.type == "cpu":
                 trim_heap()
+
+
+def _pages_of(seq) -> dict[str, int]:
+    s = seq.stats()
+    return {"tokens": s["tokens"], "pages": s["pages"], "shared_pages": s["shared_pages"]}
 
 
 def _common(a: list[int], b: list[int]) -> int:

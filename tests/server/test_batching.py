@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 
 import httpx2 as httpx
 import pytest
@@ -75,6 +76,8 @@ def test_replies_together_equal_the_one_at_a_time_engine(tiny):
         # Only the finished replies kept for their next turns hold pages.
         assert stats["running"] == 0 and stats["pages"]["pages_used"] == sum(
             s.stats()["pages"] for s in batched._kept) > 0
+        # each kept sequence, as the Server panel draws them
+        assert [(s["kept"], s["pages"]) for s in stats["sequences"]] == [(True, q.stats()["pages"]) for q in batched._kept]
         assert stats["kv_allocated_bytes"] > 0
     finally:
         serial.close()
@@ -92,6 +95,11 @@ def test_a_cancelled_stream_frees_its_pages_at_once(tiny):
         engine.submit(job)
         engine.submit(other)
         assert first_piece.wait(60)
+        deadline = time.monotonic() + 30  # the figures are the last step's: the next one has it
+        while job.id not in (running := {s["id"]: s for s in engine.stats()["sequences"] if not s["kept"]}):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert running[job.id]["pages"] >= 1 and running[job.id]["tokens"] >= 8  # its prompt, at least
         engine.cancel(job)
         assert done.wait(60) and _done(items).reason == "cancelled"
         engine.cancel(other)
