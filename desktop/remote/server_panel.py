@@ -1,7 +1,8 @@
 """The Server panel (View > Server): what Server > Serve the loaded model is doing, for the
 people who point other apps at it.
 
-It shows the state and the address (with Copy), the port (chosen free once and kept in the
+It shows the state and the address (with Copy), how the server runs requests and its KV page
+pool drawn against its limit (:mod:`.pool_bar`), the port (chosen free once and kept in the
 settings, so a client configured once keeps working; a change applies at the next start), the
 API key when the settings ask for one (hidden until Show; Copy), and a request log: each reply
 the server finished, with its time, client, tokens and speed, read from the server's own
@@ -23,6 +24,8 @@ from PySide6.QtWidgets import (
     QSpinBox,
     QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
 )
+
+from desktop.remote.pool_bar import PoolBar, mode_text, pool_segments, pool_summary
 
 __all__ = ["LOG_COLUMNS", "POLL_MS", "ServerPanel", "install", "log_rows"]
 
@@ -94,7 +97,17 @@ class ServerPanel(QWidget):
 
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        self.mode = QLabel()
+        self.mode.setObjectName("serverMode")
+        self.mode.setWordWrap(True)
+        self.pool_bar = PoolBar()
+        self.pool_text = QLabel()
+        self.pool_text.setObjectName("serverPool")
+        self.pool_text.setWordWrap(True)
         form.addRow(self.state)
+        form.addRow(self.mode)
+        form.addRow(self.pool_bar)
+        form.addRow(self.pool_text)
         # The address across the panel, under its label and Copy: beside them a 240 px panel
         # showed "0.0.1:58869/v1", the end of the address without its start.
         form.addRow("Address", _row(QWidget(), self.copy_address))
@@ -131,6 +144,7 @@ class ServerPanel(QWidget):
             self.state.setText(words)
             self.address.setText(f"http://127.0.0.1:{port}/v1" if port else "")
             self._poll.stop()
+            self.show_pool({})
         self.address.setCursorPosition(0)   # read from its start when it is cut
         self.copy_address.setEnabled(bool(self.address.text()))
         on = self.require_key.isChecked()
@@ -140,8 +154,20 @@ class ServerPanel(QWidget):
         if s.running and on != bool(s.api_key):
             self.state.setText(self.state.text() + " The key choice applies at the next start.")
 
+    def show_pool(self, stats: dict) -> None:
+        """How the server runs requests and its page pool, from a ``/v1/attnchat/stats`` answer
+        (``{}``: not serving, nothing shown)."""
+        segments = pool_segments(stats)
+        self.mode.setText(mode_text(stats, self.toggle.server._lines) if stats else "")
+        self.mode.setVisible(bool(stats))
+        self.pool_bar.set_segments(segments)
+        self.pool_bar.setVisible(bool(segments))
+        self.pool_text.setText(pool_summary(stats))
+        self.pool_text.setVisible(bool(segments))
+
     def show_stats(self, stats: dict) -> None:
-        """Fill the request log from a ``/v1/attnchat/stats`` answer."""
+        """Fill the request log and the pool from a ``/v1/attnchat/stats`` answer."""
+        self.show_pool(stats)
         rows = log_rows(stats)
         self.table.setRowCount(len(rows))
         for r, row in enumerate(rows):
