@@ -24,6 +24,7 @@ class SettingsController(QObject):
         super().__init__(window)
         self.window = window
         self.dialog: SettingsDialog | None = None
+        self._shown: dict = {}   # the dialog's values when it opened
         # Bad stored values fall back before anything reads them. The notice is shown once the
         # event loop runs, and again when the first load ends (starting a load clears notices).
         self._startup_fixes = repair(window.settings)
@@ -64,6 +65,26 @@ class SettingsController(QObject):
             self.window.settings.set("model/device", "auto")
             self.loaded_with["model/device"] = "auto"
         self._after_load(repair(self.window.settings, info))
+        self._follow_model()
+
+    def _follow_model(self) -> None:
+        """The dialog open while a model loads was built for none (or the old one): its limits,
+        dtype and memory plan said "a model given as numbers". Build it again for the model,
+        keeping the edits, the tab and its place on screen."""
+        old, w = self.dialog, self.window
+        if old is None or not old.isVisible() or old.model == w.engine.model:
+            return
+        # What the user changed since it opened (not what differs from the stored values: those
+        # can be another model's now, with settings kept per model).
+        edits = {k: v for k, v in old.values().items() if v != self._shown.get(k)}
+        tab, where = old.tabs.currentIndex(), old.geometry()
+        old.reject()   # its edits are carried over, not written
+        new = self.open()
+        for key, value in edits.items():
+            new._set(key, value)
+        new.revalidate()
+        new.tabs.setCurrentIndex(tab)
+        new.setGeometry(where)
 
     def _options(self) -> dict:
         s = self.window.settings
@@ -90,6 +111,7 @@ class SettingsController(QObject):
         w = self.window
         self.dialog = SettingsDialog(w.settings, w.engine.model, loaded_with=self.loaded_with, parent=w)
         self.dialog.reload_requested.connect(lambda: w.load_model(w.settings.get("model/source")))
+        self._shown = self.dialog.values()
         self.dialog.open()
         return self.dialog
 

@@ -271,3 +271,34 @@ def test_an_empty_system_prompt_shows_the_one_the_template_sends(qtbot, make_win
     assert w.engine.model["builtin_system_prompt"] is None
     plain = dialog(w).fields["generation/system_prompt"]
     assert plain.editor.placeholderText() == "No system prompt: the model gets none" and plain.hint is None
+
+
+def test_settings_opened_while_the_model_loads_show_the_model_once_it_is_loaded(qtbot, make_window):
+    """Opened during the first load it said "the model's maximum" without a figure and planned for
+    "a model given as numbers" until opened again."""
+    w = make_window(load=False, worker=EngineWorker(load_fn=big_load, session_fn=fake_session_factory()))
+    d = w.settings_controller.open()
+    assert d.model is None and d.fields["generation/context"].editor.specialValueText() == "the model's maximum"
+    set_value(d, "generation/system_prompt", "Answer in one line.")   # an edit not applied yet
+    d.tabs.setCurrentIndex(1)
+    with qtbot.waitSignal(w.model_changed, timeout=5000):
+        w.load_model("big.gguf")
+    new = w.settings_controller.dialog
+    assert new is not d and new.isVisible() and not d.isVisible()
+    assert new.model == w.engine.model and new.model["n_layers"] == 32
+    assert new.fields["generation/context"].editor.specialValueText() == "the model's maximum (8,192)"
+    assert new.fields["generation/system_prompt"].editor.toPlainText() == "Answer in one line."   # kept
+    assert w.settings.get("generation/system_prompt") == ""   # and still not written
+    assert new.tabs.currentIndex() == 1
+    # Another model while it is open: only the edit goes over, not the values shown for the old one.
+    w.settings.set("generation/temperature", 0.3)
+    new.reject()
+    d2 = w.settings_controller.open()
+    assert d2.values()["generation/temperature"] == 0.3
+    set_value(d2, "generation/top_k", 7)
+    with qtbot.waitSignal(w.model_changed, timeout=5000):
+        w.load_model("other.gguf")   # its own settings (kept per model file) replace big.gguf's
+    d3 = w.settings_controller.dialog
+    assert d3 is not d2 and d3.values()["generation/top_k"] == 7
+    assert d3.values()["generation/temperature"] == w.settings.get("generation/temperature") != 0.3
+    d3.reject()
