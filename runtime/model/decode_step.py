@@ -19,8 +19,9 @@ a mask row. The modes (:data:`DECODE_MODES`):
   (``torch.cuda.CUDAGraph``) and replayed: one launch per token (CUDA only).
 - ``"compile"``: the static step through ``torch.compile`` (inductor fuses the norms,
   RoPE and activations; CPU and CUDA).
-- ``"ggml"``: a GGUF's blocks on the CPU, each layer but its attention as one ggml graph
-  (:mod:`runtime.model.ggml_step`); our attention and KV cache between the graphs.
+- ``"ggml"``: a GGUF's blocks on the CPU as ggml graphs (:mod:`runtime.model.ggml_step`): the
+  whole token as one graph, its attention and KV cache writes included, for a float cache;
+  a graph per layer with our attention and cache writes between them for any other.
 
 Every mode writes the same cache and returns the same logits (to rounding): a session
 can change modes between tokens, and falls back to ``"eager"`` whenever the step
