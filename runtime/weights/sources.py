@@ -39,9 +39,17 @@ def check_gguf_file(path: Path) -> None:
 
 def check_gguf_metadata(path: Path) -> None:
     """Refuse a GGUF whose metadata passes :mod:`models.safety.gguf_scan`'s limits, before a
-    reader that builds it in memory opens it (bounded memory; ~0.05 s of CPU for the default model)."""
+    reader that builds it in memory opens it (bounded memory; ~0.05 s of CPU for the default model).
+    A file that passed every check and has not changed since is not walked again
+    (:mod:`runtime.weights.checked`)."""
+    from runtime.weights import checked
+
+    if checked.passed(path):
+        return
+    before = checked.identity(path)
     try:
         safety.check_gguf(path)
+        checked.header_passed(path, before)
     except safety.Refused as e:
         raise ModelLoadError(str(e)) from None
     except OSError as e:

@@ -76,7 +76,11 @@ def check_gguf(path: Path, g=None, cfg: ModelConfig | None = None) -> None:
     _check_table(path, g)
     if cfg is not None:
         _check_shapes(path, g, cfg)
-    _scan(path, g)
+    from runtime.weights import checked
+
+    if not checked.passed(path):  # the scan's verdict on this very file, unchanged since
+        _scan(path, g)
+        checked.remember(path)
 
 
 def _config(g) -> ModelConfig | None:
