@@ -318,6 +318,10 @@ class SettingsDialog(QDialog):
         self.fields["generation/cache_policy"].set_hint(cache_policy_hint(values["generation/cache_policy"]))
         for key in ("generation/cache_budget", "generation/cache_budget_unit"):
             self.fields[key].setEnabled(policy_on)
+        # Whole tokens ("256 tokens", not "256.0"), tenths of a MiB.
+        budget, tokens = self.fields["generation/cache_budget"].editor, values["generation/cache_budget_unit"] == "tokens"
+        budget.setDecimals(0 if tokens else 1)
+        budget.setSuffix(" tokens" if tokens else " MiB")
         self._update_plan()
         self._update_reload(values)
         QTimer.singleShot(0, self, self._refit)

@@ -302,3 +302,16 @@ def test_settings_opened_while_the_model_loads_show_the_model_once_it_is_loaded(
     assert d3 is not d2 and d3.values()["generation/top_k"] == 7
     assert d3.values()["generation/temperature"] == w.settings.get("generation/temperature") != 0.3
     d3.reject()
+
+
+def test_the_cache_budget_reads_in_its_unit(big_window):
+    """It showed "256.0" for a budget of 256 tokens, with no unit beside it."""
+    d = dialog(big_window)
+    set_value(d, "generation/cache_policy", "sinks-window")
+    set_value(d, "generation/cache_budget_unit", "tokens")
+    set_value(d, "generation/cache_budget", 256)
+    budget = d.fields["generation/cache_budget"].editor
+    assert budget.text() == "256 tokens" and d.values()["generation/cache_budget"] == 256.0
+    set_value(d, "generation/cache_budget_unit", "MiB")
+    set_value(d, "generation/cache_budget", 11.5)
+    assert budget.text() == "11.5 MiB" and d.values()["generation/cache_budget"] == 11.5
