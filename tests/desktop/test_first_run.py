@@ -154,3 +154,37 @@ def test_a_long_failure_is_shown_whole(qtbot):
         if label.isVisible() and label.text():
             assert label.height() >= label.heightForWidth(label.width()), label.text()[:40]
     assert "File > Models…" in dialog.status.text() and "attnchat models" not in dialog.status.text()
+
+
+def test_the_first_run_dialog_also_offers_the_model_recommended_for_this_machine(qtbot, make_window, monkeypatch):
+    """It offered only the default model (which loops) and covered the welcome page's recommendation."""
+    from desktop.model_switcher import dialog as switcher
+    from desktop.model_switcher.recommend import Recommendation
+
+    big = models.get("smollm2-1.7b-instruct")
+    why = "the largest chat model in the catalog that fits this machine"
+    monkeypatch.setattr(switcher, "recommend", lambda **kw: Recommendation(big, {"verdict": "fits"}, why))
+    monkeypatch.setattr(models, "installed_path", lambda *a: None)
+    w = make_window(load=False)
+    dialog = desktop_app.start_model(w, None, fetch_fn=fetch_ok)
+    assert dialog.entry is models.DEFAULT_MODEL and dialog.download_button.isVisible()
+    assert dialog.instead_button.isVisible() and dialog.instead_button.text() == "Download SmolLM2-1.7B-Instruct (1,060 MB)"
+    assert dialog.instead_button.toolTip() == why
+    assert "Better answers: <b>SmolLM2-1.7B-Instruct</b> (1,060 MB) fits this machine" in dialog.intro.text()
+    dialog.instead_button.click()
+    assert not dialog.isVisible()
+    other = next(d for d in w.findChildren(DownloadDialog) if d is not dialog and d.isVisible())
+    assert other.entry is big and "Download <b>SmolLM2-1.7B-Instruct</b> (1,060 MB, " in other.intro.text()
+    other.close()
+
+
+def test_no_second_offer_when_the_default_model_is_the_recommendation(qtbot, make_window, monkeypatch):
+    from desktop.model_switcher import dialog as switcher
+    from desktop.model_switcher.recommend import Recommendation
+
+    monkeypatch.setattr(switcher, "recommend", lambda **kw: Recommendation(models.DEFAULT_MODEL, {}, "only this fits"))
+    monkeypatch.setattr(models, "installed_path", lambda *a: None)
+    w = make_window(load=False)
+    dialog = desktop_app.start_model(w, None, fetch_fn=fetch_ok)
+    assert not hasattr(dialog, "instead_button") and "Better answers" not in dialog.intro.text()
+    dialog.close()
