@@ -169,6 +169,8 @@ class DownloadDialog(QDialog):
         mb = f"{entry.size_bytes / 1e6:,.0f} MB"
         self.intro.setText(self.intro.text() + f"<br><br>Better answers: <b>{html.escape(entry.name)}</b> ({mb}) "
                            "fits this machine; the default model is for the first minute and offline use.")
+        # Two Download buttons: each names its model.
+        self.download_button.setText(f"Download {self.entry.name} ({self.entry.size_bytes / 1e6:,.0f} MB)")
         self.instead_button = QPushButton(f"Download {entry.name} ({mb})")
         self.instead_button.setObjectName("insteadButton")
         self.instead_button.setToolTip(why)

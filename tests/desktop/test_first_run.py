@@ -168,6 +168,7 @@ def test_the_first_run_dialog_also_offers_the_model_recommended_for_this_machine
     w = make_window(load=False)
     dialog = desktop_app.start_model(w, None, fetch_fn=fetch_ok)
     assert dialog.entry is models.DEFAULT_MODEL and dialog.download_button.isVisible()
+    assert dialog.download_button.text() == "Download SmolLM2-135M-Instruct (98 MB)"
     assert dialog.instead_button.isVisible() and dialog.instead_button.text() == "Download SmolLM2-1.7B-Instruct (1,060 MB)"
     assert dialog.instead_button.toolTip() == why
     assert "Better answers: <b>SmolLM2-1.7B-Instruct</b> (1,060 MB) fits this machine" in dialog.intro.text()
@@ -187,4 +188,5 @@ def test_no_second_offer_when_the_default_model_is_the_recommendation(qtbot, mak
     w = make_window(load=False)
     dialog = desktop_app.start_model(w, None, fetch_fn=fetch_ok)
     assert not hasattr(dialog, "instead_button") and "Better answers" not in dialog.intro.text()
+    assert dialog.download_button.text() == "Download"
     dialog.close()
