@@ -96,13 +96,13 @@ class QuantChoice:
 
 
 def head_choice(choice: QuantChoice) -> QuantChoice:
-    """``choice`` for the LM head: ggml's decode without its activation rounding
-    (``ggml-exact``). Why: the default model's answer to "What is the capital of France?"
-    hangs on a logit gap of 0.08 between "The" and "L" (float32: 25.325 / 25.243); ggml's
-    rounding of the head's input (0.43 % relative error in its logits) flips it to
-    "L'Étoile, la Marseillaise", the exact head keeps "The capital of France is Paris."
+    """``choice`` for the LM head: ggml's decode with its largest logits computed without its
+    activation rounding (``ggml-head``). Why: the default model's answer to "What is the
+    capital of France?" hangs on a logit gap of 0.08 between "The" and "L" (float32: 25.325 /
+    25.243); ggml's rounding of the head's input (0.43 % relative error in its logits) flips it
+    to "L'Étoile, la Marseillaise", the exact top logits keep "The capital of France is Paris."
     (measured on an Intel Xeon, and on an AMD EPYC Zen 4 with ggml built for AVX2 only)."""
-    return QuantChoice({t: ("ggml-exact" if d == "ggml" else d, p) for t, (d, p) in choice.kernels.items()},
+    return QuantChoice({t: ("ggml-head" if d == "ggml" else d, p) for t, (d, p) in choice.kernels.items()},
                        timings_us=choice.timings_us, measured=choice.measured)
 
 

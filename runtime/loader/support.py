@@ -18,7 +18,7 @@ from runtime.weights.quant_types import BLOCK_TYPES
 __all__ = ["QuantSupport", "quant_support"]
 
 #: What each decode kernel is called where a quant is marked.
-KERNEL_NAMES = {"ggml": "ggml", "ggml-exact": "ggml", "int4pack-bf16": "torch int4pack",
+KERNEL_NAMES = {"ggml": "ggml", "ggml-exact": "ggml", "ggml-head": "ggml", "int4pack-bf16": "torch int4pack",
                 "int4pack-cuda": "tinygemm int4", "widen": "float", "f16": "float16 copy"}
 
 

@@ -21,7 +21,7 @@ needs_ggml = pytest.mark.skipif(not ggml_ops.available(), reason="ggml-python no
 #: f16 rounds activations and weights to float16 (0.04 %); widen is float32 (1e-7); ggml-exact
 #: leaves ggml about 1/200 of its rounding (0.0024 % on the default model's Q8_0 head, 0.02-0.05 %
 #: on its Q4_1 layers: their Q8_1 activations are not rebuilt bit for bit).
-BOUNDS = {"ggml": 0.02, "ggml-exact": 2e-3, "int4pack-bf16": 0.01, "int4pack-f16": 2e-3, "int8pack": 0.03, "f16": 2e-3, "widen": 1e-5}
+BOUNDS = {"ggml": 0.02, "ggml-exact": 2e-3, "ggml-head": 0.02, "int4pack-bf16": 0.01, "int4pack-f16": 2e-3, "int8pack": 0.03, "f16": 2e-3, "widen": 1e-5}
 
 
 @pytest.fixture(scope="module")
@@ -274,3 +274,35 @@ def test_widening_and_lookup_device_branches_on_the_cpu(weights, monkeypatch):
         assert not calls, name   # no ggml on the device branch
         for a, b in zip(host, device):
             torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+
+@needs_ggml
+def test_the_head_kernel_gives_the_top_logits_without_ggmls_rounding(tmp_path):
+    """On a head of 4,096 rows (more than HEAD_EXACT_TOP), ggml-head's largest logits are the
+    float64 product's to float32 rounding, where plain ggml is off by its activation rounding;
+    the other logits are plain ggml's."""
+    from runtime.kernels.quantized import HEAD_EXACT_TOP, quant_linear
+    from runtime.weights.quant_types import BLOCK_TYPES
+    from runtime.weights.quant_weight import QuantWeight
+
+    torch.manual_seed(0)
+    rows, cols = 4096, 256
+    dense = torch.randn(rows, cols) * 0.05
+    import gguf.quants
+
+    raw = torch.from_numpy(gguf.quants.quantize(dense.numpy(), gguf.GGMLQuantizationType.Q8_0)).contiguous()
+    w = QuantWeight(raw, BLOCK_TYPES["Q8_0"], rows, cols)
+    x = torch.randn(2, cols) * 3
+    ref = x.double() @ w.dequantized(torch.float32).double().T
+    plain = quant_linear(x, w, "ggml")
+    head = quant_linear(x, w, "ggml-head")
+    top = plain.topk(HEAD_EXACT_TOP, dim=-1).indices
+    for i in range(2):
+        t = top[i]
+        exact = (head[i, t].double() - ref[i, t]).abs().max().item()
+        rounded = (plain[i, t].double() - ref[i, t]).abs().max().item()
+        assert exact < 1e-4 * ref[i].abs().max().item() and exact < rounded / 50, (exact, rounded)
+        others = torch.ones(rows, dtype=torch.bool)
+        others[t] = False
+        assert torch.equal(head[i, others], plain[i, others])
+        assert int(head[i].argmax()) == int(ref[i].argmax())

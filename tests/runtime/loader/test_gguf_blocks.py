@@ -178,10 +178,10 @@ def test_widened_dtypes_and_int8(tiny_file, cache_dir, monkeypatch, tiny):
 
 @pytest.mark.skipif(not ggml_ops.available(), reason="ggml-python not installed")
 def test_the_head_keeps_its_activations(tiny):
-    """The LM head runs ggml without its activation rounding (runtime.kernels.quant_choice.head_choice)."""
+    """The LM head runs ggml with its top logits without the activation rounding (runtime.kernels.quant_choice.head_choice)."""
     q, _ = tiny
     head = quant_layers.quant_layers(q.decoder)[-1]
-    assert [r[3] for r in head._runs[0]] == ["ggml-exact"]
+    assert [r[3] for r in head._runs[0]] == ["ggml-head"]
     assert all(r[3] == "ggml" for layer in quant_layers.quant_layers(q.decoder)[:-1] for r in layer._runs[0])
 
 
