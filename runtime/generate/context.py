@@ -212,8 +212,8 @@ def fit_prompt(encode: Encode, messages: Sequence[Message], *, limit: int, reser
     alone = encode(messages[-1:])
     if len(alone) >= limit:
         raise ContextOverflowError(
-            f"the message needs {len(alone)} tokens with the chat template but the context holds "
-            f"{limit}; shorten the message or raise the context length",
+            f"the message needs {len(alone):,} tokens with the chat template but the context holds "
+            f"{limit:,}; shorten the message or raise the context length",
             prompt_tokens=len(alone), context_limit=limit,
         )
     if policy != "truncate-middle":

@@ -221,3 +221,15 @@ def test_rolling_eviction_keeps_the_sinks_and_evicts_a_quarter_window_at_least()
     assert rolling_eviction(16, 1, limit=16, sink_tokens=40) == (15, 16)  # sinks capped at limit - 1
     with pytest.raises(ValueError):
         rolling_eviction(128, 125, limit=128, sink_tokens=4)
+
+
+def test_a_message_too_long_says_its_figures_with_thousands_separators():
+    """The window said "needs 12329 tokens … holds 8192" beside a count line that says "12,329 … 8,192"."""
+    from runtime.errors import ContextOverflowError
+    from runtime.generate.context import fit_prompt
+
+    with pytest.raises(ContextOverflowError) as err:
+        fit_prompt(_words, [Message("user", "x " * 1200)], limit=1024, reserve=4, policy="stop")
+    n = err.value.prompt_tokens
+    assert n > 1024 and str(err.value).startswith(
+        f"the message needs {n:,} tokens with the chat template but the context holds 1,024; shorten")
