@@ -11,7 +11,7 @@ most its window. Multi-query attention (Shazeer 2019) keeps one KV head, grouped
 """
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, Qt, QTimer
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
@@ -62,6 +62,9 @@ class VariantsTable(QWidget):
         lay.addWidget(self.caption)
         lay.addWidget(self.table)
         self.variants: list[dict] = []
+        # Rows follow the first column's width: sized once, before the dialog's layout narrowed
+        # that column, "grouped-query (this model)" needed a third line and was cut to "(this …".
+        self.table.installEventFilter(self)
 
     def set_variants(self, variants: list[dict], *, context: int, cache_dtype: str, layers: int) -> None:
         """Show ``variants`` (:attr:`runtime.MemoryPlan.variants`) of a ``layers``-layer model at ``context`` tokens."""
@@ -85,9 +88,18 @@ class VariantsTable(QWidget):
                 if v["this_model"]:
                     item.setFont(bold)
                 self.table.setItem(r, c, item)
+        self._fit_rows()
+
+    def eventFilter(self, obj, event) -> bool:  # noqa: N802 - Qt API
+        if obj is self.table and event.type() == QEvent.Type.Resize and event.size().width() != event.oldSize().width():
+            QTimer.singleShot(0, self, self._fit_rows)   # after the header has stretched its column
+        return super().eventFilter(obj, event)
+
+    def _fit_rows(self) -> None:
+        """Each row as tall as its wrapped text, the table as tall as its rows (it does not scroll)."""
         self.table.resizeRowsToContents()
-        height = self.table.horizontalHeader().height() + sum(self.table.rowHeight(r) for r in range(len(variants)))
-        self.table.setFixedHeight(height + 2 * self.table.frameWidth())
+        rows = sum(self.table.rowHeight(r) for r in range(self.table.rowCount()))
+        self.table.setFixedHeight(self.table.horizontalHeader().height() + rows + 2 * self.table.frameWidth())
 
     def clear(self, why: str) -> None:
         self.variants = []

@@ -91,3 +91,21 @@ def test_a_gguf_run_from_its_blocks_is_planned_at_its_bytes(make_window, monkeyp
     assert d.planner.last_plan.cache_dtype == "float32" and d.planner.last_plan.kv_bytes_per_token == 36_864
     set_value(d, "model/weight_dtype", "float16")  # widened: its bytes are not the blocks'
     assert rows["weights"].text().startswith("unknown")
+
+
+def test_the_model_rows_name_shows_whole_in_the_dialog(big_window, qtbot):
+    """Sized before the dialog's layout narrowed its column, "grouped-query (this model)" was cut
+    to "grouped-query (this …" in an 1100 x 720 window's dialog."""
+    d = dialog(big_window)
+    d.resize(640, 620)
+    d.show()
+    t = d.planner.variants.table
+    qtbot.waitUntil(lambda: t.isVisible() and t.columnWidth(0) > 0, timeout=2000)
+    for width in (640, 560):   # and after the dialog is made narrower
+        d.resize(width, 620)
+        qtbot.wait(50)
+        assert t.item(1, 0).text() == "grouped-query (this model)"
+        # As tall as Qt's delegate says the wrapped text needs at the column's present width.
+        assert t.rowHeight(1) >= t.sizeHintForRow(1) > t.sizeHintForRow(0), (width, t.columnWidth(0))
+        assert t.height() >= t.horizontalHeader().height() + sum(t.rowHeight(r) for r in range(t.rowCount()))
+    d.close()
