@@ -137,8 +137,8 @@ class GGMLStep:
         return 4 * widest * 40 + (1 << 16)
 
     #: When a dict, each call appends its seconds per part to it (``"graphs"``: ggml's work,
-    #: with the token graph its attention and cache writes too; ``"cache"``: torch's cache
-    #: writes and ``"attention"`` between per-layer graphs; ``"head"``: the final norm's LM
+    #: in the one-graph token its attention and cache writes too; with per-layer graphs,
+    #: ``"cache"``: torch's cache writes and ``"attention"`` between them; ``"head"``: the LM
     #: head; ``"other"``: embedding, RoPE rows, binding the cache, Python): ``attnchat bench
     #: --profile`` reads it. None: nothing timed.
     timings: dict[str, list[float]] | None = None
@@ -221,8 +221,8 @@ class GGMLStep:
         dec = self.decoder
         t0 = perf_counter()
         self._begin(token, cache)
-        parts = dict.fromkeys(("graphs", "cache", "attention", "head"), 0.0)
         tg = self.token_graph(cache)
+        parts = dict.fromkeys(("graphs", "head") if tg is not None else ("graphs", "cache", "attention", "head"), 0.0)
         if tg is not None:
             tg.bind(cache)
             a = perf_counter()

@@ -29,8 +29,9 @@ def test_the_profile_times_every_part(model):
     if ggml_ops.available():
         assert p["decode_mode"] == "ggml"
         parts = p["step_parts_ms"]
-        assert set(parts) == {"graphs", "cache", "attention", "head", "other"}
-        assert all(v >= 0 for v in parts.values()) and parts["graphs"] > 0 and parts["attention"] > 0
+        # a float cache: the whole token is one graph, its attention and cache writes in it
+        assert set(parts) == {"graphs", "head", "other"}
+        assert all(v >= 0 for v in parts.values()) and parts["graphs"] > 0 and parts["head"] > 0
         # each part a median over the tokens, inside the step (the call around it, the thread
         # governor's, is not a part): together not more than a step
         assert sum(parts.values()) < 2 * p["step_ms"]
