@@ -48,7 +48,7 @@ def test_a_100_kb_paste_is_a_clear_overflow_error_and_nothing_is_lost(default_mo
     with pytest.raises(ContextOverflowError) as err:
         session.run(session.send(paste))
     assert err.value.prompt_tokens > err.value.context_limit == 8192
-    assert str(err.value.prompt_tokens) in str(err.value) and "8192" in str(err.value)
+    assert f"{err.value.prompt_tokens:,}" in str(err.value) and "8,192" in str(err.value)
     assert "\n" not in str(err.value)
     assert session.messages == before
 
