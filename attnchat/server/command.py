@@ -91,7 +91,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="when a conversation passes the context (default stop: a 400 context_length_exceeded, as OpenAI; API clients manage their own context)")
     cache_options.add_args(p)
     p.add_argument("--sessions", type=_count, default=4, metavar="N",
-                   help="conversations that keep their KV cache between requests (default 4)")
+                   help="one at a time: conversations that keep their KV cache between requests (default 4); "
+                        "batching keeps the pages of its last max(4, --parallel) finished replies instead")
     p.add_argument("--max-queued", type=_count, default=None, metavar="N",
                    help="requests that may wait behind the running ones; more get 429 with Retry-After "
                         "(default: one at a time 16; batching what memory allows, 64 to 1024)")
