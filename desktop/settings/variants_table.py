@@ -11,9 +11,11 @@ most its window. Multi-query attention (Shazeer 2019) keeps one KV head, grouped
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, Qt, QTimer
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
+
+from desktop.widgets.fit_rows import fit_rows
 
 __all__ = ["VariantsTable", "window_text"]
 
@@ -64,7 +66,7 @@ class VariantsTable(QWidget):
         self.variants: list[dict] = []
         # Rows follow the first column's width: sized once, before the dialog's layout narrowed
         # that column, "grouped-query (this model)" needed a third line and was cut to "(this …".
-        self.table.installEventFilter(self)
+        self._fit_rows = fit_rows(self.table, after=self._size_to_rows)
 
     def set_variants(self, variants: list[dict], *, context: int, cache_dtype: str, layers: int) -> None:
         """Show ``variants`` (:attr:`runtime.MemoryPlan.variants`) of a ``layers``-layer model at ``context`` tokens."""
@@ -90,14 +92,8 @@ class VariantsTable(QWidget):
                 self.table.setItem(r, c, item)
         self._fit_rows()
 
-    def eventFilter(self, obj, event) -> bool:  # noqa: N802 - Qt API
-        if obj is self.table and event.type() == QEvent.Type.Resize and event.size().width() != event.oldSize().width():
-            QTimer.singleShot(0, self, self._fit_rows)   # after the header has stretched its column
-        return super().eventFilter(obj, event)
-
-    def _fit_rows(self) -> None:
-        """Each row as tall as its wrapped text, the table as tall as its rows (it does not scroll)."""
-        self.table.resizeRowsToContents()
+    def _size_to_rows(self) -> None:
+        """The table as tall as its rows (it does not scroll)."""
         rows = sum(self.table.rowHeight(r) for r in range(self.table.rowCount()))
         self.table.setFixedHeight(self.table.horizontalHeader().height() + rows + 2 * self.table.frameWidth())
 

@@ -29,6 +29,7 @@ from desktop.panels.attention.insight.explain import ExplainView, _fill, _positi
 from desktop.panels.attention.sandbox import SandboxView, ScaleView
 from desktop.panels.attention.views import quote, rich_label
 from desktop.panels.attention.widgets import display_token
+from desktop.widgets.fit_rows import fit_rows
 from desktop.widgets.wrapping_tabs import WrappingTabs
 
 __all__ = ["CostView", "ExplainView", "InsightTabs", "KnockoutView", "parse_head_list", "scores_table"]
@@ -87,7 +88,10 @@ class KnockoutView(QWidget):
         self.table.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
         self.table.horizontalHeader().setSectionResizeMode(3, QHeaderView.ResizeMode.Stretch)
         self.preset_label = rich_label("", small=True)
-        self.preset_table = _table(("heads knocked out", "loss, 1st copy", "loss, 2nd copy"))
+        # Headers on two lines and the heads wrapped: in a 240 px panel "heads knocked out" was
+        # cut to "…nock" and the heads listed after "top induction:" ran out of their cell.
+        self.preset_table = _table(("heads\nknocked out", "loss,\n1st copy", "loss,\n2nd copy"))
+        self._fit_preset = fit_rows(self.preset_table)
         self.table.setMaximumHeight(200)  # the top 5: the rest of the height goes to the induction test
         r1 = flow_row(labelled("Heads", self.heads), self.fill)
         r2 = flow_row(self.mode, labelled("Token", self.position), self.run, self.run_preset)
@@ -131,6 +135,7 @@ class KnockoutView(QWidget):
         for heads, f, s in zip(r["random_heads"], r["random_first"], r["random_second"]):
             rows.append(("random: " + " ".join(f"{l}.{h}" for l, h in heads), f"{f:.2f}", f"{s:.2f}"))
         _fill(self.preset_table, rows)
+        self._fit_preset()
         rise = r["induction_second"] - r["baseline_second"]
         rnd = max(r["random_second"]) - r["baseline_second"] if r["random_second"] else float("nan")
         self.preset_label.setText(
