@@ -89,3 +89,20 @@ def test_the_views_defaults_are_the_runtimes(qtbot):
     v = ExplainView()
     qtbot.addWidget(v)
     assert (v.steps.value(), v.window.value()) == (runtime.IG_STEPS, runtime.IG_POSITIONS)
+
+
+def test_a_new_chat_drops_the_last_conversations_estimate(qtbot, make_window, tiny):
+    """In a new chat the line still said "Explain of 238 context tokens: about 6 min" (the last
+    conversation's) until its first reply ended."""
+    w, panel = insight_after_a_reply(qtbot, make_window, tiny, "the cat sat on the mat")
+    view = panel.insight.tabs.explain
+    qtbot.waitUntil(lambda: view.estimate.isVisible() and view.estimate.text().startswith("Explain of "),
+                    timeout=20_000)
+    first = w.current_conversation
+    w.new_conversation()
+    assert w.current_conversation != first
+    qtbot.waitUntil(lambda: not view.estimate.isVisible(), timeout=5000)
+    assert view.estimate.text() == "" and view._plan == {}
+    w.chats.open(first)   # back: its estimate again
+    qtbot.waitUntil(lambda: view.estimate.isVisible() and view.estimate.text().startswith("Explain of "),
+                    timeout=20_000)

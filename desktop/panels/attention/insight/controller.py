@@ -133,7 +133,9 @@ class InsightController(QObject):
             return None
         conv = main.current_conversation
         history = [(m.role, m.content) for m in main.store.messages(conv)] if conv else []
-        if not history:
+        if not history:   # a new chat: the line said the last conversation's tokens and time
+            self._plan_request = 0   # an answer still coming is that conversation's
+            t.explain.clear_plan()
             return None
         v = t.explain
         self._plan_request = self.client.plan_explain(conv, history, main.generation().get("system_prompt") or "",

@@ -179,6 +179,14 @@ class ExplainView(QWidget):
             f"({plan.get('basis', 'this machine, measured')}). Cancel stops it between passes.")
         self.estimate.show()
 
+    def clear_plan(self) -> None:
+        """No conversation to explain: no estimate (ignored while one runs)."""
+        if self._running:
+            return
+        self._plan = {}
+        self.estimate.setText("")
+        self.estimate.hide()
+
     def set_running(self, plan: dict) -> None:
         """A run started: what it will take (``tokens``, ``passes``, ``seconds``, ``peak_bytes``),
         a progress bar, and Cancel."""
