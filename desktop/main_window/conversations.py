@@ -31,6 +31,8 @@ class ConversationActions:
             again before the next write.
         live: conversation id -> the cache key (:meth:`cache_key`) of the cache the worker
             holds for it now (it replied in this run with those settings).
+        other_branch: conversations whose cache holds another version of the reply shown
+            (‹ › switched it): said so, instead of "an earlier run, or other settings".
     """
 
     def __init__(self, window):
@@ -38,6 +40,7 @@ class ConversationActions:
         self.current = 0
         self.unsaved: list[dict] = []
         self.live: dict[int, tuple] = {}
+        self.other_branch: set[int] = set()
 
     def new(self) -> int:
         if self.current and not self.w.messages.rowCount() and self.w.replies.reply is None:
@@ -130,6 +133,8 @@ class ConversationActions:
             # No cache of it exists now (an earlier run, or other cache settings): the next
             # message reads the conversation again. Its figures are the last reply's, not the cache's.
             stats = dict(stats, stale=True)
+            if conv_id in self.other_branch:
+                stats["stale_why"] = "it holds another version of this reply"
         self.w.status.set_stats({} if stats.get("other_model") else stats)
         self.w.conversation_stats.emit(dict(stats))
         self.show_unseen({} if stats.get("other_model") else stats)

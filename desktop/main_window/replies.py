@@ -226,6 +226,7 @@ class ReplyActions:
                              content=shown.content, version=shown.version, versions=shown.versions)
         self.w.status.showMessage(f"Version {shown.version} of {shown.versions} of this reply", 3000)
         self.w.chats.live.pop(self.w.chats.current, None)   # the cache holds the other branch until the next message
+        self.w.chats.other_branch.add(self.w.chats.current)
         self.w.chats.show_context_of(self.w.chats.current)
         self.w._sync()
 
@@ -315,6 +316,7 @@ class ReplyActions:
         conv, text, reason, stats = r["conv_id"], result["text"], result["reason"], result["stats"]
         if stats:   # the worker holds this conversation's cache now, made with these settings
             self.w.chats.live[conv] = r["cache_key"]
+            self.w.chats.other_branch.discard(conv)
             stats = dict(stats, settings=r["settings"])   # kept with the reply: exports name them
         sent, self.sent = self.sent, None
         refused = result.get("refused") or (reason == "context" and not text)

@@ -59,8 +59,13 @@ def test_regenerate_samples_and_keeps_the_earlier_replies_as_branches(qtbot, mak
     assert w.messages.message(1)["content"] == "Reply 1." and w.chat.delegate().label("branch", index) == "1/3"
     assert not w.chat.delegate().enabled("prev", index) and w.chat.delegate().enabled("next", index)
     assert w.store.messages(conv)[1].content == "Reply 1."
+    # The KV panel says why no cache of it exists now (it said "an earlier run, or other settings").
+    readout = w.panels["kvCachePanel"].widget().readout.text()
+    assert "<i>Its last reply's cache</i> (it holds another version of this reply): " in readout
     with qtbot.waitSignal(w.reply_finished, timeout=5000):
         w.submit("Another")
+    readout = w.panels["kvCachePanel"].widget().readout.text()
+    assert "another version" not in readout and "No KV cache" not in readout   # the new reply's cache
     assert [m.content for m in FakeSession.instances[-1].messages][:2] == ["Tell me a joke", "Reply 1."]
     assert "Reply 1." in w.store.export_markdown(conv) and "Reply 3." not in w.store.export_markdown(conv)
 

@@ -35,7 +35,7 @@ def last_reply_text(stats: dict | None) -> str:
     kv = stats.get("kv_cache") or {}
     ctx = int(stats.get("context_limit") or 0)
     return ("No KV cache for this conversation yet: your next message reads it again with the current "
-            f"settings.<br><i>Its last reply's cache</i> (an earlier run, or other settings): "
+            f"settings.<br><i>Its last reply's cache</i> ({stats.get('stale_why') or 'an earlier run, or other settings'}): "
             f"{int(kv.get('tokens', 0)):,} tokens" + (f" of {ctx:,}" if ctx else "")
             + (f", {kv['dtype']}" if kv.get("dtype") else "")
             + (f", allocated {int(kv['allocated_bytes']) / MIB:,.2f} MiB" if kv.get("allocated_bytes") else "") + ".")
