@@ -225,8 +225,9 @@ class ReplyActions:
         self.w.messages.finish(row, id=shown.id, finish_reason=shown.finish_reason, stats=shown.stats,
                              content=shown.content, version=shown.version, versions=shown.versions)
         self.w.status.showMessage(f"Version {shown.version} of {shown.versions} of this reply", 3000)
-        self.w.chats.live.pop(self.w.chats.current, None)   # the cache holds the other branch until the next message
-        self.w.chats.other_branch.add(self.w.chats.current)
+        conv = self.w.chats.current
+        if self.w.chats.live.pop(conv, None) is not None:   # the cache holds the other branch until the next message
+            self.w.chats.other_branch.add(conv)   # (with none, after a restart, it is still "an earlier run")
         self.w.chats.show_context_of(self.w.chats.current)
         self.w._sync()
 

@@ -71,6 +71,21 @@ def test_regenerate_samples_and_keeps_the_earlier_replies_as_branches(qtbot, mak
     assert "Reply 1." in w.store.export_markdown(conv) and "Reply 3." not in w.store.export_markdown(conv)
 
 
+def test_after_a_restart_a_branch_switch_still_says_an_earlier_run(qtbot, make_window):
+    """No cache exists after a restart: switching branches must not say the cache holds the other one."""
+    sessions = _Counting()
+    w = make_window(worker=EngineWorker(load_fn=fake_load, session_fn=sessions))
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        w.submit("Hello")
+    _regenerate(qtbot, w)
+    w.close()
+    again = make_window(worker=EngineWorker(load_fn=fake_load, session_fn=sessions))
+    again.show_branch(1, -1)
+    assert again.messages.message(1)["version"] == 1
+    readout = again.panels["kvCachePanel"].widget().readout.text()
+    assert "(an earlier run, or other settings)" in readout and "another version" not in readout
+
+
 def test_branches_survive_a_restart(qtbot, make_window):
     sessions = _Counting()
     w = make_window(worker=EngineWorker(load_fn=fake_load, session_fn=sessions))
