@@ -22,8 +22,11 @@ def _architecture(meta: dict) -> tuple[str, str]:
     arch = str(meta.get("general.architecture", ""))
     name = str(meta.get("general.name", ""))
     updated = arch
-    if "llama" in arch and "mistral" in name:
-        updated = "mistral"  # llama.cpp writes Mistral models as llama
+    # llama.cpp writes Mistral models as llama; transformers reads one as Mistral (its class,
+    # with Mistral's default sliding window) only when general.name is exactly "mistral" (its
+    # test is membership in the one-item list it reads the field into), so ours is that test
+    if "llama" in arch and name == "mistral":
+        updated = "mistral"
     for key, value in (("qwen2moe", "qwen2_moe"), ("qwen3moe", "qwen3_moe"), ("gpt_oss", "gpt_oss"),
                        ("gpt-oss", "gpt_oss"), ("minimax-m2", "minimax_m2")):
         if key in arch:
@@ -71,12 +74,28 @@ def config_dict(g: GGUFTensors) -> dict:
     return config
 
 
+def dropped_facts(g: GGUFTensors, config: dict) -> dict:
+    """What the file's metadata says that transformers' GGUF reader drops from ``config``
+    (:func:`config_dict`), as config entries: a rotated share of each head below the whole
+    (``{arch}.rope.dimension_count`` under the head's width: Phi-4-mini rotates 96 of its
+    128 channels, as llama.cpp runs it) -> ``partial_rotary_factor``."""
+    arch = str(g.metadata.get("general.architecture", ""))
+    rotated = g.metadata.get(f"{arch}.rope.dimension_count")
+    heads = config.get("num_attention_heads")
+    head = config.get("head_dim") or (config.get("hidden_size", 0) // heads if heads else 0)
+    if isinstance(rotated, int) and 0 < rotated < head:
+        return {"partial_rotary_factor": rotated / head}
+    return {}
+
+
 def hf_config(g: GGUFTensors):
-    """The transformers config object (``AutoConfig.for_model`` of :func:`config_dict`)."""
+    """The transformers config object (``AutoConfig.for_model`` of :func:`config_dict`, with
+    :func:`dropped_facts`)."""
     from transformers import AutoConfig
 
     d = dict(config_dict(g))
     d.pop("_model_name_or_path", None)
+    d.update(dropped_facts(g, d))
     return AutoConfig.for_model(**d)
 
 

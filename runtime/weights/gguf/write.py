@@ -1,12 +1,16 @@
-"""Write a random-weight GGUF of a real model's shape (Llama family), quantized with the
-block types of :mod:`runtime.weights.quant_types`. Must not import Qt or transformers.
+"""Write a random-weight GGUF of a real model's shape (the Llama-like families: llama,
+qwen2, qwen3, gemma3, phi3), quantized with the block types of
+:mod:`runtime.weights.quant_types`. Must not import Qt or transformers.
 
 What for: the benchmark's 1B-scale figures without a download (``scripts/make_gguf.py``
-writes Llama 3.2 1B's shape in Q4_K or Q4_0 with the default model's tokenizer), and the
-tests' tiny files (every block type, a few kilobytes). Tensors are named, shaped and
-ordered as llama.cpp's converter writes them (``blk.N.attn_q.weight`` ...); weights are
-``N(0, std)`` from a seeded generator, one tensor at a time, streamed to the file (a
-1B-shape file needs about one tensor of memory, not the model's).
+writes Llama 3.2 1B's shape in Q4_K or Q4_0 with the default model's tokenizer), the
+tests' tiny files (every block type, a few kilobytes), and the families' real shapes
+(:data:`REAL_SHAPES`) written with zero weights as sparse files (``zeros=True``: the
+tensor table and metadata of an 8B model in a few kilobytes of disk). Tensors are named,
+shaped and ordered as llama.cpp's converter writes them (``blk.N.attn_q.weight`` ...;
+Qwen2's q/k/v biases, Qwen3's q/k norms, Phi-3's fused ``attn_qkv`` and gate/up in
+``ffn_up``); weights are ``N(0, std)`` from a seeded generator, one tensor at a time,
+streamed to the file (a 1B-shape file needs about one tensor of memory, not the model's).
 """
 from __future__ import annotations
 
@@ -33,6 +37,12 @@ class LlamaShape:
     context: int = 8192
     rope_base: float = 500000.0
     eps: float = 1e-5
+    #: False: an ``output.weight`` of its own (the LM head not tied to the embedding).
+    tied: bool = True
+    #: rotated channels of a head (``rope.dimension_count``; None: all of ``head_dim``).
+    rope_dim: int | None = None
+    #: Gemma 3's sliding window (tokens).
+    window: int = 512
 
 
 SHAPES: dict[str, LlamaShape] = {
@@ -43,6 +53,39 @@ SHAPES: dict[str, LlamaShape] = {
     "smollm2-135m": LlamaShape(30, 576, 1536, 9, 3, 64, rope_base=100000.0),
     # tests: rows of 256 (whole K-quant blocks), 2 layers
     "tiny": LlamaShape(2, 256, 512, 4, 2, 64, context=512, rope_base=10000.0),
+}
+
+#: The released models' shapes per family: ``name -> (GGUF architecture, shape, general.name)``,
+#: from each model's config.json on the Hub (the context kept at 8k where it is longer: the
+#: metadata's, not the weights').
+REAL_SHAPES: dict[str, tuple[str, LlamaShape, str]] = {
+    "llama-3.2-1b": ("llama", LlamaShape(16, 2048, 8192, 32, 8, 64, vocab=128256), "Llama 3.2 1B Instruct"),
+    "llama-3.2-3b": ("llama", LlamaShape(28, 3072, 8192, 24, 8, 128, vocab=128256), "Llama 3.2 3B Instruct"),
+    "qwen2.5-0.5b": ("qwen2", LlamaShape(24, 896, 4864, 14, 2, 64, vocab=151936, rope_base=1e6, eps=1e-6),
+                     "Qwen2.5 0.5B Instruct"),
+    "qwen2.5-1.5b": ("qwen2", LlamaShape(28, 1536, 8960, 12, 2, 128, vocab=151936, rope_base=1e6, eps=1e-6),
+                     "Qwen2.5 1.5B Instruct"),
+    "qwen2.5-3b": ("qwen2", LlamaShape(36, 2048, 11008, 16, 2, 128, vocab=151936, rope_base=1e6, eps=1e-6),
+                   "Qwen2.5 3B Instruct"),
+    "qwen2.5-7b": ("qwen2", LlamaShape(28, 3584, 18944, 28, 4, 128, vocab=152064, rope_base=1e6, eps=1e-6,
+                                       tied=False), "Qwen2.5 7B Instruct"),
+    "qwen3-0.6b": ("qwen3", LlamaShape(28, 1024, 3072, 16, 8, 128, vocab=151936, rope_base=1e6, eps=1e-6), "Qwen3 0.6B"),
+    "qwen3-1.7b": ("qwen3", LlamaShape(28, 2048, 6144, 16, 8, 128, vocab=151936, rope_base=1e6, eps=1e-6), "Qwen3 1.7B"),
+    "qwen3-4b": ("qwen3", LlamaShape(36, 2560, 9728, 32, 8, 128, vocab=151936, rope_base=1e6, eps=1e-6), "Qwen3 4B"),
+    "qwen3-8b": ("qwen3", LlamaShape(36, 4096, 12288, 32, 8, 128, vocab=151936, rope_base=1e6, eps=1e-6, tied=False),
+                 "Qwen3 8B"),
+    "gemma-3-1b": ("gemma3", LlamaShape(26, 1152, 6912, 4, 1, 256, vocab=262144, rope_base=1e6, eps=1e-6),
+                   "Gemma 3 1B It"),
+    "gemma-3-4b": ("gemma3", LlamaShape(34, 2560, 10240, 8, 4, 256, vocab=262144, rope_base=1e6, eps=1e-6,
+                                        window=1024), "Gemma 3 4B It"),
+    "phi-3.5-mini": ("phi3", LlamaShape(32, 3072, 8192, 32, 32, 96, vocab=32064, context=4096, rope_base=10000.0,
+                                        tied=False), "Phi 3.5 Mini Instruct"),
+    "phi-4-mini": ("phi3", LlamaShape(32, 3072, 8192, 24, 8, 128, vocab=200064, context=4096, rope_base=10000.0,
+                                      rope_dim=96), "Phi 4 Mini Instruct"),
+    "smollm2-1.7b": ("llama", LlamaShape(24, 2048, 8192, 32, 32, 64, vocab=49152, rope_base=130000.0),
+                     "SmolLM2 1.7B Instruct"),
+    "mistral-7b": ("llama", LlamaShape(32, 4096, 14336, 32, 8, 128, vocab=32768, rope_base=1e6, tied=False),
+                   "Mistral 7B Instruct v0.3"),
 }
 
 #: llama.cpp's ``general.file_type`` per all-matrices type (``gguf.LlamaFileType``).
@@ -85,7 +128,9 @@ def _add_value(writer, key: str, value) -> None:
 def tensor_plan(shape: LlamaShape, vocab: int, matrix_type: str, embed_type: str,
                 overrides: dict[str, str] | None = None, arch: str = "llama") -> list[tuple[str, tuple[int, ...], str]]:
     """``(name, (rows, cols) or (n,), block type)`` of every tensor, in llama.cpp's order
-    (``arch="gemma3"`` adds Gemma 3's q/k norms and the norms after attention and the MLP).
+    (``arch="gemma3"`` adds Gemma 3's q/k norms and the norms after attention and the MLP,
+    ``"qwen3"`` q/k norms, ``"qwen2"`` q/k/v biases; ``"phi3"`` fuses q/k/v into ``attn_qkv``
+    and gate/up into ``ffn_up``; an untied shape ends with ``output.weight`` in ``embed_type``).
 
     ``overrides`` maps a name's suffix (``"ffn_down.weight"``, ``"attn_v.weight"``) or a full
     name to a block type (as llama.cpp's Q4_K_M gives some matrices Q6_K).
@@ -94,21 +139,28 @@ def tensor_plan(shape: LlamaShape, vocab: int, matrix_type: str, embed_type: str
     plan: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (vocab, H), embed_type)]
     for i in range(shape.n_layers):
         p = f"blk.{i}."
-        plan += [
-            (p + "attn_norm.weight", (H,), "F32"),
-            (p + "attn_q.weight", (shape.heads * D, H), matrix_type),
-            (p + "attn_k.weight", (shape.kv_heads * D, H), matrix_type),
-            (p + "attn_v.weight", (shape.kv_heads * D, H), matrix_type),
-            (p + "attn_output.weight", (H, shape.heads * D), matrix_type),
-            (p + "ffn_norm.weight", (H,), "F32"),
-            (p + "ffn_gate.weight", (shape.ffn, H), matrix_type),
-            (p + "ffn_up.weight", (shape.ffn, H), matrix_type),
-            (p + "ffn_down.weight", (H, shape.ffn), matrix_type),
-        ]
+        q, kv = shape.heads * D, shape.kv_heads * D
+        plan.append((p + "attn_norm.weight", (H,), "F32"))
+        if arch == "phi3":
+            plan.append((p + "attn_qkv.weight", (q + 2 * kv, H), matrix_type))
+        else:
+            plan += [(p + "attn_q.weight", (q, H), matrix_type), (p + "attn_k.weight", (kv, H), matrix_type),
+                     (p + "attn_v.weight", (kv, H), matrix_type)]
+        if arch == "qwen2":
+            plan += [(p + "attn_q.bias", (q,), "F32"), (p + "attn_k.bias", (kv,), "F32"), (p + "attn_v.bias", (kv,), "F32")]
+        plan += [(p + "attn_output.weight", (H, q), matrix_type), (p + "ffn_norm.weight", (H,), "F32")]
+        if arch == "phi3":
+            plan.append((p + "ffn_up.weight", (2 * shape.ffn, H), matrix_type))
+        else:
+            plan += [(p + "ffn_gate.weight", (shape.ffn, H), matrix_type), (p + "ffn_up.weight", (shape.ffn, H), matrix_type)]
+        plan.append((p + "ffn_down.weight", (H, shape.ffn), matrix_type))
+        if arch in ("gemma3", "qwen3"):
+            plan += [(p + "attn_q_norm.weight", (D,), "F32"), (p + "attn_k_norm.weight", (D,), "F32")]
         if arch == "gemma3":
-            plan += [(p + "attn_q_norm.weight", (D,), "F32"), (p + "attn_k_norm.weight", (D,), "F32"),
-                     (p + "post_attention_norm.weight", (H,), "F32"), (p + "post_ffw_norm.weight", (H,), "F32")]
+            plan += [(p + "post_attention_norm.weight", (H,), "F32"), (p + "post_ffw_norm.weight", (H,), "F32")]
     plan.append(("output_norm.weight", (H,), "F32"))
+    if not shape.tied:
+        plan.append(("output.weight", (vocab, H), embed_type))
     if overrides:
         out = []
         for name, dims, t in plan:
@@ -116,6 +168,16 @@ def tensor_plan(shape: LlamaShape, vocab: int, matrix_type: str, embed_type: str
             out.append((name, dims, overrides[key] if key and len(dims) == 2 else t))
         plan = out
     return plan
+
+
+def _holes(w, path: Path, sizes: list[int]) -> Path:
+    """End the file ``w`` is writing (header and tensor table written) with its tensors'
+    bytes as one hole: the size the data would take, aligned as the writer aligns it."""
+    fout = w.fout[0]
+    start = w.ggml_pad(fout.tell(), w.data_alignment)
+    fout.truncate(start + sum(w.ggml_pad(n, w.data_alignment) for n in sizes))
+    w.close()
+    return path
 
 
 def write_random_gguf(
@@ -130,7 +192,8 @@ def write_random_gguf(
     seed: int = 0,
     std: float = 0.02,
     arch: str = "llama",
-    window: int = 512,
+    window: int | None = None,
+    zeros: bool = False,
 ) -> Path:
     """Write a random-weight Llama-family GGUF to ``path`` and return it.
 
@@ -145,8 +208,13 @@ def write_random_gguf(
             sets the vocabulary unless ``shape.vocab`` does. Without it: no tokenizer keys,
             and ``shape.vocab`` must be set.
         std: the weights' standard deviation (norm weights are ``1 + N(0, std)``).
-        arch: ``"llama"`` or ``"gemma3"`` (Gemma 3's metadata keys, extra norms, a sliding
-            window of ``window`` tokens and llama.cpp's stored ``1 + w`` norm weights).
+        arch: ``"llama"``, ``"qwen2"``, ``"qwen3"``, ``"phi3"`` or ``"gemma3"`` (Gemma 3's
+            extra norms, its sliding window and llama.cpp's stored ``1 + w`` norm weights):
+            the metadata keys are ``{arch}.*``, the tensors :func:`tensor_plan`'s.
+        window: Gemma 3's sliding window in tokens (default ``shape.window``).
+        zeros: every tensor all zero bytes, left as a hole of a sparse file (nothing
+            written: for the header, the tensor table and the loader's shape checks of a
+            real-size model; zero blocks decode to zeros in every type).
 
     Raises:
         KeyError: an unknown block type. ValueError: no vocabulary size.
@@ -175,21 +243,26 @@ def write_random_gguf(
     w.add_head_count_kv(shape.kv_heads)
     w.add_rope_freq_base(shape.rope_base)
     w.add_layer_norm_rms_eps(shape.eps)
-    w.add_rope_dimension_count(shape.head_dim)
+    if shape.rope_dim is None:
+        w.add_rope_dimension_count(shape.head_dim)
     w.add_key_length(shape.head_dim)
     w.add_value_length(shape.head_dim)
     w.add_vocab_size(vocab)
     if arch == "gemma3":
-        w.add_sliding_window(window)
+        w.add_sliding_window(shape.window if window is None else window)
+    if shape.rope_dim is not None:
+        w.add_rope_dimension_count(shape.rope_dim)
     w.add_file_type(FILE_TYPES.get(matrix_type, 1024))
     w.add_quantization_version(2)
     for key, value in (tokenizer or {}).items():
         _add_value(w, key, value)
+    sizes = []
     for tname, dims, t in plan:
         bt = BLOCK_TYPES[t]
         rows = dims[0] if len(dims) == 2 else 1
         cols = dims[-1]
         nbytes = rows * bt.row_bytes(cols)
+        sizes.append(nbytes)
         if bt.quantized or t == "BF16":
             w.add_tensor_info(tname, (rows, bt.row_bytes(cols)) if len(dims) == 2 else (bt.row_bytes(cols),),
                               np.dtype(np.uint8), nbytes, raw_dtype=GGMLQuantizationType(bt.ggml_type))
@@ -198,11 +271,14 @@ def write_random_gguf(
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
+    if zeros:
+        return _holes(w, path, sizes)
     rng = np.random.default_rng(seed)
     for tname, dims, t in plan:
         bt = BLOCK_TYPES[t]
-        if len(dims) == 1:  # norms near 1 (Gemma stores 1 + w: near 2), not all equal
-            data = (1.0 + (arch == "gemma3") + rng.standard_normal(dims, dtype=np.float32) * np.float32(std)).astype(np.float32)
+        if len(dims) == 1:  # norms near 1 (Gemma stores 1 + w: near 2), not all equal; biases near 0
+            centre = 0.0 if tname.endswith(".bias") else 1.0 + (arch == "gemma3")
+            data = (centre + rng.standard_normal(dims, dtype=np.float32) * np.float32(std)).astype(np.float32)
             w.write_tensor_data(data if t == "F32" else quantize(data.reshape(1, -1), bt).reshape(-1).view(
                 np.float16 if t == "F16" else np.uint8))
             continue
