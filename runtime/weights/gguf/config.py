@@ -12,7 +12,10 @@ tokenizer path already reads the file with a fast reader of its own).
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
+
+import torch
 
 from runtime.weights.gguf.mmap import GGUFTensors
 
@@ -74,18 +77,64 @@ def config_dict(g: GGUFTensors) -> dict:
     return config
 
 
+#: Llama 3.x's RoPE scaling besides its factor, as llama.cpp's converter assumes it when it bakes
+#: the scaling into ``rope_freqs.weight``: ``(low_freq_factor, high_freq_factor, original context)``.
+LLAMA3_BANDS = (1.0, 4.0, 8192)
+
+
+def llama3_divisors(theta: float, dim: int, factor: float, low: float = LLAMA3_BANDS[0], high: float = LLAMA3_BANDS[1],
+                    original: int = LLAMA3_BANDS[2]) -> list[float]:
+    """The per-frequency divisors llama.cpp's converter writes as ``rope_freqs.weight`` for a
+    Llama 3 RoPE scaling (``convert_hf_to_gguf.py``'s form): ``dim // 2`` floats, 1 for short
+    wavelengths, ``factor`` for long ones, smooth between."""
+    out = []
+    for i in range(0, dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / dim)
+        if wavelen < original / high:
+            out.append(1.0)
+        elif wavelen > original / low:
+            out.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return out
+
+
 def dropped_facts(g: GGUFTensors, config: dict) -> dict:
-    """What the file's metadata says that transformers' GGUF reader drops from ``config``
-    (:func:`config_dict`), as config entries: a rotated share of each head below the whole
-    (``{arch}.rope.dimension_count`` under the head's width: Phi-4-mini rotates 96 of its
-    128 channels, as llama.cpp runs it) -> ``partial_rotary_factor``."""
+    """What the file says that transformers' GGUF reader drops from ``config``
+    (:func:`config_dict`), as config entries, so the model runs as llama.cpp runs the file:
+
+    - a rotated share of each head below the whole (``{arch}.rope.dimension_count`` under
+      the head's width: Phi-4-mini rotates 96 of its 128 channels) -> ``partial_rotary_factor``;
+    - Llama 3's RoPE scaling, which llama.cpp's converter keeps only as the tensor
+      ``rope_freqs.weight`` (each frequency's divisor) -> ``rope_parameters`` of type
+      ``llama3`` with the factor and bands those divisors are (Llama 3.1-3.3's).
+
+    Raises:
+        ValueError: ``rope_freqs.weight`` is not a Llama 3 scaling's divisors (one line).
+    """
     arch = str(g.metadata.get("general.architecture", ""))
-    rotated = g.metadata.get(f"{arch}.rope.dimension_count")
     heads = config.get("num_attention_heads")
     head = config.get("head_dim") or (config.get("hidden_size", 0) // heads if heads else 0)
+    out: dict = {}
+    rotated = g.metadata.get(f"{arch}.rope.dimension_count")
     if isinstance(rotated, int) and 0 < rotated < head:
-        return {"partial_rotary_factor": rotated / head}
-    return {}
+        out["partial_rotary_factor"] = rotated / head
+    info = g.tensors.get("rope_freqs.weight")
+    if info is not None:
+        theta = float(config.get("rope_theta") or 10000.0)
+        dim = int(rotated) if isinstance(rotated, int) and rotated > 0 else head
+        have = g.raw("rope_freqs.weight").reshape(-1).view(torch.float32).tolist() if info.ggml_type == 0 else []
+        factor = max(have, default=0.0)
+        want = llama3_divisors(theta, dim, factor) if factor >= 1.0 else []
+        if len(have) != dim // 2 or not all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(have, want)):
+            raise ValueError("its rope_freqs.weight is not a Llama 3 RoPE scaling (the frequency divisors "
+                             "attnchat reads from a GGUF)")
+        low, high, original = LLAMA3_BANDS
+        out["rope_parameters"] = {"rope_type": "llama3", "rope_theta": theta, "factor": factor,
+                                  "low_freq_factor": low, "high_freq_factor": high,
+                                  "original_max_position_embeddings": original}
+    return out
 
 
 def hf_config(g: GGUFTensors):

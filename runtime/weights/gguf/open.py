@@ -161,6 +161,15 @@ def drop_stale_conversions(cached: Path | None) -> int:
     return freed
 
 
+def _hf_config(path: Path, g: GGUFTensors):
+    from runtime.weights.gguf import config as gguf_config
+
+    try:
+        return gguf_config.hf_config(g)
+    except ValueError as e:
+        raise UnsupportedModelError(f"{path.name}: {one_line(e).rstrip('.')}; attnchat runs Llama-family and GPT-2 models") from None
+
+
 def config_and_tokenizer(path: Path, g: GGUFTensors) -> tuple[ModelConfig, object]:
     """The model's config and tokenizer: from the cache folder when it has them, else built
     from the file (our header reader for the config, transformers' own GGUF tokenizer path)
@@ -177,12 +186,11 @@ def config_and_tokenizer(path: Path, g: GGUFTensors) -> tuple[ModelConfig, objec
     cfg, tokenizer = _read_cached_fast(cached)
     if cfg is not None:
         return cfg, tokenizer
-    hf_config, tokenizer = read_cached(cached)
-    if hf_config is None:
-        try:
-            hf_config = gguf_config.hf_config(g)
-        except ValueError as e:
-            raise UnsupportedModelError(f"{path.name}: {one_line(e).rstrip('.')}; attnchat runs Llama-family and GPT-2 models") from None
+    kept, tokenizer = read_cached(cached)
+    # the config from the header even when one is kept (cheap): a kept one may predate what
+    # this reader takes from the file (gguf.config.dropped_facts)
+    hf_config = _hf_config(path, g)
+    if kept is None:
         try:
             with gguf_only(path) as (folder, _name):
                 tokenizer = gguf_config.tokenizer(path, folder, hf_config.model_type)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.weights.gguf.config import llama3_divisors
 from runtime.weights.quant_make import RANDOM_BLOCKS, quantize, random_weight_blocks
 from runtime.weights.quant_types import BLOCK_TYPES, block_type
 
@@ -43,6 +44,9 @@ class LlamaShape:
     rope_dim: int | None = None
     #: Gemma 3's sliding window (tokens).
     window: int = 512
+    #: Llama 3's RoPE scaling factor (0: none), written as llama.cpp's converter writes it: the
+    #: divisors per frequency in ``rope_freqs.weight``.
+    llama3_factor: float = 0.0
 
 
 SHAPES: dict[str, LlamaShape] = {
@@ -59,8 +63,10 @@ SHAPES: dict[str, LlamaShape] = {
 #: from each model's config.json on the Hub (the context kept at 8k where it is longer: the
 #: metadata's, not the weights').
 REAL_SHAPES: dict[str, tuple[str, LlamaShape, str]] = {
-    "llama-3.2-1b": ("llama", LlamaShape(16, 2048, 8192, 32, 8, 64, vocab=128256), "Llama 3.2 1B Instruct"),
-    "llama-3.2-3b": ("llama", LlamaShape(28, 3072, 8192, 24, 8, 128, vocab=128256), "Llama 3.2 3B Instruct"),
+    "llama-3.2-1b": ("llama", LlamaShape(16, 2048, 8192, 32, 8, 64, vocab=128256, llama3_factor=32.0),
+                     "Llama 3.2 1B Instruct"),
+    "llama-3.2-3b": ("llama", LlamaShape(28, 3072, 8192, 24, 8, 128, vocab=128256, llama3_factor=32.0),
+                     "Llama 3.2 3B Instruct"),
     "qwen2.5-0.5b": ("qwen2", LlamaShape(24, 896, 4864, 14, 2, 64, vocab=151936, rope_base=1e6, eps=1e-6),
                      "Qwen2.5 0.5B Instruct"),
     "qwen2.5-1.5b": ("qwen2", LlamaShape(28, 1536, 8960, 12, 2, 128, vocab=151936, rope_base=1e6, eps=1e-6),
@@ -136,7 +142,10 @@ def tensor_plan(shape: LlamaShape, vocab: int, matrix_type: str, embed_type: str
     name to a block type (as llama.cpp's Q4_K_M gives some matrices Q6_K).
     """
     H, D = shape.hidden, shape.head_dim
-    plan: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (vocab, H), embed_type)]
+    plan: list[tuple[str, tuple[int, ...], str]] = []
+    if shape.llama3_factor:
+        plan.append(("rope_freqs.weight", ((shape.rope_dim or D) // 2,), "F32"))
+    plan.append(("token_embd.weight", (vocab, H), embed_type))
     for i in range(shape.n_layers):
         p = f"blk.{i}."
         q, kv = shape.heads * D, shape.kv_heads * D
@@ -170,12 +179,16 @@ def tensor_plan(shape: LlamaShape, vocab: int, matrix_type: str, embed_type: str
     return plan
 
 
-def _holes(w, path: Path, sizes: list[int]) -> Path:
+def _holes(w, path: Path, sizes: list[int], first: np.ndarray | None = None) -> Path:
     """End the file ``w`` is writing (header and tensor table written) with its tensors'
-    bytes as one hole: the size the data would take, aligned as the writer aligns it."""
+    bytes as one hole: the size the data would take, aligned as the writer aligns it
+    (``first``: the first tensor's bytes, written: Llama 3's RoPE divisors)."""
     fout = w.fout[0]
     start = w.ggml_pad(fout.tell(), w.data_alignment)
     fout.truncate(start + sum(w.ggml_pad(n, w.data_alignment) for n in sizes))
+    if first is not None:
+        fout.seek(start)
+        fout.write(first.tobytes())
     w.close()
     return path
 
@@ -271,11 +284,16 @@ def write_random_gguf(
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
+    divisors = np.array(llama3_divisors(shape.rope_base, shape.rope_dim or shape.head_dim, shape.llama3_factor),
+                        dtype=np.float32) if shape.llama3_factor else None
     if zeros:
-        return _holes(w, path, sizes)
+        return _holes(w, path, sizes, divisors)
     rng = np.random.default_rng(seed)
     for tname, dims, t in plan:
         bt = BLOCK_TYPES[t]
+        if tname == "rope_freqs.weight":
+            w.write_tensor_data(divisors)
+            continue
         if len(dims) == 1:  # norms near 1 (Gemma stores 1 + w: near 2), not all equal; biases near 0
             centre = 0.0 if tname.endswith(".bias") else 1.0 + (arch == "gemma3")
             data = (centre + rng.standard_normal(dims, dtype=np.float32) * np.float32(std)).astype(np.float32)

@@ -77,18 +77,19 @@ IDS = [5, 17, 42, 99, 3, 250, 7, 128, 64, 11, 200, 31]
 # Mistral: llama.cpp writes it as llama ("Mistral 7B Instruct v0.3" reads as llama in transformers
 # and here, the llama case); transformers cannot load the tensors of a file it reads as Mistral
 # (gguf-py has no "mistral" architecture), so its config alone is compared, in the released shapes.
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "phi3", "phi3-partial-rope"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "phi3", "phi3-partial-rope", "llama-llama3-rope"])
 def test_a_tiny_file_of_each_family_gives_transformers_logits(tmp_path, monkeypatch, tokenizer, arch):
     from transformers import AutoModelForCausalLM
 
     monkeypatch.setenv("ATTNCHAT_CACHE_DIR", str(tmp_path / "cache"))
-    arch, _, partial = arch.partition("-")
+    arch, _, variant = arch.partition("-")
     shape = SHAPES["tiny"]
     if arch == "qwen3":  # Qwen3's heads are wider than hidden / heads (transformers' GGUF reader
         # keeps Qwen3Config's head_dim of 128, every released Qwen3's, whatever the file says)
         shape = type(shape)(**{**shape.__dict__, "head_dim": 128})
     untied = arch == "phi3"
-    shape = type(shape)(**{**shape.__dict__, "tied": not untied, "rope_dim": 48 if partial else None})
+    shape = type(shape)(**{**shape.__dict__, "tied": not untied, "rope_dim": 48 if variant == "partial-rope" else None,
+                           "llama3_factor": 32.0 if variant == "llama3-rope" else 0.0})
     path = write_random_gguf(tmp_path / f"{arch}.gguf", shape, matrix_type="Q8_0", embed_type="Q8_0", arch=arch,
                              tokenizer=tokenizer, std=0.1, seed=3, name=f"{arch} tiny")
     ours = load_model(path, device="cpu", dtype="float32")
@@ -96,9 +97,14 @@ def test_a_tiny_file_of_each_family_gives_transformers_logits(tmp_path, monkeypa
     ref = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32).eval()
     assert ref.config.model_type == {"gemma3": "gemma3_text"}.get(arch, arch)
     assert (ref.config.tie_word_embeddings, ours.decoder.cfg.head_dim) == (not untied, shape.head_dim)
-    if partial:  # transformers' reader drops rope.dimension_count: its own Phi-3 class rotating 48 of 64
+    if variant:  # transformers' reader drops rope.dimension_count and rope_freqs.weight: its own class
+        # with the file's RoPE (Phi-3 rotating 48 of 64 channels; Llama 3's scaling, as Llama 3.2's config has it)
         config = ref.config
-        config.rope_parameters["partial_rotary_factor"] = 48 / 64  # where transformers 5's Phi-3 reads it
+        if variant == "partial-rope":
+            config.rope_parameters["partial_rotary_factor"] = 48 / 64  # where transformers 5's Phi-3 reads it
+        else:
+            config.rope_parameters.update(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                          original_max_position_embeddings=8192)
         rebuilt = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
         rebuilt.load_state_dict(ref.state_dict())
         with torch.inference_mode():
@@ -109,7 +115,7 @@ def test_a_tiny_file_of_each_family_gives_transformers_logits(tmp_path, monkeypa
         mine = ours.logits(IDS)[0]
     assert theirs.abs().max() > 1.0  # random weights of std 0.1: logits that tell positions apart
     torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
-    if partial:  # and rotating every channel would have been a different model
+    if variant:  # and the RoPE transformers' reader leaves would have been a different model
         assert (whole - theirs).abs().max() > 0.01
     # and the file's own blocks (the app's default) pick the same next tokens
     q = load_model(path, device="cpu")
