@@ -1,17 +1,24 @@
 """Greedy agreement of quantized engines with a float32-dequantized run.
 
     .venv/bin/python scripts/quant_quality.py FILE.gguf [FILE.gguf ...] [--tokens 128] [--json OUT]
-        [--llamacpp-python PATH]
+        [--llamacpp-python PATH] [--reference SOURCE.gguf]
 
 The reference: our decoder with the file's weights dequantized to float32 (exactly the
 numbers its blocks hold) and float32 arithmetic, greedy ``--tokens`` tokens from each of
-three prompts (through the chat template when the file has one). Each engine then reads
+three prompts (through the chat template when the file has one). Against its own file's
+float32 run, an engine's agreement measures its arithmetic on the blocks (activation
+rounding, summation order), not what the block type lost. ``--reference SOURCE.gguf``
+takes the reference from another file of the same model and tokenizer instead (the
+weights a requantized file was made from): then the ``ours-float32`` engine (the file
+dequantized, float32 arithmetic) gives the type's own loss, and the other engines the
+type's loss and their arithmetic together. Each engine then reads
 the reference continuation one token at a time (teacher forcing, the decode path: ours
 as the app decodes, llama.cpp's ``eval`` of one token) and the table gives the share of
 positions whose greedy token is the reference's, and where a free greedy run first
 leaves the reference. llama.cpp runs in ``make bench-llamacpp``'s environment, in its own
 process, on the same token ids. Engines: ``ours`` (the app's default for the file, its
-quantized blocks), ``ours-float16`` (``--dtype float16``), ``llamacpp``. Files of other
+quantized blocks), ``ours-float16`` (``--dtype float16``), ``ours-float32`` (``--dtype
+float32``), ``llamacpp``. Files of other
 block types made from the default model's weights: scripts/requantize_gguf.py. Each row
 names the file's block types, the CPU and the load average (quality, not speed: a busy
 machine gives the same tokens).
@@ -154,6 +161,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--llamacpp-python", type=Path, default=ROOT / ".venv-llamacpp" / "bin" / "python",
                     help="the python of an environment with llama-cpp-python (default: make bench-llamacpp's)")
+    ap.add_argument("--reference", type=Path,
+                    help="the reference run's file (same model and tokenizer; default: each file itself)")
     ap.add_argument("--llamacpp-worker", nargs=2, metavar=("FILE", "CASES_JSON"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.llamacpp_worker:
@@ -161,10 +170,11 @@ def main(argv=None) -> int:
         print(json.dumps(_llamacpp_worker(path, json.loads(Path(cases_file).read_text()))))
         return 0
     report = []
+    shared = reference(str(args.reference), args.tokens) if args.reference else None
     for f in args.files:
-        cases, name = reference(f, args.tokens)
+        cases, name = shared or reference(f, args.tokens)
         row = {"file": f, "model": name, "tokens": args.tokens, "types": block_types(f), "machine": machine(),
-               "engines": {}, "cases": cases}
+               "reference": str(args.reference or f), "engines": {}, "cases": cases}
         for engine in args.engines.split(","):
             if engine == "llamacpp":
                 py = args.llamacpp_python
@@ -183,18 +193,20 @@ def main(argv=None) -> int:
                     raise RuntimeError(f"llama.cpp failed: {proc.stderr.strip().splitlines()[-1:]}")
                 results, label = json.loads(proc.stdout.strip().splitlines()[-1]), "GGUF blocks (llama.cpp)"
             else:
-                results, label = _ours(f, "float16" if engine == "ours-float16" else None, cases)
+                dtype = {"ours-float16": "float16", "ours-float32": "float32"}.get(engine)
+                results, label = _ours(f, dtype, cases)
             row["engines"][engine] = {"weights": label, **score(cases, results)}
         report.append(row)
         mix = ", ".join(f"{t} x{n}" for t, n in sorted(row["types"].items(), key=lambda kv: -kv[1]))
         m = machine()
+        ref = f"{Path(args.reference).name}'s float32 run" if args.reference else "float32"
         print(f"\n{Path(f).name}: {name} ({mix}); {args.tokens} tokens x {len(PROMPTS)} prompts, teacher-forced greedy "
-              f"agreement with float32; {m['cpu']}, {m['cpus']} CPUs, load {m['load_average']}:")
+              f"agreement with {ref}; {m['cpu']}, {m['cpus']} CPUs, load {m['load_average']}:")
         row["machine"]["load_average_after"] = m["load_average"]
         for engine, s in row["engines"].items():
             print(f"  {engine:14s} {s['weights']:26s} {s['agreement']:.3f}   first free divergence {s['first_divergence']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        if args.json:  # after each file: a long run stopped early keeps what it measured
+            Path(args.json).write_text(json.dumps(report, indent=1))
     return 0
 
 
