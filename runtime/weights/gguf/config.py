@@ -108,10 +108,15 @@ def dropped_facts(g: GGUFTensors, config: dict) -> dict:
       the head's width: Phi-4-mini rotates 96 of its 128 channels) -> ``partial_rotary_factor``;
     - Llama 3's RoPE scaling, which llama.cpp's converter keeps only as the tensor
       ``rope_freqs.weight`` (each frequency's divisor) -> ``rope_parameters`` of type
-      ``llama3`` with the factor and bands those divisors are (Llama 3.1-3.3's).
+      ``llama3`` with the factor and bands those divisors are (Llama 3.1-3.3's);
+    - Phi-3.5's and Phi-4-mini's LongRoPE, kept as ``rope_factors_short.weight`` and
+      ``rope_factors_long.weight`` with ``{arch}.rope.scaling.original_context_length`` (and
+      ``.attn_factor``) -> ``rope_parameters`` of type ``longrope``.
 
     Raises:
-        ValueError: ``rope_freqs.weight`` is not a Llama 3 scaling's divisors (one line).
+        ValueError: ``rope_freqs.weight`` is not a Llama 3 scaling's divisors, or LongRoPE
+            factors without their other half, their original context or one per frequency
+            (one line each).
     """
     arch = str(g.metadata.get("general.architecture", ""))
     heads = config.get("num_attention_heads")
@@ -134,6 +139,24 @@ def dropped_facts(g: GGUFTensors, config: dict) -> dict:
         out["rope_parameters"] = {"rope_type": "llama3", "rope_theta": theta, "factor": factor,
                                   "low_freq_factor": low, "high_freq_factor": high,
                                   "original_max_position_embeddings": original}
+    long, short = g.tensors.get("rope_factors_long.weight"), g.tensors.get("rope_factors_short.weight")
+    if long is not None or short is not None:
+        dim = int(rotated) if isinstance(rotated, int) and rotated > 0 else head
+        original = g.metadata.get(f"{arch}.rope.scaling.original_context_length")
+        factors = [g.raw(n).reshape(-1).view(torch.float32).tolist() if i is not None and i.ggml_type == 0 else []
+                   for n, i in (("rope_factors_long.weight", long), ("rope_factors_short.weight", short))]
+        if not isinstance(original, int) or original <= 0 or any(len(f) != dim // 2 for f in factors):
+            raise ValueError(f"its LongRoPE factors are not {dim // 2} float32 values each for long and short "
+                             "contexts with an original context length")
+        params = {"rope_type": "longrope", "rope_theta": float(config.get("rope_theta") or 10000.0),
+                  "long_factor": factors[0], "short_factor": factors[1], "original_max_position_embeddings": original}
+        attn = g.metadata.get(f"{arch}.rope.scaling.attn_factor")
+        if isinstance(attn, (int, float)) and attn > 0:
+            params["attention_factor"] = float(attn)
+        if "partial_rotary_factor" in out:
+            params["partial_rotary_factor"] = out["partial_rotary_factor"]
+        out["rope_parameters"] = params
+        out["original_max_position_embeddings"] = original
     return out
 
 

@@ -14,6 +14,7 @@ streamed to the file (a 1B-shape file needs about one tensor of memory, not the 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -47,6 +48,10 @@ class LlamaShape:
     #: Llama 3's RoPE scaling factor (0: none), written as llama.cpp's converter writes it: the
     #: divisors per frequency in ``rope_freqs.weight``.
     llama3_factor: float = 0.0
+    #: LongRoPE's original context (0: none): Phi-3.5's and Phi-4-mini's, written as llama.cpp's
+    #: converter writes it (``rope_factors_long/short.weight``, the original context, the
+    #: attention factor its converter derives); ``context`` is then the extended one.
+    longrope_original: int = 0
 
 
 SHAPES: dict[str, LlamaShape] = {
@@ -60,8 +65,9 @@ SHAPES: dict[str, LlamaShape] = {
 }
 
 #: The released models' shapes per family: ``name -> (GGUF architecture, shape, general.name)``,
-#: from each model's config.json on the Hub (the context kept at 8k where it is longer: the
-#: metadata's, not the weights').
+#: from each model's config.json on the Hub (the context kept at 8k where it is longer, but
+#: for the LongRoPE models, whose factors switch at their original 4k; the LongRoPE factors
+#: themselves are made up, of the released ones' form).
 REAL_SHAPES: dict[str, tuple[str, LlamaShape, str]] = {
     "llama-3.2-1b": ("llama", LlamaShape(16, 2048, 8192, 32, 8, 64, vocab=128256, llama3_factor=32.0),
                      "Llama 3.2 1B Instruct"),
@@ -84,10 +90,10 @@ REAL_SHAPES: dict[str, tuple[str, LlamaShape, str]] = {
                    "Gemma 3 1B It"),
     "gemma-3-4b": ("gemma3", LlamaShape(34, 2560, 10240, 8, 4, 256, vocab=262144, rope_base=1e6, eps=1e-6,
                                         window=1024), "Gemma 3 4B It"),
-    "phi-3.5-mini": ("phi3", LlamaShape(32, 3072, 8192, 32, 32, 96, vocab=32064, context=4096, rope_base=10000.0,
-                                        tied=False), "Phi 3.5 Mini Instruct"),
-    "phi-4-mini": ("phi3", LlamaShape(32, 3072, 8192, 24, 8, 128, vocab=200064, context=4096, rope_base=10000.0,
-                                      rope_dim=96), "Phi 4 Mini Instruct"),
+    "phi-3.5-mini": ("phi3", LlamaShape(32, 3072, 8192, 32, 32, 96, vocab=32064, context=131072, rope_base=10000.0,
+                                        tied=False, longrope_original=4096), "Phi 3.5 Mini Instruct"),
+    "phi-4-mini": ("phi3", LlamaShape(32, 3072, 8192, 24, 8, 128, vocab=200064, context=131072, rope_base=10000.0,
+                                      rope_dim=96, longrope_original=4096), "Phi 4 Mini Instruct"),
     "smollm2-1.7b": ("llama", LlamaShape(24, 2048, 8192, 32, 32, 64, vocab=49152, rope_base=130000.0),
                      "SmolLM2 1.7B Instruct"),
     "mistral-7b": ("llama", LlamaShape(32, 4096, 14336, 32, 8, 128, vocab=32768, rope_base=1e6, tied=False),
@@ -145,6 +151,9 @@ def tensor_plan(shape: LlamaShape, vocab: int, matrix_type: str, embed_type: str
     plan: list[tuple[str, tuple[int, ...], str]] = []
     if shape.llama3_factor:
         plan.append(("rope_freqs.weight", ((shape.rope_dim or D) // 2,), "F32"))
+    if shape.longrope_original:
+        plan += [("rope_factors_long.weight", ((shape.rope_dim or D) // 2,), "F32"),
+                 ("rope_factors_short.weight", ((shape.rope_dim or D) // 2,), "F32")]
     plan.append(("token_embd.weight", (vocab, H), embed_type))
     for i in range(shape.n_layers):
         p = f"blk.{i}."
@@ -179,16 +188,18 @@ def tensor_plan(shape: LlamaShape, vocab: int, matrix_type: str, embed_type: str
     return plan
 
 
-def _holes(w, path: Path, sizes: list[int], first: np.ndarray | None = None) -> Path:
+def _holes(w, path: Path, sizes: list[int], first: list[np.ndarray]) -> Path:
     """End the file ``w`` is writing (header and tensor table written) with its tensors'
     bytes as one hole: the size the data would take, aligned as the writer aligns it
-    (``first``: the first tensor's bytes, written: Llama 3's RoPE divisors)."""
+    (``first``: the first tensors' bytes, written: the RoPE tensors)."""
     fout = w.fout[0]
     start = w.ggml_pad(fout.tell(), w.data_alignment)
     fout.truncate(start + sum(w.ggml_pad(n, w.data_alignment) for n in sizes))
-    if first is not None:
-        fout.seek(start)
-        fout.write(first.tobytes())
+    offset = start
+    for data in first:
+        fout.seek(offset)
+        fout.write(data.tobytes())
+        offset += w.ggml_pad(data.nbytes, w.data_alignment)
     w.close()
     return path
 
@@ -265,6 +276,11 @@ def write_random_gguf(
         w.add_sliding_window(shape.window if window is None else window)
     if shape.rope_dim is not None:
         w.add_rope_dimension_count(shape.rope_dim)
+    if shape.longrope_original:
+        w.add_rope_scaling_orig_ctx_len(shape.longrope_original)
+        scale = shape.context / shape.longrope_original
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(shape.longrope_original))
+                                        if scale > 1 else 1.0)
     w.add_file_type(FILE_TYPES.get(matrix_type, 1024))
     w.add_quantization_version(2)
     for key, value in (tokenizer or {}).items():
@@ -286,13 +302,21 @@ def write_random_gguf(
     w.write_ti_data_to_file()
     divisors = np.array(llama3_divisors(shape.rope_base, shape.rope_dim or shape.head_dim, shape.llama3_factor),
                         dtype=np.float32) if shape.llama3_factor else None
+    half = (shape.rope_dim or shape.head_dim) // 2
+    # LongRoPE's factors: rising from 1 over the frequencies, the long ones further (the released ones' form)
+    longrope = {"rope_factors_long.weight": np.linspace(1.0, 40.0, half, dtype=np.float32),
+                "rope_factors_short.weight": np.linspace(1.0, 2.0, half, dtype=np.float32)} if shape.longrope_original else {}
     if zeros:
-        return _holes(w, path, sizes, divisors)
+        first = [divisors] if divisors is not None else list(longrope.values())
+        return _holes(w, path, sizes, first)
     rng = np.random.default_rng(seed)
     for tname, dims, t in plan:
         bt = BLOCK_TYPES[t]
         if tname == "rope_freqs.weight":
             w.write_tensor_data(divisors)
+            continue
+        if tname in longrope:
+            w.write_tensor_data(longrope[tname])
             continue
         if len(dims) == 1:  # norms near 1 (Gemma stores 1 + w: near 2), not all equal; biases near 0
             centre = 0.0 if tname.endswith(".bias") else 1.0 + (arch == "gemma3")

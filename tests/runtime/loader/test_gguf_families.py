@@ -11,6 +11,8 @@ against transformers' own model loaded from the same GGUF.
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -77,7 +79,8 @@ IDS = [5, 17, 42, 99, 3, 250, 7, 128, 64, 11, 200, 31]
 # Mistral: llama.cpp writes it as llama ("Mistral 7B Instruct v0.3" reads as llama in transformers
 # and here, the llama case); transformers cannot load the tensors of a file it reads as Mistral
 # (gguf-py has no "mistral" architecture), so its config alone is compared, in the released shapes.
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "phi3", "phi3-partial-rope", "llama-llama3-rope"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "phi3", "phi3-partial-rope", "phi3-longrope",
+                                  "llama-llama3-rope"])
 def test_a_tiny_file_of_each_family_gives_transformers_logits(tmp_path, monkeypatch, tokenizer, arch):
     from transformers import AutoModelForCausalLM
 
@@ -89,7 +92,8 @@ def test_a_tiny_file_of_each_family_gives_transformers_logits(tmp_path, monkeypa
         shape = type(shape)(**{**shape.__dict__, "head_dim": 128})
     untied = arch == "phi3"
     shape = type(shape)(**{**shape.__dict__, "tied": not untied, "rope_dim": 48 if variant == "partial-rope" else None,
-                           "llama3_factor": 32.0 if variant == "llama3-rope" else 0.0})
+                           "llama3_factor": 32.0 if variant == "llama3-rope" else 0.0,
+                           "longrope_original": 256 if variant == "longrope" else 0})
     path = write_random_gguf(tmp_path / f"{arch}.gguf", shape, matrix_type="Q8_0", embed_type="Q8_0", arch=arch,
                              tokenizer=tokenizer, std=0.1, seed=3, name=f"{arch} tiny")
     ours = load_model(path, device="cpu", dtype="float32")
@@ -97,11 +101,19 @@ def test_a_tiny_file_of_each_family_gives_transformers_logits(tmp_path, monkeypa
     ref = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32).eval()
     assert ref.config.model_type == {"gemma3": "gemma3_text"}.get(arch, arch)
     assert (ref.config.tie_word_embeddings, ours.decoder.cfg.head_dim) == (not untied, shape.head_dim)
-    if variant:  # transformers' reader drops rope.dimension_count and rope_freqs.weight: its own class
-        # with the file's RoPE (Phi-3 rotating 48 of 64 channels; Llama 3's scaling, as Llama 3.2's config has it)
+    if variant:  # transformers' reader drops rope.dimension_count, rope_freqs.weight and the LongRoPE
+        # factors: its own class with the file's RoPE (Phi-3 rotating 48 of 64 channels; Phi-3.5's
+        # LongRoPE, short factors up to 256 tokens and long ones past; Llama 3.2's scaling)
         config = ref.config
         if variant == "partial-rope":
             config.rope_parameters["partial_rotary_factor"] = 48 / 64  # where transformers 5's Phi-3 reads it
+        elif variant == "longrope":  # the factors and attention factor the writer put in the file
+            half = shape.head_dim // 2
+            config.rope_parameters.update(rope_type="longrope", long_factor=torch.linspace(1.0, 40.0, half).tolist(),
+                                          short_factor=torch.linspace(1.0, 2.0, half).tolist(),
+                                          original_max_position_embeddings=256,
+                                          attention_factor=math.sqrt(1 + math.log(2) / math.log(256)))
+            config.original_max_position_embeddings = 256
         else:
             config.rope_parameters.update(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                           original_max_position_embeddings=8192)
@@ -117,6 +129,11 @@ def test_a_tiny_file_of_each_family_gives_transformers_logits(tmp_path, monkeypa
     torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
     if variant:  # and the RoPE transformers' reader leaves would have been a different model
         assert (whole - theirs).abs().max() > 0.01
+    if variant == "longrope":  # past the original context: the long factors
+        long_ids = [(i * 37) % 300 + 5 for i in range(300)]
+        with torch.inference_mode():
+            torch.testing.assert_close(ours.logits(long_ids)[0], ref(torch.tensor([long_ids])).logits[0],
+                                       rtol=1e-4, atol=1e-4)
     # and the file's own blocks (the app's default) pick the same next tokens
     q = load_model(path, device="cpu")
     with torch.inference_mode():
