@@ -104,6 +104,8 @@ def dropped_facts(g: GGUFTensors, config: dict) -> dict:
     """What the file says that transformers' GGUF reader drops from ``config``
     (:func:`config_dict`), as config entries, so the model runs as llama.cpp runs the file:
 
+    - a head width other than hidden / heads (``{arch}.attention.key_length``: transformers'
+      Llama and Qwen3 readers keep hidden / heads or Qwen3Config's 128) -> ``head_dim``;
     - a rotated share of each head below the whole (``{arch}.rope.dimension_count`` under
       the head's width: Phi-4-mini rotates 96 of its 128 channels) -> ``partial_rotary_factor``;
     - Llama 3's RoPE scaling, which llama.cpp's converter keeps only as the tensor
@@ -111,17 +113,22 @@ def dropped_facts(g: GGUFTensors, config: dict) -> dict:
       ``llama3`` with the factor and bands those divisors are (Llama 3.1-3.3's);
     - Phi-3.5's and Phi-4-mini's LongRoPE, kept as ``rope_factors_short.weight`` and
       ``rope_factors_long.weight`` with ``{arch}.rope.scaling.original_context_length`` (and
-      ``.attn_factor``) -> ``rope_parameters`` of type ``longrope``.
+      ``.attn_factor``) -> ``rope_parameters`` of type ``longrope``;
+    - a linear or YaRN scaling in ``{arch}.rope.scaling.type`` / ``.factor`` (Gemma 3 4B's
+      linear 8 on its global layers) -> ``rope_scaling``.
 
     Raises:
         ValueError: ``rope_freqs.weight`` is not a Llama 3 scaling's divisors, or LongRoPE
             factors without their other half, their original context or one per frequency
-            (one line each).
+            (one line each), or a RoPE scaling type attnchat does not read.
     """
     arch = str(g.metadata.get("general.architecture", ""))
     heads = config.get("num_attention_heads")
     head = config.get("head_dim") or (config.get("hidden_size", 0) // heads if heads else 0)
     out: dict = {}
+    key_length = g.metadata.get(f"{arch}.attention.key_length")
+    if isinstance(key_length, int) and key_length > 0 and key_length != head:
+        out["head_dim"] = head = key_length
     rotated = g.metadata.get(f"{arch}.rope.dimension_count")
     if isinstance(rotated, int) and 0 < rotated < head:
         out["partial_rotary_factor"] = rotated / head
@@ -157,6 +164,16 @@ def dropped_facts(g: GGUFTensors, config: dict) -> dict:
             params["partial_rotary_factor"] = out["partial_rotary_factor"]
         out["rope_parameters"] = params
         out["original_max_position_embeddings"] = original
+    kind = str(g.metadata.get(f"{arch}.rope.scaling.type", "none"))
+    factor = g.metadata.get(f"{arch}.rope.scaling.factor")
+    if kind in ("linear", "yarn") and isinstance(factor, (int, float)) and factor > 0 and "rope_parameters" not in out:
+        scaling = {"rope_type": kind, "factor": float(factor)}
+        original = g.metadata.get(f"{arch}.rope.scaling.original_context_length")
+        if kind == "yarn" and isinstance(original, int) and original > 0:
+            scaling["original_max_position_embeddings"] = original
+        out["rope_scaling"] = scaling  # transformers' config classes place it (Gemma 3: on the global layers)
+    elif kind not in ("none", "linear", "yarn", "longrope"):
+        raise ValueError(f"its RoPE scaling {kind!r} is not one attnchat reads from a GGUF (linear, yarn, longrope)")
     return out
 
 

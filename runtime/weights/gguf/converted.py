@@ -63,8 +63,8 @@ def gguf_cache_dir(path: Path) -> Path | None:
 #: Our own config, kept beside the converted tokenizer: reading it needs no transformers
 #: config class (importing one costs about a second: it pulls in torch.distributed).
 #: v2: RoPE variants, sliding windows and the Gemma/Qwen3 pieces (a v1 file lacks them);
-#: v3: the RoPE a GGUF says and transformers' reader drops (a v2 file of a Llama 3 or
-#: Phi-4-mini GGUF runs the wrong RoPE: ``gguf.config.dropped_facts``).
+#: v3: the RoPE a GGUF says and transformers' reader drops (a v2 file of a Llama 3.x,
+#: Phi-3.5/Phi-4-mini or Gemma 3 4B GGUF runs the wrong RoPE: ``gguf.config.dropped_facts``).
 CONFIG_FILE = "attnchat-model-config-v3.json"
 
 

@@ -52,6 +52,8 @@ class LlamaShape:
     #: converter writes it (``rope_factors_long/short.weight``, the original context, the
     #: attention factor its converter derives); ``context`` is then the extended one.
     longrope_original: int = 0
+    #: ``{arch}.rope.scaling.factor`` of a linear scaling (0: none; Gemma 3 4B's 8).
+    linear_rope: float = 0.0
 
 
 SHAPES: dict[str, LlamaShape] = {
@@ -89,7 +91,7 @@ REAL_SHAPES: dict[str, tuple[str, LlamaShape, str]] = {
     "gemma-3-1b": ("gemma3", LlamaShape(26, 1152, 6912, 4, 1, 256, vocab=262144, rope_base=1e6, eps=1e-6),
                    "Gemma 3 1B It"),
     "gemma-3-4b": ("gemma3", LlamaShape(34, 2560, 10240, 8, 4, 256, vocab=262144, rope_base=1e6, eps=1e-6,
-                                        window=1024), "Gemma 3 4B It"),
+                                        window=1024, linear_rope=8.0), "Gemma 3 4B It"),
     "phi-3.5-mini": ("phi3", LlamaShape(32, 3072, 8192, 32, 32, 96, vocab=32064, context=131072, rope_base=10000.0,
                                         tied=False, longrope_original=4096), "Phi 3.5 Mini Instruct"),
     "phi-4-mini": ("phi3", LlamaShape(32, 3072, 8192, 24, 8, 128, vocab=200064, context=131072, rope_base=10000.0,
@@ -276,6 +278,11 @@ def write_random_gguf(
         w.add_sliding_window(shape.window if window is None else window)
     if shape.rope_dim is not None:
         w.add_rope_dimension_count(shape.rope_dim)
+    if shape.linear_rope:
+        from gguf import RopeScalingType
+
+        w.add_rope_scaling_type(RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(shape.linear_rope)
     if shape.longrope_original:
         w.add_rope_scaling_orig_ctx_len(shape.longrope_original)
         scale = shape.context / shape.longrope_original

@@ -52,6 +52,11 @@ def test_a_released_models_shape_loads(tmp_path, name):
     assert cfg.model_type == theirs["model_type"]
     # Phi-4-mini rotates 96 of its 128 channels (rope.dimension_count, which transformers' reader drops)
     assert cfg.rope.rotary_dim(D) == (shape.rope_dim or D)
+    # the RoPE scaling each keeps outside transformers' reading (the global layers' for Gemma 3)
+    kind = ("llama3" if shape.llama3_factor else "longrope" if shape.longrope_original
+            else "linear" if shape.linear_rope else "default")
+    assert (cfg.rope.type, cfg.rope.factor if kind in ("llama3", "linear") else 0.0) == (
+        kind, shape.llama3_factor or shape.linear_rope)
     w = gguf_weights(g, MAPPED_LAYERS, cfg.n_heads, cfg.n_kv_heads, fuse=False)
     for i in range(MAPPED_LAYERS):
         b = f"blocks.{i}."
@@ -80,30 +85,44 @@ IDS = [5, 17, 42, 99, 3, 250, 7, 128, 64, 11, 200, 31]
 # and here, the llama case); transformers cannot load the tensors of a file it reads as Mistral
 # (gguf-py has no "mistral" architecture), so its config alone is compared, in the released shapes.
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "phi3", "phi3-partial-rope", "phi3-longrope",
-                                  "llama-llama3-rope"])
+                                  "llama-llama3-rope", "gemma3-linear-rope", "qwen3-head-96"])
 def test_a_tiny_file_of_each_family_gives_transformers_logits(tmp_path, monkeypatch, tokenizer, arch):
     from transformers import AutoModelForCausalLM
 
     monkeypatch.setenv("ATTNCHAT_CACHE_DIR", str(tmp_path / "cache"))
     arch, _, variant = arch.partition("-")
     shape = SHAPES["tiny"]
-    if arch == "qwen3":  # Qwen3's heads are wider than hidden / heads (transformers' GGUF reader
-        # keeps Qwen3Config's head_dim of 128, every released Qwen3's, whatever the file says)
-        shape = type(shape)(**{**shape.__dict__, "head_dim": 128})
+    if arch == "qwen3":  # Qwen3's heads are wider than hidden / heads: 128 (every released Qwen3's,
+        # and what transformers' reader keeps whatever the file says), or 96 (read from key_length)
+        shape = type(shape)(**{**shape.__dict__, "head_dim": 96 if variant == "head-96" else 128})
     untied = arch == "phi3"
     shape = type(shape)(**{**shape.__dict__, "tied": not untied, "rope_dim": 48 if variant == "partial-rope" else None,
                            "llama3_factor": 32.0 if variant == "llama3-rope" else 0.0,
-                           "longrope_original": 256 if variant == "longrope" else 0})
+                           "longrope_original": 256 if variant == "longrope" else 0,
+                           "linear_rope": 8.0 if variant == "linear-rope" else 0.0,
+                           # six layers: Gemma 3's sixth is its first global one, where the scaling applies;
+                           # a window under the 512-token context (a window as long as the context is none,
+                           # and the sliding layers' own RoPE goes with their window)
+                           "n_layers": 6 if variant == "linear-rope" else shape.n_layers,
+                           "window": 256 if variant == "linear-rope" else shape.window})
     path = write_random_gguf(tmp_path / f"{arch}.gguf", shape, matrix_type="Q8_0", embed_type="Q8_0", arch=arch,
                              tokenizer=tokenizer, std=0.1, seed=3, name=f"{arch} tiny")
     ours = load_model(path, device="cpu", dtype="float32")
-    assert ours.decoder.cfg.n_layers == 2 and (ours.decoder.lm_head is None) == (not untied)
-    ref = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32).eval()
+    assert ours.decoder.cfg.n_layers == shape.n_layers and (ours.decoder.lm_head is None) == (not untied)
+    config = None
+    if variant == "head-96":  # transformers' reader keeps 128: its own class told the file's width
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(tmp_path), gguf_file=path.name)
+        config.head_dim = 96
+    ref = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32,
+                                               config=config).eval()
     assert ref.config.model_type == {"gemma3": "gemma3_text"}.get(arch, arch)
     assert (ref.config.tie_word_embeddings, ours.decoder.cfg.head_dim) == (not untied, shape.head_dim)
-    if variant:  # transformers' reader drops rope.dimension_count, rope_freqs.weight and the LongRoPE
-        # factors: its own class with the file's RoPE (Phi-3 rotating 48 of 64 channels; Phi-3.5's
-        # LongRoPE, short factors up to 256 tokens and long ones past; Llama 3.2's scaling)
+    if variant and variant != "head-96":  # transformers' reader drops rope.dimension_count,
+        # rope_freqs.weight, the LongRoPE factors and rope.scaling: its own class with the file's RoPE
+        # (Phi-3 rotating 48 of 64 channels; Phi-3.5's LongRoPE, short factors up to 256 tokens and
+        # long ones past; Llama 3.2's scaling; Gemma 3 4B's linear scaling of its global layers)
         config = ref.config
         if variant == "partial-rope":
             config.rope_parameters["partial_rotary_factor"] = 48 / 64  # where transformers 5's Phi-3 reads it
@@ -114,6 +133,8 @@ def test_a_tiny_file_of_each_family_gives_transformers_logits(tmp_path, monkeypa
                                           original_max_position_embeddings=256,
                                           attention_factor=math.sqrt(1 + math.log(2) / math.log(256)))
             config.original_max_position_embeddings = 256
+        elif variant == "linear-rope":
+            config.rope_parameters["full_attention"].update(rope_type="linear", factor=8.0)
         else:
             config.rope_parameters.update(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                           original_max_position_embeddings=8192)
@@ -127,7 +148,7 @@ def test_a_tiny_file_of_each_family_gives_transformers_logits(tmp_path, monkeypa
         mine = ours.logits(IDS)[0]
     assert theirs.abs().max() > 1.0  # random weights of std 0.1: logits that tell positions apart
     torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
-    if variant:  # and the RoPE transformers' reader leaves would have been a different model
+    if variant and variant != "head-96":  # and the RoPE transformers' reader leaves would have been a different model
         assert (whole - theirs).abs().max() > 0.01
     if variant == "longrope":  # past the original context: the long factors
         long_ids = [(i * 37) % 300 + 5 for i in range(300)]
