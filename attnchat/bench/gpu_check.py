@@ -33,7 +33,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 #: Tolerances of a cached decode step against the full forward, per weight dtype. float32:
-#: the issue's bound; 16-bit: what one rounding of the activations per layer allows.
+#: the order of summation alone (1e-3 on logits of magnitude ~20); 16-bit: what one rounding
+#: of the activations per layer allows.
 TOLERANCES = {"float32": 1e-3, "float16": 5e-2, "bfloat16": 3e-1}
 #: A quantized GGUF's own blocks (tinygemm's int4 kernel takes bfloat16 activations,
 #: other types float16 copies): checked like bfloat16, on a GGUF file only.
