@@ -153,7 +153,9 @@ def test_fetch_in_a_real_process_resumes_after_ctrl_c(hub, tmp_path):
 
     name = "Tiny-Instruct-Q6_K.gguf"
     repo = hub.add_repo(REPO, {name: gguf_bytes(payload=3_000_000, seed=7, **SHAPE)})
-    hub.throttle_s = 0.02   # 64 KiB every 20 ms: the 3 MB in ~1 s, handed over in 1 MiB chunks
+    # 64 KiB every 100 ms: the 3 MB in ~5 s, handed over in 1 MiB chunks; the 3 s after the first
+    # chunk leave the signal time to land on a loaded machine (at 20 ms the whole file arrived first)
+    hub.throttle_s = 0.1
     env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "ATTNCHAT_MODELS_DIR": os.environ["ATTNCHAT_MODELS_DIR"],
            "HF_TOKEN_PATH": str(tmp_path / "none"), "XDG_STATE_HOME": str(tmp_path / "state")}
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "ATTNCHAT_HUB_OFFLINE_BY_APP", "HF_TOKEN"):
@@ -162,7 +164,7 @@ def test_fetch_in_a_real_process_resumes_after_ctrl_c(hub, tmp_path):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while models.hub.partial_bytes(repo.sha(name)) == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)   # until the first 1 MiB chunk is written (the rest takes 0.6 s more to arrive)
+        time.sleep(0.01)   # until the first 1 MiB chunk is written (the rest takes ~3 s more to arrive)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 130, err
