@@ -113,3 +113,10 @@ def test_two_caches_taking_turns_decode_as_each_alone(model):
 def test_caches_the_graph_cannot_take_say_why(model):
     assert cache_unsupported(model.new_cache(16)) is None
     assert cache_unsupported(model.new_cache(16, dtype="int8")) == "a torch.int8 cache"
+    from runtime.cache.kv_cache import KVCache
+
+    cfg = model.config
+    shape = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 16)
+    # a cache off the CPU (the meta device stands for a GPU here) and a batch of two take the per-layer graphs
+    assert cache_unsupported(KVCache(*shape, device="meta")) == "a batch or a device other than the CPU"
+    assert cache_unsupported(KVCache(*shape, batch=2)) == "a batch or a device other than the CPU"
