@@ -5,6 +5,7 @@ other); imports only :mod:`models` (no torch).
 """
 from __future__ import annotations
 
+import difflib
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -12,7 +13,7 @@ from typing import TextIO
 import models
 from models import UnknownModelError
 
-__all__ = ["PercentLine", "model_source"]
+__all__ = ["PercentLine", "model_source", "unknown_model"]
 
 
 class PercentLine:
@@ -50,7 +51,9 @@ def model_source(src: str | None, err: TextIO | None = None) -> str | None:
         try:
             models.get(src)
         except UnknownModelError:
-            return src  # a path that is not there: the loader's own message says so
+            if _looks_like_a_path(src):
+                return src  # a path that is not there: the loader's own message says so
+            raise models.FetchError(unknown_model(src)) from None
     err = err or sys.stderr
     line = PercentLine(src, err) if err.isatty() else None
     try:
@@ -58,3 +61,21 @@ def model_source(src: str | None, err: TextIO | None = None) -> str | None:
     finally:
         if line is not None:
             line.finish()
+
+
+def _looks_like_a_path(src: str) -> bool:
+    """A name with a folder in it or a model file's suffix: a path, not a misspelt catalog id."""
+    return "/" in src or "\\" in src or src.startswith(("~", ".")) or \
+        Path(src).suffix.lower() in (".gguf", ".safetensors", ".bin", ".pt", ".pth")
+
+
+def unknown_model(src: str) -> str:
+    """One line for a ``--model`` that is neither a file, a folder nor a catalog id: the nearest
+    catalog id when one is close (a typo is likelier than a missing file), and where to look."""
+    ids = [e.id for e in models.CATALOG]
+    wanted = src.strip().lower()
+    near = [i for i in ids if len(wanted) >= 3 and wanted in i.lower()][:3] or \
+        [i for i in ids if i.lower() in difflib.get_close_matches(wanted, [i.lower() for i in ids], n=1, cutoff=0.6)]
+    guess = f"did you mean {' or '.join(near)}? " if near else ""
+    return (f"{src} is not a file, a model folder or a catalog id; {guess}`attnchat models list` shows the "
+            "catalog's ids (or give a .gguf file, a model folder or hf.co/OWNER/REPO:QUANT)")

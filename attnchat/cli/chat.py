@@ -120,7 +120,22 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(_turn_json(model, finish), ensure_ascii=False), flush=True)
         else:
             print(finish.text, flush=True)
+            cut = cut_note(finish, settings)
+            if cut:  # on stderr: stdout stays the reply alone, for a pipe
+                print(f"attnchat: note: {cut}", file=sys.stderr, flush=True)
     return 0
+
+
+def cut_note(finish, settings) -> str:
+    """Why a reply stopped before the model ended it, and how to let it go on ("" when the model
+    ended it): the length limit (``--max-new-tokens``) or a full context (``--context``)."""
+    if finish.reason == "length":
+        return (f"the reply stopped at the length limit ({settings.max_new_tokens:,} tokens); "
+                "raise --max-new-tokens for a longer one")
+    if finish.reason == "context":
+        return (f"the reply stopped because the context ({finish.stats.context_limit:,} tokens) is full; "
+                "give a longer --context")
+    return ""
 
 
 def context_full(stats, what: str) -> str:

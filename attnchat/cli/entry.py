@@ -8,6 +8,7 @@ need them, so ``attnchat models ...`` and ``--help`` stay fast.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import sys
@@ -33,6 +34,77 @@ class _Parser(argparse.ArgumentParser):
         # Always "attnchat: error:" (subcommands too), the prefix every user error has.
         self.exit(EXIT_USER_ERROR, f"attnchat: error: {message} (see {self.prog} --help)\n")
 
+    def unknown(self, extra: Sequence[str]) -> None:
+        """Exit 2 naming the arguments this parser does not take, and the nearest option
+        it does take when one is close (``--max-tokens``: did you mean ``--max-new-tokens``?)."""
+        near = next((difflib.get_close_matches(a.split("=")[0], _long_options(self), n=1, cutoff=0.7)
+                     for a in extra if a.startswith("--")), [])
+        hint = f"; did you mean {near[0]}?" if near else ""
+        self.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+
+
+def _long_options(parser: argparse.ArgumentParser) -> list[str]:
+    return [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+
+
+def _takes_value(parser: argparse.ArgumentParser, option: str) -> bool | None:
+    """Whether ``option`` (``--name`` or ``--name=value``) of ``parser`` reads the next argument
+    as its value; None when the parser has no such option."""
+    name, eq, _ = option.partition("=")
+    action = parser._option_string_actions.get(name)
+    if action is None:
+        return None
+    return not eq and action.nargs != 0
+
+
+def _after_app_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
+    """The index of the first argument that is neither one of the app's own options (``--model
+    SRC``, ``--terminal``, ...) nor such an option's value: where a command would stand."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
+        value = _takes_value(parser, argv[i])
+        if value is None:
+            break
+        i += 2 if value else 1
+    return i
+
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``args`` ran: ``attnchat models list``'s for ``models list``."""
+    while True:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        name = getattr(args, sub.dest, None) if sub is not None else None
+        if name not in (sub.choices if sub is not None else {}):
+            return parser
+        parser = sub.choices[name]
+
+
+def _app_argv(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``argv`` as the parser should read it: ``attnchat --terminal [chat options]`` is the
+    terminal chat, ``attnchat chat [chat options]`` (the options people try there, as the
+    README's "options of chat also apply to the app" says); a chat option given to the window
+    is one line saying where it belongs.
+
+    Raises:
+        SystemExit: status 2, a chat option without ``--terminal`` (the window takes its
+            generation settings from Edit > Settings).
+    """
+    commands = parser.commands  # type: ignore[attr-defined]
+    i = _after_app_options(parser, argv)
+    if i == len(argv) or argv[i] in commands or not argv[i].startswith("-"):
+        return argv  # a command, nothing more, or a stray word (argparse names it)
+    if _takes_value(commands["chat"], argv[i]) is None:
+        parser.unknown([a for a in argv[i:] if a.startswith("-")])
+    option = argv[i].split("=")[0]
+    if "--self-test" in argv[:i] or any(a.split("=")[0] == "--screenshot" for a in argv[:i]):
+        parser.error(f"{option} is an option of the terminal chat; --self-test and --screenshot take only "
+                     "--model and --device")
+    if "--terminal" in argv:
+        return ["chat"] + [a for a in argv if a != "--terminal"]
+    parser.error(f"{option} is an option of the terminal chat, not the window: `attnchat --terminal "
+                 f"{' '.join(argv[i:])}`; the window has it in Edit > Settings")
+    return argv  # not reached: error() exits
+
 
 def _quiet_libraries() -> None:
     """No progress bars or library warnings on the user's terminal; the libraries never reach a
@@ -53,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--terminal", action="store_true", help="chat in the terminal instead of the window")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    parser.commands = sub.choices  # type: ignore[attr-defined]
     chat_cmd.add_parser(sub)
     models_cmd.add_parser(sub)
     memory_cmd.add_parser(sub)
@@ -84,7 +157,10 @@ def _app(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     _quiet_libraries()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = _app_argv(parser, list(sys.argv[1:] if argv is None else argv))
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the command's own parser, so its hint is `attnchat chat --help`
+        _command_parser(parser, args).unknown(extra)
     from models import logfile as logfile_mod
 
     logfile = logfile_mod.to_file()  # None when the log folder cannot be written: run on without

@@ -1,0 +1,120 @@
+"""What the command line says to the flags and names people try: chat's options on the app
+(``attnchat --terminal --max-new-tokens 12``), an unknown flag of a command (its own help, the
+nearest option), a misspelt catalog id (the nearest id, ``models list``), and a one-shot
+reply that stopped at a limit.
+
+The argument cases run in-process (``attnchat.cli.main``), stopping where the model would
+load: a dispatch would otherwise cost a model load each.
+"""
+from __future__ import annotations
+
+import pytest
+
+from attnchat import cli
+from attnchat.cli import chat as chat_cmd
+
+
+@pytest.fixture
+def main(monkeypatch, capsys, tmp_path):
+    """``main(*argv) -> (status, stdout, stderr, chat_args)``: ``chat_args`` is the namespace the
+    terminal chat would have run with (None when it was not reached)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    seen = []
+    monkeypatch.setattr(chat_cmd, "run", lambda args: seen.append(args) or 0)
+
+    def call(*argv: str):
+        try:
+            status = cli.main(list(argv))
+        except SystemExit as e:
+            status = e.code
+        out, err = capsys.readouterr()
+        return status, out, err, (seen[-1] if seen else None)
+
+    return call
+
+
+def test_chat_options_on_the_terminal_app_run_the_terminal_chat_with_them(main):
+    status, _, err, args = main("--terminal", "--max-new-tokens", "12")
+    assert (status, err) == (0, "")
+    assert args.command == "chat" and args.prompt == [] and args.max_new_tokens == 12
+    status, _, err, args = main("--model", "m.gguf", "--temperature=0.5", "--terminal", "--device", "cpu")
+    assert (status, err) == (0, "")
+    assert (args.model, args.temperature, args.device, args.max_new_tokens) == ("m.gguf", 0.5, "cpu", 512)
+
+
+def test_a_chat_option_given_to_the_window_says_where_it_belongs(main):
+    status, _, err, args = main("--max-new-tokens", "12")
+    assert status == 2 and args is None
+    assert err.startswith("attnchat: error: --max-new-tokens is an option of the terminal chat, not the window: "
+                          "`attnchat --terminal --max-new-tokens 12`; the window has it in Edit > Settings")
+    assert err.count("\n") == 1 and "invalid choice" not in err
+
+
+def test_a_chat_option_given_to_the_self_test_is_one_line(main):
+    status, _, err, _ = main("--self-test", "--max-new-tokens", "3")
+    assert status == 2 and err.count("\n") == 1
+    assert "--max-new-tokens is an option of the terminal chat; --self-test and --screenshot take only" in err
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["chat", "--bogus"], "attnchat: error: unrecognized arguments: --bogus (see attnchat chat --help)\n"),
+    (["chat", "--prompt", "hi", "--max-tokens", "5"],
+     "attnchat: error: unrecognized arguments: --max-tokens 5; did you mean --max-new-tokens? "
+     "(see attnchat chat --help)\n"),
+    (["models", "list", "--bogus"], "attnchat: error: unrecognized arguments: --bogus (see attnchat models list --help)\n"),
+    (["serve", "--prot", "8000"],
+     "attnchat: error: unrecognized arguments: --prot 8000; did you mean --port? (see attnchat serve --help)\n"),
+    (["--bogus"], "attnchat: error: unrecognized arguments: --bogus (see attnchat --help)\n"),
+    (["--terminal", "--bogus"], "attnchat: error: unrecognized arguments: --bogus (see attnchat --help)\n"),
+])
+def test_an_unknown_flag_points_at_its_commands_help(main, argv, line):
+    status, out, err, args = main(*argv)
+    assert (status, out, err, args) == (2, "", line, None)
+
+
+@pytest.mark.parametrize("name, guess", [
+    ("qwen2.5-0.5b-instruct-typo", "did you mean qwen2.5-0.5b-instruct? "),
+    ("Gemma-3-1B", "did you mean gemma-3-1b-it? "),
+    ("llama", "did you mean llama-3.2-1b-instruct or llama-3.2-3b-instruct? "),
+    ("zzz", ""),
+])
+def test_a_misspelt_catalog_id_names_the_nearest_and_models_list(monkeypatch, capsys, tmp_path, name, guess):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path)  # no file of that name here
+    status = cli.main(["chat", "--model", name, "--prompt", "hi"])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err == (f"attnchat: error: {name} is not a file, a model folder or a catalog id; {guess}`attnchat "
+                   "models list` shows the catalog's ids (or give a .gguf file, a model folder or "
+                   "hf.co/OWNER/REPO:QUANT)\n")
+
+
+def test_a_missing_path_is_still_the_loaders_message(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    status = cli.main(["chat", "--model", str(tmp_path / "nope"), "--prompt", "hi"])
+    err = capsys.readouterr().err
+    assert status == 2 and "nope does not exist" in err and "catalog id" not in err
+
+
+@pytest.mark.slow
+def test_a_one_shot_reply_cut_at_a_limit_says_so_on_stderr(default_model, monkeypatch, capsys, tmp_path):
+    """The default model, greedy: 5 tokens of a story stop at the length limit; at a 64-token
+    context the reply fills it; the capital of France ends by itself (no note)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(chat_cmd, "_load", lambda args: default_model)
+    story = "Tell me a story about a dragon."
+
+    assert cli.main(["chat", "--max-new-tokens", "5", "--prompt", story]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 1 and out.strip()
+    assert err == ("attnchat: note: the reply stopped at the length limit (5 tokens); "
+                   "raise --max-new-tokens for a longer one\n")
+
+    assert cli.main(["chat", "--context", "64", "--max-new-tokens", "100", "--prompt", story]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip()
+    assert err == "attnchat: note: the reply stopped because the context (64 tokens) is full; give a longer --context\n"
+
+    assert cli.main(["chat", "--max-new-tokens", "64", "--prompt", "What is the capital of France?"]) == 0
+    out, err = capsys.readouterr()
+    assert "Paris" in out and err == ""
