@@ -12,12 +12,13 @@ from typing import TextIO
 
 import models
 from models import UnknownModelError
+from models.sizes import size_text
 
 __all__ = ["PercentLine", "model_source", "unknown_model"]
 
 
 class PercentLine:
-    """Progress callback drawing ``fetching NAME: 42% (12.3 of 29.4 MB)`` on one terminal line."""
+    """Progress callback drawing ``fetching NAME: 42% (12.3 MiB of 29.4 MiB)`` on one terminal line."""
 
     def __init__(self, name: str, err: TextIO) -> None:
         self._name, self._err, self._last = name, err, -1
@@ -26,8 +27,8 @@ class PercentLine:
         percent = 100 * done_bytes // total_bytes if total_bytes > 0 else 0
         if percent != self._last:
             self._last = percent
-            self._err.write(f"\rfetching {self._name}: {percent:3d}% ({done_bytes / 1e6:,.1f} of "
-                            f"{total_bytes / 1e6:,.1f} MB)")
+            self._err.write(f"\rfetching {self._name}: {percent:3d}% ({size_text(done_bytes)} of "
+                            f"{size_text(total_bytes)})")
             self._err.flush()
 
     def finish(self) -> None:

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from attnchat import cache_options
+from models.sizes import size_text
 
 
 def add_parser(sub) -> None:
@@ -193,7 +194,7 @@ def _interactive(session) -> int:
                         s = ev.stats
                         note = {"cancelled": " (stopped)", "length": " (length limit)", "context": " (context full)"}.get(ev.reason, "")
                         print(f"{note}\n[{s.completion_tokens} tokens, {s.decode_tokens_per_s:.1f} tok/s, "
-                              f"KV cache {s.kv_cache.get('used_bytes', 0) / 2**20:.1f} MiB]")
+                              f"KV cache {size_text(s.kv_cache.get('used_bytes', 0))}]")
             finally:
                 generating = False
     finally:

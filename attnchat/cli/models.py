@@ -24,6 +24,7 @@ from typing import Any, TextIO
 import models
 from attnchat.fetching import PercentLine
 from models import FetchError, ImportModelError, ModelInfo, UnknownModelError
+from models.sizes import size_text
 
 __all__ = ["add_parser", "run"]
 
@@ -82,10 +83,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _human_bytes(n: int) -> str:
-    """``n`` bytes as a short string (MiB / GiB)."""
-    if n >= 2**30:
-        return f"{n / 2**30:.1f} GiB"
-    return f"{n / 2**20:.1f} MiB"
+    """``n`` bytes as a short string (:func:`models.sizes.size_text`: MiB / GiB)."""
+    return size_text(n)
 
 
 #: What a model is for, by whether it has a chat template (None: not known before loading).
@@ -178,7 +177,7 @@ def _quant_runs(device: str):
 
 
 def runs_text(r: dict | None) -> str:
-    """A quant's mark: ``"ggml"`` (runs from its blocks on that kernel), ``"widened (+310 MB)"``,
+    """A quant's mark: ``"ggml"`` (runs from its blocks on that kernel), ``"widened (+295.6 MiB)"``,
     ``"will not run"``, ``"-"`` (no tag)."""
     if not r:
         return "-"

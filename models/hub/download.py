@@ -41,6 +41,7 @@ from typing import Any, Callable
 from models import safety
 from models.errors import FetchCancelled, HubError
 from models.paths import models_dir
+from models.sizes import size_text
 
 from . import api
 from .local import find_installed, hub_path, part_path, read_manifest, write_manifest
@@ -63,10 +64,6 @@ Cancel would wait for up to 10 MiB to arrive, progress move in 10 MiB steps, and
 connection lose up to 10 MiB not yet written)."""
 DISK_MARGIN_BYTES = 64 << 20
 """Free space kept beyond the file when checking the disk before a download."""
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
 
 
 def _hash_file(path: Path, digest=None, limit: int | None = None):
@@ -103,7 +100,7 @@ def _free_bytes(path: Path) -> int:
 def _check_disk(folder: Path, need: int, name: str) -> None:
     free = _free_bytes(folder)
     if free < need + DISK_MARGIN_BYTES:
-        raise HubError(f"not enough disk space for {name}: {_mb(need)} more needed in {folder}, {_mb(free)} free; "
+        raise HubError(f"not enough disk space for {name}: {size_text(need)} more needed in {folder}, {size_text(free)} free; "
                        "free some space (or set ATTNCHAT_MODELS_DIR to a bigger disk) and try again", "disk_full")
 
 
@@ -179,18 +176,18 @@ def download_file(repo_id: str, revision: str, file: HubFile, *, progress: Progr
         except HubError as exc:
             kept = part.stat().st_size if part.is_file() else 0
             if kept and exc.kind in ("offline", "server") and writer.resumable:
-                raise HubError(f"{exc}; the {_mb(kept)} of {_mb(size)} downloaded so far are kept: the same "
+                raise HubError(f"{exc}; the {size_text(kept)} of {size_text(size)} downloaded so far are kept: the same "
                                "command resumes", exc.kind) from exc
             if exc.kind == "size" or (kept and exc.kind in ("offline", "server")):
                 part.unlink(missing_ok=True)
             if kept and exc.kind in ("offline", "server"):
-                raise HubError(f"{exc}; the server does not resume downloads, so the {_mb(kept)} downloaded were "
+                raise HubError(f"{exc}; the server does not resume downloads, so the {size_text(kept)} downloaded were "
                                "not kept", exc.kind) from exc
             raise
         except OSError as exc:
             part.unlink(missing_ok=True)
             if exc.errno == errno.ENOSPC:
-                raise HubError(f"the disk filled up while downloading {where} ({_mb(size)} in {folder}); nothing "
+                raise HubError(f"the disk filled up while downloading {where} ({size_text(size)} in {folder}); nothing "
                                "was kept; free some space and try again", "disk_full") from exc
             raise HubError(f"could not write {where} in {folder} ({' '.join(str(exc.strerror or exc).split())}); "
                            "check the folder's permissions, or set ATTNCHAT_MODELS_DIR", "write") from exc

@@ -67,10 +67,10 @@ def test_files_with_fits_from_the_planner(hub, capsys, monkeypatch):
     assert lines[2].split() == ["FILE", "QUANT", "SIZE", "RUNS", "FIT", "NEEDS", "HERE"]
     q4, q8 = (len(repo.files[f"Tiny-Instruct-{q}.gguf"]) for q in ("Q4_K_M", "Q8_0"))
     kernel = "ggml" if ggml_ops.available() else "torch int4pack"
-    assert lines[3].split() == ["Tiny-Instruct-Q4_K_M.gguf", "Q4_K_M", "0.3", "MiB", *kernel.split(), "fits", "3.3",
+    assert lines[3].split() == ["Tiny-Instruct-Q4_K_M.gguf", "Q4_K_M", "297.3", "KiB", *kernel.split(), "fits", "3.3",
                                 "MiB", "-"]
     if ggml_ops.available():
-        assert lines[4].split() == ["*", "Tiny-Instruct-Q8_0.gguf", "Q8_0", "0.5", "MiB", "ggml", "tight", "3.5", "MiB",
+        assert lines[4].split() == ["*", "Tiny-Instruct-Q8_0.gguf", "Q8_0", "492.6", "KiB", "ggml", "tight", "3.5", "MiB",
                                     "-"]
     assert lines[5].split()[:2] == ["Tiny-Instruct-F16-00001-of-00002.gguf", "F16"]
     assert "split in 2 files (not supported)" in lines[5]
@@ -112,7 +112,7 @@ def test_files_mark_what_runs_here(hub, capsys, monkeypatch):
                                      "why": "Q9_X names no block type attnchat knows", "extra_bytes": 0}
     status, out, err = run(capsys, "models", "files", f"hf.co/{REPO}")
     rows = {line.split()[1]: line for line in out.splitlines()[3:]}
-    assert f"widened (+{weights * 2 / 2**20:.1f} MiB)" in rows["IQ4_XS"]
+    assert weights * 2 == 769_632 and "widened (+751.6 KiB)" in rows["IQ4_XS"]
     assert "will not run" in rows["Q1_0"] and "only ggml decodes Q1_0 and ggml does not load here" in rows["Q1_0"]
 
 
@@ -204,8 +204,8 @@ def test_model_source_fetches_a_reference_first_and_passes_paths_through(hub, tm
     err = TTY()
     path = model_source(f"hf.co/{REPO}:Q8_0", err)
     assert Path(path).read_bytes() == repo.files["Tiny-Instruct-Q8_0.gguf"]
-    size = len(repo.files["Tiny-Instruct-Q8_0.gguf"]) / 1e6
-    assert err.text.rstrip("\n").endswith(f"fetching hf.co/{REPO}:Q8_0: 100% ({size:,.1f} of {size:,.1f} MB)")
+    assert len(repo.files["Tiny-Instruct-Q8_0.gguf"]) == 504_434
+    assert err.text.rstrip("\n").endswith(f"fetching hf.co/{REPO}:Q8_0: 100% (492.6 KiB of 492.6 KiB)")
     n = len(hub.requests)
     assert model_source(f"hf.co/{REPO}:Q8_0", TTY()) == path and len(hub.requests) == n   # already here
     assert model_source(None) is None

@@ -164,7 +164,7 @@ def read_gguf_tensors(path: str | Path, arrays: tuple[str, ...] = ()) -> GGUFTen
         nbytes = tensor_nbytes(kind, ne, name)
         start = data_offset + offset
         if offset % alignment or start + nbytes > size:
-            raise GGUFHeaderError(f"tensor {name!r} lies outside the file (truncated?)")
+            raise GGUFHeaderError(f"tensor {name!r} lies outside the file")
         if name in tensors:
             raise GGUFHeaderError(f"tensor {name!r} appears twice")
         tensors[name] = TensorInfo(name, kind, tuple(int(d) for d in reversed(ne)), start, nbytes)

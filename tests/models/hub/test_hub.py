@@ -157,8 +157,8 @@ def test_resume_in_a_later_run_after_the_network_went_away(hub, monkeypatch):
         models.hub.fetch_hub(f"hf.co/{REPO}/{name}")
     assert info.value.kind == "offline"
     assert str(info.value) == (f"downloading hf.co/{REPO}/{name}: the connection to the Hugging Face Hub broke "
-                               "(RemoteProtocolError); check the network connection and try again; the 0.1 MB of "
-                               "0.5 MB downloaded so far are kept: the same command resumes")
+                               "(RemoteProtocolError); check the network connection and try again; the 128.0 KiB of "
+                               "492.6 KiB downloaded so far are kept: the same command resumes")
     assert [r.range for r in hub.hits("cdn", "GET")] == [None] + ["bytes=131072-"] * 5
     folder = models.models_dir()
     assert only_files(folder) == [f".partial/{repo.sha(name)}.part"]
@@ -308,8 +308,8 @@ def test_not_enough_disk_is_said_before_downloading(hub, monkeypatch):
     monkeypatch.setattr(download, "_free_bytes", lambda path: 10_000_000)
     err = fetch_error(f"hf.co/{REPO}:Q4_K_M")
     assert err.kind == "disk_full" and str(err).startswith(
-        f"not enough disk space for hf.co/{REPO}/Tiny-Instruct-Q4_K_M.gguf: 0.3 MB more needed in ")
-    assert "10.0 MB free" in str(err)
+        f"not enough disk space for hf.co/{REPO}/Tiny-Instruct-Q4_K_M.gguf: 297.3 KiB more needed in ")
+    assert "9.5 MiB free" in str(err)
     assert not hub.hits("cdn") and only_files(models.models_dir()) == []
 
 

@@ -85,6 +85,15 @@ def test_truncated_real_gguf(tmp_path, default_model_file):
     _raises(p, ModelLoadError, "cut.gguf", "truncated")
 
 
+def test_a_gguf_cut_inside_its_tensors_says_truncated_once(tmp_path, default_model_file):
+    p = tmp_path / "cut.gguf"
+    with open(default_model_file, "rb") as f:
+        p.write_bytes(f.read(default_model_file.stat().st_size - 1000))  # the last tensor's end missing
+    e = _raises(p, ModelLoadError, "cut.gguf", "lies outside the file")
+    assert str(e).lower().count("truncated") == 1, str(e)
+    assert str(e).endswith("; the file may be truncated: download it again")
+
+
 def test_text_file_renamed_gguf(tmp_path):
     p = tmp_path / "notes.gguf"
     p.write_text("these are my notes, not a model\n" * 20)
