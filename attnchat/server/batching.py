@@ -222,17 +222,20 @@ class BatchEngine(Engine):
     def _work(self) -> None:
         while True:
             with self._lock:
-                while not self._jobs and not self.batcher.busy:
+                idle = False
+                while not self._jobs and not self.batcher.busy and not idle:
                     # With pages allocated, wait at most the idle time; then free them (once).
                     timeout = self.pool_idle_s if self.pool.allocated_bytes else None
-                    if not self._wake.wait(timeout) and not self._jobs:
-                        self._release_pool()
+                    idle = not self._wake.wait(timeout) and not self._jobs
                 taken = []
                 # Only as many as the batch has room for leave the queue: the rest keep their
                 # place (and count against max_queued).
                 while self._jobs and (self._jobs[0] is None or
                                       len(self.batcher.running) + len(self.batcher.waiting) + len(taken) < self.parallel):
                     taken.append(self._jobs.popleft())
+            if idle:  # outside the lock: freeing updates the figures, which take it
+                self._release_pool()
+                continue
             for job in taken:
                 if job is None:
                     self._stop_all()

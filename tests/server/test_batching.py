@@ -163,6 +163,39 @@ def test_forty_concurrent_requests_are_all_answered(tiny):
         app.state.engine.close()
 
 
+def _within(seconds: float, call):
+    """``call()``'s result, on a thread of its own: a worker stuck holding the engine's lock
+    would block the caller (the HTTP side) for ever, so the test fails instead."""
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert out, f"{call} did not return within {seconds} s: the engine's lock is held"
+    return out[0]
+
+
+def test_an_idle_pool_is_freed_and_the_next_request_answered(tiny):
+    """After ``pool_idle_s`` without a request the pool's arenas are freed, and the engine
+    still answers: the freeing once ran holding the lock it then took again (a server left
+    idle for 10 s answered nothing more, not even its stats)."""
+    engine = BatchEngine(tiny, settings=SETTINGS, parallel=2, pool_idle_s=0.2)
+    job, items, done = _job(ASKS[0])
+    engine.submit(job)
+    assert done.wait(60)
+    first = _done(items)
+    deadline = time.monotonic() + 30
+    while _within(5, engine.stats)["kv_allocated_bytes"]:
+        assert time.monotonic() < deadline, "the idle pool was never freed"
+        time.sleep(0.05)
+    assert engine.pool.allocated_bytes == 0 and not engine._kept
+    job, items, done = _job(ASKS[0])
+    _within(5, lambda: engine.submit(job))
+    assert done.wait(60)
+    again = _done(items)
+    assert (again.reason, again.token_ids) == (first.reason, first.token_ids) and again.stats.reused_tokens == 0
+    _within(10, engine.close)
+
+
 def test_parallel_needs_the_stop_policy(tiny):
     with pytest.raises(ValueError, match="overflow stop"):
         BatchEngine(tiny, settings=GenerationSettings(context_limit=128, overflow="rolling"))
