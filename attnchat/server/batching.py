@@ -267,11 +267,12 @@ class BatchEngine(Engine):
             request = self._request(job)
             reply = self.batcher.add(request)
         except (ContextOverflowError, ModelFileChanged, ChatTemplateError) as e:
-            self._count("failed")
+            # a 400 for this conversation is refused, as a full queue's 429 is; a changed file failed
+            self._count("failed" if isinstance(e, ModelFileChanged) else "refused")
             self._send(job, Failed(e))
             return
-        except ValueError as e:  # its worst case is more than the whole pool
-            self._count("failed")
+        except ValueError as e:  # its worst case is more than the whole pool: a 400 too
+            self._count("refused")
             n = len(request.prompt) if request is not None else 0
             self._send(job, Failed(ContextOverflowError(str(e), prompt_tokens=n, context_limit=self.context_limit)))
             return

@@ -12,8 +12,12 @@ from attnchat.server import completions, tools
 from attnchat.server.engine import Done, Job
 from runtime.generate.logits_processors import LogprobsRecorder
 
+#: The reason of a streamed reply the server cut because it is stopping (Ctrl-C on ``attnchat
+#: serve``): OpenAI's ``length`` (cut short, not ended by the model), ``shutdown`` in the
+#: ``attnchat`` block.
+SHUTDOWN = "shutdown"
 #: Session finish reasons -> OpenAI's ("context": the reply ran out of room).
-FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
+FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length", SHUTDOWN: "length"}
 
 
 def usage_of(stats) -> dict[str, Any]:
@@ -31,6 +35,10 @@ def extension_of(reason: str, stats) -> dict[str, Any]:
     """attnchat's figures for the reply (the ``attnchat`` field; OpenAI clients ignore it)."""
     d = stats.to_dict()
     d["finish_reason"] = reason
+    if not (d.get("decode_threads") or d.get("max_threads")):
+        # not measured (a batched reply, or off the CPU): left out rather than said as 0 threads
+        d.pop("decode_threads", None)
+        d.pop("max_threads", None)
     return d
 
 

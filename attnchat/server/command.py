@@ -271,7 +271,7 @@ def _serve(args: argparse.Namespace, settings, sock: socket.socket) -> int:
                      pool_idle_s=args.pool_idle_s)
     config = server_config(app, max_connections=args.max_connections, api_key=args.api_key)
     logging.getLogger("uvicorn.access").addFilter(drop_query_strings)
-    server = uvicorn.Server(config)
+    server = stopping_server(config, app.state.engine)
 
     async def serve() -> None:
         task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -282,8 +282,35 @@ def _serve(args: argparse.Namespace, settings, sock: socket.socket) -> int:
                   f"({'API key required' if args.api_key else 'no API key'}); Ctrl-C stops", flush=True)
         await task
 
-    asyncio.run(serve())
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        # uvicorn raises the Ctrl-C again once it has shut down: the stop the banner offers
+        if not (server.started and server.should_exit):
+            raise
     if not server.started:
         print("attnchat: error: the server did not start; see the log file", file=sys.stderr)
         return 1
+    print("attnchat: stopped", flush=True)
     return 0
+
+
+def stopping_server(config: Any, engine: Any):
+    """A ``uvicorn.Server`` for ``config`` that, told to stop (Ctrl-C, SIGTERM), first ends the
+    ``engine``'s replies in progress (each stream gets its finish chunk and ``[DONE]``: see
+    :mod:`attnchat.server.relay`) and says so in one line, then shuts down as uvicorn does.
+    uvicorn alone waited ``timeout_graceful_shutdown`` for the streams, then cut them."""
+    import asyncio
+
+    import uvicorn
+
+    class StoppingServer(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            stats = engine.stats()
+            n = int(stats.get("running", stats.get("busy", 0))) + int(stats.get("queued", 0))
+            ending = f"; {n} repl{'y' if n == 1 else 'ies'} in progress end{'s' if n == 1 else ''} here" if n else ""
+            print(f"attnchat: stopping{ending}", flush=True)
+            await asyncio.to_thread(engine.close)  # the event loop sends the streams' last chunks meanwhile
+            await super().shutdown(sockets)
+
+    return StoppingServer(config)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from runtime import (
     ChatSession,
+    ChatTemplateError,
     ContextOverflowError,
     Finish,
     GenerationSettings,
@@ -99,6 +100,9 @@ class Engine:
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
         self.counts = collections.Counter()
+        #: True once :meth:`close` began: the replies it ends were cut by the server stopping,
+        #: which the HTTP side says with a finish chunk (not an error), and nothing new is taken.
+        self.closing = False
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=HISTORY)
         # Built once (it validates the context against the model) so a bad setting fails
         # at start-up, not on the first request.
@@ -111,12 +115,14 @@ class Engine:
     # ---- life cycle ------------------------------------------------------------------
     def start(self) -> None:
         if self._thread is None:
+            self.closing = False  # started again after a close (an app's lifespan run twice)
             self._thread = threading.Thread(target=self._work, name="attnchat-engine", daemon=True)
             self._thread.start()
 
     def close(self, timeout: float = 5.0) -> None:
         """Cancel the running reply, drop queued ones and stop the worker."""
         with self._lock:
+            self.closing = True
             dropped = [j for j in self._jobs if j is not None]
             self._jobs.clear()
         for job in dropped:
@@ -139,16 +145,21 @@ class Engine:
         Raises:
             QueueFullError: :attr:`max_queued` jobs wait already (the job is not queued).
         """
-        self.start()  # idempotent: the app's lifespan normally started it already
+        if not self.closing:
+            self.start()  # idempotent: the app's lifespan normally started it already
         if not job.id:
             job.id = f"job-{next(self._ids)}"
         with self._lock:
-            if len(self._jobs) >= self.max_queued:
-                self.counts["refused"] += 1
-                raise QueueFullError(f"{len(self._jobs)} requests are waiting already")
-            self.counts["requests"] += 1
-            self._jobs.append(job)
-            self._wake.notify()
+            closing = self.closing  # read under the lock close() drains the queue with
+            if not closing:
+                if len(self._jobs) >= self.max_queued:
+                    self.counts["refused"] += 1
+                    raise QueueFullError(f"{len(self._jobs)} requests are waiting already")
+                self.counts["requests"] += 1
+                self._jobs.append(job)
+                self._wake.notify()
+        if closing:  # the worker takes nothing more: answered now, as cancelled (a 503)
+            self._finish_unrun(job)
 
     def cancel(self, job: Job) -> None:
         """Stop ``job`` (thread-safe): dropped from the queue if waiting (its conversation
@@ -165,7 +176,11 @@ class Engine:
         self._finish_unrun(job)
 
     def stats(self) -> dict[str, Any]:
-        """Counters, queue depth and the last requests (plain data for the stats endpoint)."""
+        """Counters, queue depth and the last requests (plain data for the stats endpoint).
+
+        ``refused``: requests turned away, a full queue (429) or a conversation the model cannot
+        take (longer than the context, refused by its chat template: 400); ``failed``: the
+        server's own failures (a bug, the model file changed: 5xx)."""
         with self._lock:
             busy = self._running is not None
             queued = sum(1 for j in self._jobs if j is not None)
@@ -205,6 +220,10 @@ class Engine:
             prefilled = 0
             try:
                 prefilled = self._run(job)
+            except ChatTemplateError as e:  # this conversation's: a 400, not the server failing
+                log.info("request %s refused: %s", job.id, e)
+                self._count("refused")
+                self._send(job, Failed(e))
             except Exception as e:  # a bug: report it to the client, keep serving
                 log.exception("request %s failed", job.id)
                 self._count("failed")
@@ -329,7 +348,8 @@ class Engine:
                     self._send(job, Done(ev.reason, ev.text, ev.stats, ev.token_ids))
                     prefilled = ev.stats.prefilled_tokens
         except (ContextOverflowError, ModelFileChanged) as e:  # the session and its cache are unchanged
-            self._count("failed")
+            # too long for the context: refused (a 400), as a full queue's 429 is; not a failure
+            self._count("refused" if isinstance(e, ContextOverflowError) else "failed")
             self._send(job, Failed(e))
         except Exception:
             session.reset()  # its cache may not match its token stream any more

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from attnchat.server.chunks import SHUTDOWN
 from attnchat.server.engine import (
     Delta,
     Done,
@@ -65,6 +67,8 @@ async def answer(engine: Engine, request: Request, job: Job, stream: bool,
                 return Response(status_code=499)
     finally:
         watcher.cancel()
+    if isinstance(item, Done) and item.reason == "cancelled" and engine.closing:
+        item = replace(item, reason=SHUTDOWN)  # begun, then cut by the server stopping: what it wrote
     if isinstance(item, Failed) or item.reason == "cancelled":
         return failure(item)
     return JSONResponse(whole(item))
@@ -103,7 +107,11 @@ async def stream_reply(items: asyncio.Queue, engine: Engine, job: Job, chunks: A
             if end is None:
                 continue
             finished = True
-            if isinstance(end, Failed) or end.reason == "cancelled":
+            if isinstance(end, Done) and end.reason == "cancelled" and engine.closing:
+                # the server is stopping (Ctrl-C): the reply so far ends as a reply cut short,
+                # with its finish chunk and [DONE], not a broken stream
+                end = replace(end, reason=SHUTDOWN)
+            elif isinstance(end, Failed) or end.reason == "cancelled":
                 body = failure(end).body
                 yield f"data: {body.decode()}\n\n"
                 return
