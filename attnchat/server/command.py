@@ -291,7 +291,6 @@ def _serve(args: argparse.Namespace, settings, sock: socket.socket) -> int:
     if not server.started:
         print("attnchat: error: the server did not start; see the log file", file=sys.stderr)
         return 1
-    print("attnchat: stopped", flush=True)
     return 0
 
 
@@ -312,5 +311,7 @@ def stopping_server(config: Any, engine: Any):
             print(f"attnchat: stopping{ending}", flush=True)
             await asyncio.to_thread(engine.close)  # the event loop sends the streams' last chunks meanwhile
             await super().shutdown(sockets)
+            # here, not after the server returns: uvicorn then raises a SIGTERM again (exit 143)
+            print("attnchat: stopped", flush=True)
 
     return StoppingServer(config)
