@@ -220,3 +220,21 @@ def test_a_prompt_read_after_an_edit_starts_from_the_prefix_the_cache_kept(panel
     assert panel.series.tokens == [] and panel.series.pending[0][0] == 50   # no 100..300 line beside it
     panel.on_stats(dict(stats(260, request=2), reused_tokens=50))
     assert panel.series.tokens == [260] and panel.series.events == []
+
+
+def test_the_readout_says_the_finished_replys_tokens_as_the_status_bar_does(qtbot, make_window):
+    """The panel said "205 / 8,192 tokens" beside the status bar's "Context 209 / 8,192" (the
+    --screenshot set's main window): its redraw timer had not yet drawn the reply's last figures."""
+    script = [f" w{i}" for i in range(50)]   # the last StatsUpdate at 248 tokens, the Finish at 250
+    worker = EngineWorker(load_fn=smol_load, session_fn=lambda m, system, gen: StatsSession(gen, script, 0.002))
+    w = make_window(worker=worker)
+    kv = w.panels["kvCachePanel"].widget()
+    kv._timer.setInterval(60_000)   # no redraw by the timer inside this test: only the reply's end draws
+    seen = []
+    w.reply_finished.connect(lambda *_: seen.append((kv.readout.text(), w.status.context_label.text())))
+    w.input.setPlainText("grow the cache")
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        qtbot.keyClick(w.input, Qt.Key.Key_Return)
+    readout, status = seen[0]
+    assert status == "Context 250 / 1,456"
+    assert "250</b> / 1,456 tokens" in readout

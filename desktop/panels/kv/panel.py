@@ -185,6 +185,12 @@ class KVPanel(QWidget):
         if not self._timer.isActive():
             self._timer.start()
 
+    def flush(self) -> None:
+        """Draw what was recorded now (a reply ended: its last figures, as the status bar shows
+        them at once, not up to :data:`REDRAW_MS` later)."""
+        if self._dirty:
+            self.redraw()
+
     def on_setting(self, key: str, value) -> None:
         """A setting changed: the limits and the policy sentence before a reply follow it."""
         if key.startswith("generation/"):
@@ -434,6 +440,7 @@ def install_kv_panel(window) -> KVPanel:
     panel.on_model(window.engine.model)
     window.model_changed.connect(panel.on_model)
     window.stats_updated.connect(panel.on_stats)
+    window.reply_finished.connect(lambda *_: panel.flush())
     window.conversation_stats.connect(panel.on_conversation)
     window.settings.changed.connect(panel.on_setting)
     window.add_panel("kvCachePanel", "KV-cache memory", panel)
