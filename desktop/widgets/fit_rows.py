@@ -5,6 +5,10 @@ moment; a dock or dialog that is laid out (or resized) afterwards narrows a stre
 and its wrapped text is cut ("grouped-query (this …", "top induction: 18.6 17.3 …").
 :func:`fit_rows` resizes the rows again after each change of the table's width.
 
+:func:`whole_columns` keeps every column as wide as its header and cells: in a narrow dock a
+table that does not fit scrolls sideways instead of cutting its headers ("ecode ste",
+"hole mod") and cells ("<|i...").
+
 Imports Qt only.
 """
 from __future__ import annotations
@@ -12,9 +16,9 @@ from __future__ import annotations
 from typing import Callable
 
 from PySide6.QtCore import QEvent, QObject, QTimer
-from PySide6.QtWidgets import QTableView
+from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableView
 
-__all__ = ["fit_rows"]
+__all__ = ["fit_rows", "whole_columns"]
 
 
 class _RowFitter(QObject):
@@ -40,3 +44,13 @@ def fit_rows(table: QTableView, after: Callable[[], None] | None = None) -> Call
     fitter = _RowFitter(table, after)
     table.installEventFilter(fitter)
     return fitter.fit
+
+
+def whole_columns(table: QTableView) -> None:
+    """Size each of ``table``'s columns to its header and cells; a table wider than its view
+    scrolls sideways (per pixel). No column stretches: a stretched last column kept 100 px
+    (the header's default) when the view narrowed, and pushed the table past its view."""
+    head = table.horizontalHeader()
+    head.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    head.setStretchLastSection(False)
+    table.setHorizontalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)

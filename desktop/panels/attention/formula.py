@@ -10,12 +10,13 @@ from __future__ import annotations
 import numpy as np
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton, QSizePolicy, QSpinBox, QTableWidget,
+    QAbstractItemView, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QSpinBox, QTableWidget,
     QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
 from desktop.panels.attention.views import quote, rich_label
 from desktop.panels.attention.widgets import display_token
+from desktop.widgets.fit_rows import whole_columns
 
 __all__ = ["NumbersView"]
 
@@ -48,8 +49,9 @@ class NumbersView(QWidget):
         self.table.setHorizontalHeaderLabels(list(self.COLUMNS))
         self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.table.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        # Every column whole, the table scrolling sideways in a narrow dock: the stretched token
+        # column was squeezed to "oken" with its tokens cut to "<|i…".
+        whole_columns(self.table)
         self.table.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.footer = rich_label("", small=True)
         # Two rows: on one, the controls made the tab (and so the dock) 406 px wide at least.

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 
 from desktop.flow_layout import flow_row, labelled
 from desktop.panels.attention.views import rich_label
+from desktop.widgets.fit_rows import fit_rows, whole_columns
 
 __all__ = ["SandboxView", "ScaleView", "formula_by_hand", "parse_vectors", "scale_simulation"]
 
@@ -257,7 +258,11 @@ def scale_simulation(d: int, *, samples: int = 4000, n_keys: int = 32, seed: int
 class ScaleView(QWidget):
     """Why divide by √d_k: a live simulation (see the module docstring)."""
 
-    COLUMNS = ("d", "spread\nof q·k", "√d", "entropy\n÷√d", "entropy\nunscaled", "top weight\nunscaled")
+    # Units in the headers, the row's note on a line of its own, and √d in the spread's header
+    # (a column of its own repeated what the spread shows): in the 310 px dock "4.41 bits",
+    # "128 (yours)" and "top weight" were cut.
+    COLUMNS = ("d", "spread\nof q·k\n(≈ √d)", "entropy\n÷√d\n(bits)", "entropy\nno √d\n(bits)",
+               "top\nweight\nno √d")
     FIXED = (2, 64, 512)
 
     def __init__(self, parent: QWidget | None = None):
@@ -275,7 +280,8 @@ class ScaleView(QWidget):
         self.table.setHorizontalHeaderLabels(list(self.COLUMNS))
         self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        whole_columns(self.table)
+        self._fit_rows = fit_rows(self.table)
         self.explanation = rich_label("", small=True)
         row = flow_row(labelled("Your d:", self.d, stretch=0), self.again)
         lay = QVBoxLayout(self)
@@ -303,11 +309,12 @@ class ScaleView(QWidget):
         self.rows = [scale_simulation(d, seed=self.seed) for d in ds]
         self.table.setRowCount(len(ds))
         for i, r in enumerate(self.rows):
-            label = f"{r['d']}" + (" (yours)" if i == len(self.FIXED) else " (model)" if i > len(self.FIXED) else "")
-            cells = (label, f"{r['spread']:.1f}", f"{math.sqrt(r['d']):.1f}", f"{r['entropy_scaled']:.2f} bits",
-                     f"{r['entropy_unscaled']:.2f} bits", f"{r['max_weight_unscaled']:.2f}")
+            label = f"{r['d']}" + ("\n(yours)" if i == len(self.FIXED) else "\n(model)" if i > len(self.FIXED) else "")
+            cells = (label, f"{r['spread']:.1f}", f"{r['entropy_scaled']:.2f}",
+                     f"{r['entropy_unscaled']:.2f}", f"{r['max_weight_unscaled']:.2f}")
             for c, text in enumerate(cells):
                 self.table.setItem(i, c, QTableWidgetItem(text))
+        self._fit_rows()
         mine = self.rows[len(self.FIXED)]
         self.explanation.setText(
             f"With d = {mine['d']} the scores spread about {mine['spread']:.1f} apart, so without scaling the top key "

@@ -29,7 +29,7 @@ from desktop.panels.attention.insight.explain import ExplainView, _fill, _positi
 from desktop.panels.attention.sandbox import SandboxView, ScaleView
 from desktop.panels.attention.views import quote, rich_label
 from desktop.panels.attention.widgets import display_token
-from desktop.widgets.fit_rows import fit_rows
+from desktop.widgets.fit_rows import fit_rows, whole_columns
 from desktop.widgets.wrapping_tabs import WrappingTabs
 
 __all__ = ["CostView", "ExplainView", "InsightTabs", "KnockoutView", "parse_head_list", "scores_table"]
@@ -202,9 +202,12 @@ class CostView(QWidget):
         self.measure = QPushButton("Measure")
         self.measure.setToolTip("Time our attention for one decode step at the current context (all layers)")
         self.model_label = rich_label("")
-        self.table = _table(("context n", "prefill\nper head", "decode step\nper head", "prefill\nwhole model",
-                             "decode step\nwhole model"))
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        # Short two-line headers, each column whole: "decode step / whole model" was cut to
+        # "ecode ste / hole mod" in the 310 px dock.
+        self.table = _table(("context\n(tokens)", "prefill\n1 head", "decode\n1 head", "prefill\nmodel",
+                             "decode\nmodel"))
+        whole_columns(self.table)
+        self._fit_rows = fit_rows(self.table)
         self.timing_label = rich_label("", small=True)
         row = QHBoxLayout()
         row.addWidget(self.model_label, 1)
@@ -212,10 +215,10 @@ class CostView(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
         lay.addLayout(row)
-        lay.addWidget(rich_label("Attention scores computed (q·k products), per head of one layer and for the whole "
-                                 "model (layers × heads): every query against every key it sees, so a prefill of n "
-                                 "tokens grows with n², one decode step with n. k, M, B, T: thousand, million, "
-                                 "billion, trillion.", small=True))
+        lay.addWidget(rich_label("Attention scores computed (q·k products) for one head of one layer (1 head) and "
+                                 "for the whole model (layers × heads): every query against every key it sees, so "
+                                 "a prefill of n tokens grows with n², one decode step with n. k, M, B, T: "
+                                 "thousand, million, billion, trillion.", small=True))
         lay.addWidget(self.table, 1)
         lay.addWidget(self.timing_label)
         self.measure.clicked.connect(self.measure_requested)
@@ -239,9 +242,10 @@ class CostView(QWidget):
         s = self.shape
         ns = sorted(set(self.CONTEXTS) | ({self.context} if self.context else set()))
         self.rows = scores_table(ns, s["n_layers"], s["n_heads"])
-        _fill(self.table, [(f"{r['n']:,}" + (" (now)" if r["n"] == self.context else ""), _count(r["prefill"]),
+        _fill(self.table, [(f"{r['n']:,}" + ("\n(now)" if r["n"] == self.context else ""), _count(r["prefill"]),
                             _count(r["decode"]), _count(r["prefill_model"]), _count(r["decode_model"]))
                            for r in self.rows])
+        self._fit_rows()
         self.model_label.setText(f"This model: {s['n_layers']} layers × {s['n_heads']} query heads "
                                  f"({s['n_kv_heads']} KV heads, head size {s['head_dim']}), "
                                  f"context up to {s['context_limit']:,} tokens.")
