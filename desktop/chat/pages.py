@@ -10,6 +10,8 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QStyle, QToolBut
 
 from desktop.chat.status_bar import StatusField
 from desktop.chat.view import ChatView, MessageInput
+from desktop.sizes import size_text
+from models import DEFAULT_MODEL
 
 __all__ = ["ChatPage", "EmptyState"]
 
@@ -161,7 +163,8 @@ class EmptyState(QWidget):
         title = QLabel("<h2>Welcome to attnchat</h2>")
         title.setAlignment(Qt.AlignmentFlag.AlignCenter)
         text = QLabel("No model yet. attnchat runs a small language model on this computer, offline. "
-                      "Download the default model (SmolLM2-135M-Instruct, 98 MB), or open a "
+                      f"Download the default model ({DEFAULT_MODEL.name}, {size_text(DEFAULT_MODEL.size_bytes)}), "
+                      "or open a "
                       "<code>.gguf</code> file or a model folder you already have.")
         text.setWordWrap(True)
         text.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -207,6 +210,6 @@ class EmptyState(QWidget):
         """Offer ``name`` (``size_bytes`` to download) as a better first model, saying why."""
         self.recommend_note.setText(f"Better answers: <b>{name}</b> is {reason}. The default model is for the "
                                     "first minute and offline use; it often repeats itself.")
-        self.recommend_button.setText(f"Download {name} ({size_bytes / 1e6:,.0f} MB)…")
+        self.recommend_button.setText(f"Download {name} ({size_text(size_bytes)})…")
         self.recommend_note.show()
         self.recommend_button.show()

@@ -18,6 +18,8 @@ from PySide6.QtWidgets import QFileDialog, QToolButton
 from desktop.chat.attachments import Attachment, AttachmentError, message_text, read_attachment
 from desktop.file_dialogs import documents_dir
 from desktop.flow_layout import FlowLayout
+from desktop.sizes import size_text
+
 
 __all__ = ["Attachments", "FILE_KINDS"]
 
@@ -149,5 +151,5 @@ class Attachments(QObject):
 def _size(f: Attachment) -> str:
     what = f"{f.pages:,} page{'s' if f.pages != 1 else ''}" if f.pages else ""
     n = f.size_bytes
-    size = f"{n:,} B" if n < 1000 else f"{n / 1e3:,.1f} KB" if n < 1e6 else f"{n / 1e6:,.1f} MB"
+    size = size_text(n)
     return f"{what}, {size}" if what else size

@@ -32,6 +32,7 @@ from desktop.download_dialog import DownloadDialog
 from desktop.model_switcher.hub_browser import NOTE_STYLE, HubBrowser
 from desktop.model_switcher.hub_jobs import QUOTED_CONTEXT, HubService
 from desktop.model_switcher.recommend import Recommendation, recommend
+from desktop.sizes import free_where, size_text
 
 __all__ = ["ModelsDialog", "ModelSwitcher", "install", "details_html"]
 
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 
 
 def _mb(n: int) -> str:
-    return f"{n / 1e6:,.0f} MB"
+    return size_text(n)
 
 
 def attention_text(e: models.CatalogEntry) -> str:
@@ -99,11 +100,13 @@ def hub_details_html(f: "models.hub.LocalHubFile", state: str) -> str:
 
 
 def fit_line(fit: dict | None) -> str:
-    """``"Fits this machine: fits (1,344.6 MB with the KV cache at 8,192 tokens; 21,644.3 MB free on cpu)"``."""
+    """``"Fits this machine: fits (1.3 GiB: the file and the KV cache at 8,192 tokens; 20.2 GiB of free
+    memory)"`` (``free on cuda:0`` for a GPU's)."""
     if not fit:
         return ""
-    free = f"{fit['free_bytes'] / 1e6:,.1f} MB free on {fit['device']}" if fit.get("free_bytes") else "free memory unknown"
-    return (f"<p><b>Fits this machine:</b> {html.escape(fit['verdict'])} ({fit['total_bytes'] / 1e6:,.1f} MB: the "
+    free = (f"{size_text(fit['free_bytes'])} {free_where(fit['device'])}" if fit.get("free_bytes")
+            else "free memory unknown")
+    return (f"<p><b>Fits this machine:</b> {html.escape(fit['verdict'])} ({size_text(fit['total_bytes'])}: the "
             f"file and the KV cache at {fit['context']:,} tokens; {free})</p>")
 
 

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 import models
 from desktop.model_switcher.hub_jobs import HubService, Job, JobRunner, open_repo
 from desktop.download_words import DownloadRate, for_window
+from desktop.sizes import size_text
 
 __all__ = ["BADGE_COLOURS", "HubBrowser", "fit_tooltip", "mb", "runs_line"]
 
@@ -38,8 +39,8 @@ NOTE_STYLE = "color: #3d2e00; background: #fff4ce; padding: 6px; border-radius: 
 
 
 def mb(n: int | float | None) -> str:
-    """``n`` bytes as ``"807.7 MB"`` (``"—"`` for None)."""
-    return "—" if n is None else f"{n / 1e6:,.1f} MB"
+    """``n`` bytes as ``"770.3 MiB"`` (``"—"`` for None)."""
+    return size_text(n)
 
 
 def runs_line(runs: dict | None) -> str:

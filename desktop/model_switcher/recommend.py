@@ -20,6 +20,7 @@ from typing import Callable, Iterable
 
 import models
 from desktop.model_switcher.hub_jobs import QUOTED_CONTEXT, default_device, default_fit
+from desktop.sizes import free_where, size_text
 
 __all__ = ["CPU_MAX_PARAMETERS", "Recommendation", "recommend"]
 
@@ -77,8 +78,9 @@ def recommend(catalog: Iterable[models.CatalogEntry] | None = None, *, fit: Call
         return None
     e, f = best
     where = "the CPU" if cpu else str(device)
-    reason = (f"the largest chat model in the catalog that fits this machine ({f['total_bytes'] / 1e6:,.0f} MB with "
-              f"its KV cache at {f['context']:,} tokens, of {f['free_bytes'] / 1e6:,.0f} MB free on {where})"
+    reason = (f"the largest chat model in the catalog that fits this machine ({size_text(f['total_bytes'])} with "
+              f"its KV cache at {f['context']:,} tokens, of {size_text(f['free_bytes'])} "
+              f"{free_where('cpu' if cpu else str(device))})"
               if f.get("free_bytes") else "the largest chat model in the catalog that fits this machine")
     if cpu:
         reason += f" and writes at a usable speed on {where} (at most {CPU_MAX_PARAMETERS / 1e9:.0f}B parameters)"

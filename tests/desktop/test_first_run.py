@@ -97,14 +97,14 @@ def test_the_bar_and_the_line_under_it_say_the_same_thing(qtbot):
     assert dialog.status.text() == ""
     dialog.download_button.click()
     # pip reports no bytes while it downloads: the line says what is happening, and for how long.
-    assert dialog.status.text().startswith("Downloading 98 MB from the package index… 0 s so far (the bar")
+    assert dialog.status.text().startswith("Downloading 93.8 MiB from the package index… 0 s so far (the bar")
     assert dialog.bar.maximum() == 0
     assert seen.wait(5)
     qtbot.waitUntil(lambda: dialog.bar.maximum() > 0, timeout=5000)
-    assert dialog.bar.text() == "41.8 of 98.4 MB · 42 % saved"
+    assert dialog.bar.text() == "39.9 of 93.8 MiB · 42 % saved"
     assert dialog.status.text() == "Downloaded. Saving the model and checking its SHA-256…"
     dialog.show_progress(98_400_000, 98_400_000)
-    assert dialog.bar.text() == "98.4 of 98.4 MB · 100 % saved" and dialog.status.text() == "Saved. Checking its SHA-256…"
+    assert dialog.bar.text() == "93.8 of 93.8 MiB · 100 % saved" and dialog.status.text() == "Saved. Checking its SHA-256…"
     with qtbot.waitSignal(dialog.downloaded, timeout=5000):
         gate.set()
 
@@ -127,7 +127,7 @@ def test_pips_own_bytes_show_while_it_downloads(qtbot):
     dialog.download_button.click()
     assert seen.wait(5)
     qtbot.waitUntil(lambda: dialog.bar.maximum() > 0 and dialog.bar.value() == 250, timeout=5000)
-    assert dialog.bar.text().startswith("24.5 of 98.0 MB · 25 %") and "saved" not in dialog.bar.text()
+    assert dialog.bar.text().startswith("23.4 of 93.5 MiB · 25 %") and "saved" not in dialog.bar.text()
     assert dialog.status.text() == "Downloading from the package index…"
     with qtbot.waitSignal(dialog.downloaded, timeout=5000):
         gate.set()
@@ -168,14 +168,14 @@ def test_the_first_run_dialog_also_offers_the_model_recommended_for_this_machine
     w = make_window(load=False)
     dialog = desktop_app.start_model(w, None, fetch_fn=fetch_ok)
     assert dialog.entry is models.DEFAULT_MODEL and dialog.download_button.isVisible()
-    assert dialog.download_button.text() == "Download SmolLM2-135M-Instruct (98 MB)"
-    assert dialog.instead_button.isVisible() and dialog.instead_button.text() == "Download SmolLM2-1.7B-Instruct (1,060 MB)"
+    assert dialog.download_button.text() == "Download SmolLM2-135M-Instruct (93.8 MiB)"
+    assert dialog.instead_button.isVisible() and dialog.instead_button.text() == "Download SmolLM2-1.7B-Instruct (1,010.9 MiB)"
     assert dialog.instead_button.toolTip() == why
-    assert "Better answers: <b>SmolLM2-1.7B-Instruct</b> (1,060 MB) fits this machine" in dialog.intro.text()
+    assert "Better answers: <b>SmolLM2-1.7B-Instruct</b> (1,010.9 MiB) fits this machine" in dialog.intro.text()
     dialog.instead_button.click()
     assert not dialog.isVisible()
     other = next(d for d in w.findChildren(DownloadDialog) if d is not dialog and d.isVisible())
-    assert other.entry is big and "Download <b>SmolLM2-1.7B-Instruct</b> (1,060 MB, " in other.intro.text()
+    assert other.entry is big and "Download <b>SmolLM2-1.7B-Instruct</b> (1,010.9 MiB, " in other.intro.text()
     other.close()
 
 

@@ -12,6 +12,7 @@ import pytest
 import models
 import runtime
 from desktop.model_switcher import HubService, ModelsDialog
+from desktop.sizes import size_text
 from runtime.kernels import ggml_ops
 from tests.hub_stand_in import COMMIT, gguf_bytes, hub  # noqa: F401 - hub is a fixture
 
@@ -75,16 +76,16 @@ def test_search_fit_badges_license_download_and_load(qtbot, make_window, hub, tm
     table = [[b.files.item(r, c).text() for c in range(4)] for r in range(b.files.rowCount())]
     sizes = {n: len(v) for n, v in files().items()}
     assert table == [
-        ["Q4_K_M", f"{sizes['Tiny-Instruct-Q4_K_M.gguf'] / 1e6:,.1f} MB", "fits", ""],
-        ["Q8_0", f"{sizes['Tiny-Instruct-Q8_0.gguf'] / 1e6:,.1f} MB", "tight", ""],
-        ["F16", f"{(sizes['Tiny-Instruct-F16-00001-of-00002.gguf'] + 600_000) / 1e6:,.1f} MB", "split in 2 files", ""],
-        ["F32", f"{sizes['Tiny-Instruct-F32.gguf'] / 1e6:,.1f} MB", "does not fit", ""],
+        ["Q4_K_M", f"{size_text(sizes['Tiny-Instruct-Q4_K_M.gguf'])}", "fits", ""],
+        ["Q8_0", f"{size_text(sizes['Tiny-Instruct-Q8_0.gguf'])}", "tight", ""],
+        ["F16", f"{size_text((sizes['Tiny-Instruct-F16-00001-of-00002.gguf'] + 600_000))}", "split in 2 files", ""],
+        ["F32", f"{size_text(sizes['Tiny-Instruct-F32.gguf'])}", "does not fit", ""],
     ]
     q8 = sizes["Tiny-Instruct-Q8_0.gguf"]
     assert b.files.item(1, 2).toolTip() == (
         "Runs here from its Q8_0 blocks (ggml kernels)\n"
-        f"Weights {q8 / 1e6:,.1f} MB (as it loads) + KV cache {KV_AT_2048 / 1e6:,.1f} MB at 2,048 tokens (float32) = "
-        f"{(q8 + KV_AT_2048) / 1e6:,.1f} MB\nFree memory on cpu: {FREE / 1e6:,.1f} MB; this takes "
+        f"Weights {size_text(q8)} (as it loads) + KV cache {size_text(KV_AT_2048)} at 2,048 tokens (float32) = "
+        f"{size_text((q8 + KV_AT_2048))}\nFree memory on cpu: {size_text(FREE)}; this takes "
         f"{100 * (q8 + KV_AT_2048) / FREE:.0f} % of it (over 80 % is tight)")
     assert "License: <b>apache-2.0</b>" in b.notice.text() and "By downloading a file you accept it" in b.notice.text()
     assert b.files.currentRow() == 0 and b.download_button.isEnabled() and not b.load_button.isEnabled()
@@ -129,9 +130,9 @@ def test_each_quant_says_whether_it_runs_here(qtbot, make_window, hub):
     extra = int(size * 8 / 2.625) * 2
     assert b.files.item(rows["IQ4_XS"], 0).toolTip().splitlines()[1] == "Runs here from its IQ4_XS blocks (ggml kernels)"
     assert b.files.item(rows["Q2_K"], 2).toolTip().splitlines()[:2] == [
-        f"Runs widened: float16 copies take {extra / 1e6:,.1f} MB more (no cuda kernel takes Q2_K blocks)",
-        f"Weights {(size + extra) / 1e6:,.1f} MB (as it loads) + KV cache {KV_AT_2048 / 1e6:,.1f} MB at 2,048 tokens "
-        f"(float32) = {(size + extra + KV_AT_2048) / 1e6:,.1f} MB"]
+        f"Runs widened: float16 copies take {size_text(extra)} more (no cuda kernel takes Q2_K blocks)",
+        f"Weights {size_text((size + extra))} (as it loads) + KV cache {size_text(KV_AT_2048)} at 2,048 tokens "
+        f"(float32) = {size_text((size + extra + KV_AT_2048))}"]
     assert b.files.item(rows["Q1_0"], 2).text() == "will not run"
     assert b.files.item(rows["Q1_0"], 2).toolTip() == ("Will not run here: only ggml decodes Q1_0 and ggml does not "
                                                        "load here (test)")
@@ -154,7 +155,7 @@ def test_cancel_keeps_the_part_and_resume_finishes_it(qtbot, make_window, hub, t
     qtbot.waitUntil(lambda: b.status.text().startswith("Cancelled."), timeout=10000)
     kept = models.hub.partial_bytes(hub.repos[REPO].sha("Tiny-Instruct-Q8_0.gguf"))
     assert kept > 0 and kept % 65536 == 0
-    assert b.status.text() == (f"Cancelled. {kept / 1e6:,.1f} MB downloaded are kept hidden in the model folder: "
+    assert b.status.text() == (f"Cancelled. {size_text(kept)} downloaded are kept hidden in the model folder: "
                                "Resume continues from there.")
     assert b.download_button.text() == "Resume" and b.download_button.isEnabled()
     assert not models.hub.hub_path(REPO, "Tiny-Instruct-Q8_0.gguf").exists()
@@ -247,7 +248,7 @@ def test_a_catalog_model_from_the_hub_downloads_with_progress_cancel_and_resume(
     assert "from the Hugging Face Hub (hf.co/owner/Tiny-Instruct-GGUF/Tiny-Instruct-Q8_0.gguf)" in dl.intro.text()
     dl.download_button.click()
     qtbot.waitUntil(lambda: dl.bar.maximum() == 1000 and dl.bar.value() > 0, timeout=10000)
-    assert f" of {len(repo.files[name]) / 1e6:,.1f} MB · " in dl.bar.format() and " %" in dl.bar.format()
+    assert f" of {size_text(len(repo.files[name]))} · " in dl.bar.format() and " %" in dl.bar.format()
     dl.cancel_button.click()
     qtbot.waitUntil(lambda: dl.status.text().startswith("Cancelled."), timeout=10000)
     assert dl.status.text() == "Cancelled. What arrived is kept hidden in the model folder: Retry resumes from there."
@@ -292,11 +293,11 @@ def test_download_words_for_a_window():
     assert said.endswith("the Hugging Face Hub tab of File > Models… lists its GGUF files") and "`" not in said
     t = [0.0]
     rate = DownloadRate(clock=lambda: t[0])
-    assert rate.text(0, 100_000_000) == "0.0 of 100.0 MB · 0 %"
+    assert rate.text(0, 100_000_000) == "0.0 of 95.4 MiB · 0 %"
     for s in range(6):
         t[0] = float(s)
         rate.add(s * 2_000_000)
-    assert rate.text(10_000_000, 100_000_000) == "10.0 of 100.0 MB · 10 % · 2.0 MB/s · about 45 s left"
+    assert rate.text(10_000_000, 100_000_000) == "9.5 of 95.4 MiB · 10 % · 1.9 MiB/s · about 45 s left"
     t[0] = 75.0
     assert rate.elapsed() == "1 min 15 s"
 

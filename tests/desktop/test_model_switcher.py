@@ -47,14 +47,14 @@ def test_a_model_not_downloaded_shows_size_and_license_first_then_downloads_and_
     d = _switcher(w, folder, fetched).open()
     assert [a.text() for a in w.file_menu.actions()].index("&Models…") == 3  # after Open model folder…
     rows = [d.list.item(i).text() for i in range(d.list.count())]
-    assert rows[:2] == ["SmolLM2-135M-Instruct\nloaded · Apache-2.0", "Gemma 3 270M\n253 MB to download · Gemma Terms of Use"]
-    assert len(rows) == len(models.CATALOG) and rows[2] == "Qwen2.5-0.5B-Instruct\n398 MB to download · Apache-2.0"
+    assert rows[:2] == ["SmolLM2-135M-Instruct\nloaded · Apache-2.0", "Gemma 3 270M\n241.4 MiB to download · Gemma Terms of Use"]
+    assert len(rows) == len(models.CATALOG) and rows[2] == "Qwen2.5-0.5B-Instruct\n379.6 MiB to download · Apache-2.0"
     assert d.list.currentRow() == 0 and not d.load_button.isEnabled() and d.load_button.text() == "Loaded"
     assert d.download_button.isHidden()
 
     d.list.setCurrentRow(1)
     text = d.details.text()
-    for want in ("253 MB (253,113,024 bytes)", '<a href="https://ai.google.dev/gemma/terms">Gemma Terms of Use</a>',
+    for want in ("241.4 MiB (253,113,024 bytes)", '<a href="https://ai.google.dev/gemma/terms">Gemma Terms of Use</a>',
                  "18 layers, 1 KV head of 256 (multi-query); 15 of 18 layers slide over 512 tokens",
                  "plain completion", "Not downloaded", "36,864 bytes per token"):
         assert want in text, want
@@ -67,7 +67,7 @@ def test_a_model_not_downloaded_shows_size_and_license_first_then_downloads_and_
     dl = d.download
     assert isinstance(dl, DownloadDialog) and dl.isVisible() and fetched == []  # asks first
     intro = dl.intro.text()
-    assert "Switch to Gemma 3 270M." in intro and "253 MB" in intro and "Gemma Terms of Use" in intro
+    assert "Switch to Gemma 3 270M." in intro and "241.4 MiB" in intro and "Gemma Terms of Use" in intro
     assert dl.grab().save(str(tmp_path / "download.png"))
     with qtbot.waitSignal(w.engine.model_loaded, timeout=5000) as loaded:
         dl.download_button.click()
@@ -119,6 +119,7 @@ def test_a_usable_first_model_is_recommended_for_this_machine(qtbot, tmp_path, m
     from desktop.chat.store import Store
     from desktop.model_switcher.recommend import CPU_MAX_PARAMETERS, recommend
     from desktop.settings.values import Settings
+    from desktop.sizes import size_text
     from desktop.worker import Engine, EngineWorker
     from tests.desktop.fakes import fake_load
 
@@ -132,10 +133,13 @@ def test_a_usable_first_model_is_recommended_for_this_machine(qtbot, tmp_path, m
             and fit(e.size_bytes, e, min(8192, e.context_length), "cpu")["verdict"] == "fits"]
     assert r is not None and r.entry.parameters == max(e.parameters for e in chat)
     assert "fits this machine" in r.reason and "usable speed" in r.reason
+    # "of 21,845 MB free on the CPU" read oddly, in MB beside the window's MiB.
+    assert f"({size_text(r.fit['total_bytes'])} with its KV cache at 8,192 tokens, of 5.6 GiB of free memory)" in r.reason
     small = recommend(fit=fit, device="cpu", free_disk=500_000_000)   # the disk counts too
     assert small is not None and small.entry.size_bytes * 1.1 <= 500_000_000 < r.entry.size_bytes * 1.1
     big = recommend(fit=lambda *a: fit(*a, free=100_000_000_000), device="cuda:0", free_disk=10**12)
     assert big.entry.parameters > CPU_MAX_PARAMETERS   # a GPU takes the largest that fits
+    assert "of 93.1 GiB free on cuda:0)" in big.reason
     # The first run offers it beside the default model.
     w = build_window(Store(tmp_path / "c.sqlite3"), Settings(tmp_path / "s.ini"), Engine(EngineWorker(load_fn=fake_load)),
                      confirm=lambda q: True)
@@ -145,7 +149,7 @@ def test_a_usable_first_model_is_recommended_for_this_machine(qtbot, tmp_path, m
     monkeypatch.setattr(switcher, "recommend", lambda **kw: r)
     w.show_first_run()
     assert w.empty.recommend_button.isVisibleTo(w)
-    assert w.empty.recommend_button.text() == f"Download {r.entry.name} ({r.entry.size_bytes / 1e6:,.0f} MB)…"
+    assert w.empty.recommend_button.text() == f"Download {r.entry.name} ({r.entry.size_bytes / 2**20:,.1f} MiB)…"
     assert "fits this machine" in w.empty.recommend_note.text()
     w.empty.recommend_button.click()
     shown = w.findChild(DownloadDialog)
@@ -165,7 +169,7 @@ def test_the_recommended_model_is_listed_first_and_chosen_when_none_is_loaded(qt
     w = make_window(load=False)
     d = _switcher(w, folder, []).open()
     rows = [d.list.item(i).text() for i in range(d.list.count())]
-    assert rows[0] == "SmolLM2-1.7B-Instruct\n1,060 MB to download · Apache-2.0\n★ recommended for this machine"
+    assert rows[0] == "SmolLM2-1.7B-Instruct\n1,010.9 MiB to download · Apache-2.0\n★ recommended for this machine"
     assert rows[1] == "SmolLM2-135M-Instruct\ninstalled · Apache-2.0" and len(rows) == len(models.CATALOG)
     assert sum("recommended" in t for t in rows) == 1
     assert d.list.currentRow() == 0 and not d.download_button.isHidden()
