@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 #: OpenAI's finish reasons -> the session's.
 FINISH_REASONS = {"stop": "stop", "length": "length", "content_filter": "stop", "tool_calls": "stop"}
 
-REMOTE_KV_NOTE = ("A remote engine does not expose its KV cache: the server keeps it. "
+REMOTE_KV_NOTE = ("The server keeps this model's KV cache, so there is no chart here. "
                   "Below is what the server reports for the last reply.")
 REMOTE_ATTENTION_NOTE = ("A remote engine does not expose its attention: only the local engine can show "
                          "where each head looks. Open a model file to see it.")
@@ -202,6 +202,12 @@ def usage_text(stats: dict | None) -> str:
         parts = [f"Server usage: {u.get('prompt_tokens', 0):,} prompt tokens"
                  + (f" ({cached:,} reused from its cache)" if cached else "")
                  + f", {u.get('completion_tokens', 0):,} reply tokens."]
+    kv = (stats.get("server_stats") or {}).get("kv_cache") or {}
+    if kv.get("used_bytes") is not None:   # an attnchat server sends its cache's figures
+        held = f"{int(kv['tokens']):,} tokens, " if kv.get("tokens") is not None else ""
+        alloc = f" ({kv['allocated_bytes'] / 2**20:,.2f} MiB allocated)" if kv.get("allocated_bytes") else ""
+        parts.append(f"Its KV cache after the reply: {held}{kv['used_bytes'] / 2**20:,.2f} MiB used{alloc}"
+                     + (f", {kv['dtype']}." if kv.get("dtype") else "."))
     timing = []
     if stats.get("ttft_s"):
         timing.append(f"first token after {stats['ttft_s']:.2f} s")

@@ -176,7 +176,25 @@ def test_before_the_first_reply_and_for_a_remote_engine(panel):
     panel.on_model({"name": "m", "device": "server x", "dtype": "", "context_limit": 4096, "remote": True})
     panel.on_stats({"conv_id": 1, "request": 1, "remote": True, "kv_cache": {}})
     panel.redraw()
-    assert panel.plot.isHidden() and "does not expose its KV cache" in panel.readout.text()
+    assert panel.plot.isHidden() and "The server keeps this model's KV cache" in panel.readout.text()
+
+
+def test_a_remote_attnchat_servers_cache_figures_are_shown(panel):
+    """Beside a server's reply the panel said "No reply yet." and that the server does not expose its
+    cache, though attnchat's server sends its cache's figures with every answer."""
+    panel.on_model({"name": "m", "device": "server x", "dtype": "", "context_limit": 8192, "remote": True})
+    kv = {"dtype": "float32", "tokens": 44, "used_bytes": 44 * BPT, "allocated_bytes": 256 * BPT}
+    panel.on_stats({"conv_id": 1, "request": 1, "remote": True, "completion_tokens": 7, "ttft_s": 2.59,
+                    "server_usage": {"prompt_tokens": 37, "completion_tokens": 7, "total_tokens": 44},
+                    "server_stats": {"finish_reason": "stop", "kv_cache": kv}})
+    panel.flush()   # what a reply's end does: drawn at once
+    text = panel.readout.text()
+    assert "No reply yet" not in text and "Server usage: 37 prompt tokens, 7 reply tokens." in text
+    assert "Its KV cache after the reply: 44 tokens, 1.93 MiB used (11.25 MiB allocated), float32." in text
+    panel.on_stats({"conv_id": 1, "request": 2, "remote": True, "completion_tokens": 3,
+                    "server_usage": {"prompt_tokens": 9, "completion_tokens": 3}})   # another server: no cache figures
+    panel.flush()
+    assert "Its KV cache" not in panel.readout.text() and "9 prompt tokens" in panel.readout.text()
 
 
 def test_policy_sentences():
