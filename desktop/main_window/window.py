@@ -37,8 +37,10 @@ __all__ = ["MainWindow", "PANEL_SLOTS"]
 
 log = logging.getLogger(__name__)
 
-#: The panels other modules add with :meth:`MainWindow.add_panel` (object name -> title).
-PANEL_SLOTS = {"kvCachePanel": "KV-cache memory", "attentionPanel": "Attention"}
+#: The panels other modules add with :meth:`MainWindow.add_panel` (object name -> title). Short
+#: titles: tabbed together with the Server panel in an 1100 px window, "KV-cache memory" was cut
+#: to "KV-cache me…" and the others to "Atten…" and "Se…".
+PANEL_SLOTS = {"kvCachePanel": "KV cache", "attentionPanel": "Attention"}
 
 #: A dock panel's starting width at least (px): its charts and tabs stay readable.
 PANEL_MIN_WIDTH = 270

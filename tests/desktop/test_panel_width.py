@@ -101,3 +101,23 @@ def test_the_head_choice_is_not_cut_when_the_panel_showed_before_the_model(qtbot
     text = panel.head.fontMetrics().horizontalAdvance("Mean of heads")
     panel.grab().save(str(tmp_path / "attention-after-load.png"))
     assert panel.head.width() >= panel.head.sizeHint().width() and panel.head.sizeHint().width() > text + 16
+
+
+def test_three_panels_tabbed_at_1100_px_show_their_titles_whole(qtbot, make_window):
+    """KV cache, Attention and Server tabbed on the right of an 1100 x 720 window: the tabs read
+    "KV-cache me…", "Atten…" and "Se…"."""
+    w = make_window()
+    sized(qtbot, w, 1100, 720)
+    open_attention(qtbot, w)
+    server = w.findChild(type(w.panels["attentionPanel"]), "serverDock")
+    server.toggleViewAction().trigger()
+    qtbot.waitUntil(server.isVisible, timeout=2000)
+    qtbot.wait(50)
+    titles = {w.panels["kvCachePanel"].windowTitle(), w.panels["attentionPanel"].windowTitle(), server.windowTitle()}
+    assert titles == {"KV cache", "Attention", "Server"}
+    bars = [b for b in w.findChildren(QTabBar) if b.parent() is w and {b.tabText(i) for i in range(b.count())} == titles]
+    assert len(bars) == 1, [[b.tabText(i) for i in range(b.count())] for b in w.findChildren(QTabBar)]
+    bar = bars[0]
+    for i in range(bar.count()):   # an elided tab is drawn narrower than its text needs
+        assert bar.tabRect(i).width() >= bar.tabSizeHint(i).width(), (bar.tabText(i), bar.tabRect(i).width())
+    assert bar.tabRect(bar.count() - 1).right() <= bar.width()   # all in view, no scroll arrows needed

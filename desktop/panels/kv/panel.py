@@ -443,5 +443,5 @@ def install_kv_panel(window) -> KVPanel:
     window.reply_finished.connect(lambda *_: panel.flush())
     window.conversation_stats.connect(panel.on_conversation)
     window.settings.changed.connect(panel.on_setting)
-    window.add_panel("kvCachePanel", "KV-cache memory", panel)
+    window.add_panel("kvCachePanel", "KV cache", panel)   # as PANEL_SLOTS names it
     return panel
