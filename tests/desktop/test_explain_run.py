@@ -106,3 +106,31 @@ def test_a_new_chat_drops_the_last_conversations_estimate(qtbot, make_window, ti
     w.chats.open(first)   # back: its estimate again
     qtbot.waitUntil(lambda: view.estimate.isVisible() and view.estimate.text().startswith("Explain of "),
                     timeout=20_000)
+
+
+def test_cancel_keeps_the_views_scroll_position(qtbot):
+    """Clicking Cancel made the Explain view jump: the disabled button's focus went to the next
+    widget down, which the scroll area then scrolled into view."""
+    from PySide6.QtCore import Qt
+
+    from desktop.panels.attention.insight.explain import ExplainView
+
+    view = ExplainView()
+    qtbot.addWidget(view)
+    view.resize(300, 220)   # shorter than its content: it scrolls
+    view.show()
+    qtbot.waitExposed(view)
+    view.set_running({"tokens": 300, "passes": 130, "seconds": 370.0, "peak_bytes": 1 << 30})
+    qtbot.wait(50)
+    bar = view.scroll.verticalScrollBar()
+    assert bar.maximum() > 0
+    view.scroll.ensureWidgetVisible(view.cancel)
+    qtbot.wait(20)
+    before = bar.value()
+    qtbot.mouseClick(view.cancel, Qt.MouseButton.LeftButton)   # the controller disables it: "Cancelling Explain…"
+    view.cancelling()
+    qtbot.wait(50)
+    assert not view.cancel.isEnabled() and bar.value() == before
+    view.set_idle()   # "Explain cancelled."
+    qtbot.wait(50)
+    assert bar.value() == min(before, bar.maximum())

@@ -117,7 +117,7 @@ class InsightController(QObject):
         rid = self._pending.get("explain")
         if rid is not None:
             self.client.cancel_explain(rid)
-            self.tabs.explain.cancel.setEnabled(False)
+            self.tabs.explain.cancelling()
             self.panel.status.setText("Cancelling Explain…")
 
     # ---- requests ------------------------------------------------------------------------

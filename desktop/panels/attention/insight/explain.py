@@ -99,6 +99,7 @@ class ExplainView(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("explain")
+        self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)   # it takes the focus from Cancel (see cancelling)
         self.result: dict | None = None
         self.position = _position_spin()
         # The defaults are runtime.IG_STEPS and runtime.IG_POSITIONS (a test holds them equal):
@@ -203,6 +204,13 @@ class ExplainView(QWidget):
         self._running = True
         self._say(None)
 
+    def cancelling(self) -> None:
+        """Cancel was clicked: the button greys out until the run stops. The focus goes to the
+        view itself first: left on the disabled button it moved to the next widget down, and the
+        scroll area scrolled to that one (the view jumped under the pointer)."""
+        self.setFocus(Qt.FocusReason.OtherFocusReason)
+        self.cancel.setEnabled(False)
+
     def set_progress(self, done: int, total: int, work: float | None = None) -> None:
         """``done`` of ``total`` passes; ``work``: the share of the work done (0..1; a gradient
         pass costs more than a forward), for the time left."""
@@ -212,6 +220,8 @@ class ExplainView(QWidget):
 
     def set_idle(self) -> None:
         """The run ended (its result, a failure, or cancelled)."""
+        if self.cancel.hasFocus():   # hidden, it would hand the focus down the view (see cancelling)
+            self.setFocus(Qt.FocusReason.OtherFocusReason)
         for w in (self.progress, self.estimate, self.cancel):
             w.hide()
         self.run.setEnabled(True)
