@@ -41,6 +41,10 @@ class ConversationActions:
         self.unsaved: list[dict] = []
         self.live: dict[int, tuple] = {}
         self.other_branch: set[int] = set()
+        #: What was typed (and attached) in the message box of each conversation not open now: a
+        #: draft stays with its conversation, as in other chat apps (it followed the switch and
+        #: could be sent into the wrong one).
+        self.drafts: dict[int, tuple[str, list]] = {}
 
     def new(self) -> int:
         if self.current and not self.w.messages.rowCount() and self.w.replies.reply is None:
@@ -54,6 +58,8 @@ class ConversationActions:
     def open(self, conv_id: int) -> None:
         if self.w.replies.editing:
             self.w.replies.cancel_edit()
+        if conv_id != self.current:
+            self._swap_draft(conv_id)
         self.current = conv_id
         self.w.settings.set("last_conversation", conv_id)
         self.w.sidebar.select(conv_id)
@@ -70,6 +76,17 @@ class ConversationActions:
         self.show_context_of(conv_id)
         self.update_title()
         self.w._sync()
+
+    def _swap_draft(self, conv_id: int) -> None:
+        """Keep the open conversation's draft and put ``conv_id``'s in the box (empty if none)."""
+        text, files = self.w.input.toPlainText(), self.w.attachments.take()
+        if self.current and (text.strip() or files):
+            self.drafts[self.current] = (text, files)
+        else:
+            self.drafts.pop(self.current, None)
+        text, files = self.drafts.pop(conv_id, ("", []))
+        self.w.input.setPlainText(text)
+        self.w.attachments.restore(files)
 
     def rows_of(self, conv_id: int) -> list[dict]:
         """The conversation's rows for the view: what is stored, then replies not saved yet."""

@@ -364,3 +364,27 @@ def test_hub_retries_go_to_the_log_file_not_the_terminal(monkeypatch):
             if h not in hub.handlers:
                 hub.addHandler(h)
         logging.captureWarnings(False)
+
+
+def test_a_draft_stays_with_its_conversation(qtbot, make_window, tmp_path):
+    """What was typed in one chat followed a switch to another, where Enter would have sent it."""
+    w = make_window(script=["Florence."])
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        w.submit("Where is the Uffizi?")
+    first = w.current_conversation
+    note = tmp_path / "notes.md"
+    note.write_text("# Notes\nThe Uffizi opens at 8.15.\n", encoding="utf-8")
+    w.input.setPlainText("and when does it open?")
+    w.attachments.add_paths([str(note)])
+    w.new_conversation()
+    second = w.current_conversation
+    assert second != first and w.input.toPlainText() == "" and w.attachments.files == []
+    w.input.setPlainText("a question for the new chat")
+    w.open_conversation(first)
+    assert w.input.toPlainText() == "and when does it open?" and [f.name for f in w.attachments.files] == ["notes.md"]
+    w.open_conversation(second)
+    assert w.input.toPlainText() == "a question for the new chat" and w.attachments.files == []
+    w.input.clear()
+    w.open_conversation(first)
+    w.open_conversation(second)   # an emptied box keeps no draft
+    assert w.input.toPlainText() == ""
