@@ -59,9 +59,11 @@ def cache_policy_hint(policy: str, measured: dict | None = None) -> str:
             "context length, and the model no longer sees what was evicted.")
     if not measured:
         return what
-    where = (f"{measured['model']} on {measured['machine']} (attnchat cache-eval, docs/cache-policies.md): "
-             "needles found in a long conversation, and the change in the NLL of a held-out text, at each "
-             "budget (share of the tokens read).")
+    # Whose machine: "on a 2-vCPU Intel Xeon" alone read as if it were this computer.
+    where = (f"{measured['model']}, measured when attnchat was built on {measured['machine']} (`attnchat "
+             "cache-eval` measures this computer; docs/cache-policies.md): needles found in a long "
+             "conversation, and the change in the NLL of a held-out text, at each budget (share of the tokens "
+             "read).")
     label = cache_policy_label(policy, measured)
     figures = label.split(" \u2014 ", 1)[1] if " \u2014 " in label else ""
     return (f"Measured: {figures}. " if figures else "") + where + " " + what

@@ -77,7 +77,8 @@ def test_policy_labels_carry_the_measured_figures():
     assert cache_policy_label("none", measured).endswith("\u2014 9/10 needles")
     assert cache_policy_label("h2o", measured) == "H2O: the most attended tokens + the newest"
     assert cache_policy_hint("tova", measured).startswith(
-        "Measured: 50%: 5/10 needles, NLL +0.12 \u00b7 25%: 2/10 needles, NLL +0.40. m on x (attnchat cache-eval")
+        "Measured: 50%: 5/10 needles, NLL +0.12 \u00b7 25%: 2/10 needles, NLL +0.40. m, measured when attnchat was "
+        "built on x (`attnchat cache-eval` measures this computer")   # "m on x" read as this computer
     assert not cache_policy_hint("h2o", measured).startswith("Measured")
 
 
