@@ -1,31 +1,25 @@
-"""Byte counts in words, one unit family for the whole window.
+"""Byte counts in words, one unit family for the whole window and the command line.
 
-The KV-cache panel, the settings' memory planner and the command line (``attnchat models
-list``) speak MiB and GiB (powers of 2); downloads, the model cards and the fit lines said MB
-(powers of 10), so one window showed the same file as 1,060 MB and as 1,010.9 MiB. Every size
-in the window goes through :func:`size_text`.
+The KV-cache panel, the settings' memory planner and the command line speak MiB and GiB
+(powers of 2); downloads, the model cards and the fit lines said MB (powers of 10), so one
+window showed the same file as 1,060 MB and as 1,010.9 MiB. Every size in the window goes
+through :func:`size_text` (``models.sizes.size_text``, which the command line uses too).
 
-Imports nothing of the app.
+Imports models only.
 """
 from __future__ import annotations
 
+from models.sizes import size_text as _size_text
+
 __all__ = ["KIB", "MIB", "GIB", "free_where", "part_text", "rate_text", "size_text"]
 
-KIB, MIB, GIB = 2**10, 2**20, 2**30
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 
 
 def size_text(n: int | float | None) -> str:
     """``n`` bytes in words: ``"512 B"``, ``"6.5 KiB"``, ``"93.8 MiB"``, ``"1,010.9 MiB"``,
     ``"4.1 GiB"`` (from 1 GiB on, as ``attnchat models list`` says it); ``"—"`` for None."""
-    if n is None:
-        return "—"
-    if n < KIB:
-        return f"{n:,.0f} B"
-    if n < MIB:
-        return f"{n / KIB:,.1f} KiB"
-    if n < GIB:
-        return f"{n / MIB:,.1f} MiB"
-    return f"{n / GIB:,.1f} GiB"
+    return "—" if n is None else _size_text(n)
 
 
 def part_text(done: int, total: int) -> str:
