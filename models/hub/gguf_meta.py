@@ -27,7 +27,8 @@ __all__ = ["GGUFMetaError", "GGUFShape", "SUPPORTED_ARCHITECTURES", "read_shape"
 #: this table against runtime's.
 SUPPORTED_ARCHITECTURES = {
     "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-    "gemma2": "gemma2", "gemma3": "gemma3_text", "gpt2": "gpt2",
+    "gemma2": "gemma2", "gemma3": "gemma3_text", "granite": "granite", "olmo2": "olmo2", "smollm3": "smollm3",
+    "gpt2": "gpt2",
 }
 
 BLOCK = 256 << 10

@@ -22,6 +22,9 @@ FAMILIES = {
     "phi3": "llama",
     "gemma2": "llama",
     "gemma3_text": "llama",
+    "granite": "llama",
+    "olmo2": "llama",
+    "smollm3": "llama",
     "gpt2": "gpt2",
 }
 #: What each family piece needs; the model types listed take it.
@@ -37,9 +40,10 @@ class ModelConfig:
 
     Attributes:
         family: ``"llama"`` (RMSNorm, RoPE, gated MLP: Llama, Mistral, Qwen2/3, Phi-3,
-            Gemma 2/3) or ``"gpt2"`` (LayerNorm, learned positions, GELU MLP).
+            Gemma 2/3, Granite 3, OLMo 2, SmolLM3) or ``"gpt2"`` (LayerNorm, learned positions, GELU MLP).
         model_type: transformers' ``model_type`` (``llama``, ``mistral``, ``qwen2``,
-            ``qwen3``, ``phi3``, ``gemma2``, ``gemma3_text``, ``gpt2``).
+            ``qwen3``, ``phi3``, ``gemma2``, ``gemma3_text``, ``granite``, ``olmo2``,
+            ``smollm3``, ``gpt2``).
         vocab_size: tokens in the vocabulary.
         hidden_size: width of the residual stream.
         n_layers: decoder blocks.
@@ -72,6 +76,15 @@ class ModelConfig:
             0: ``1 / sqrt(head_dim)``.
         attn_softcap: attention logit soft-capping ``c tanh(s / c)`` (Gemma 2), 0: none.
         final_softcap: the same on the output logits (Gemma 2), 0: none.
+        nope_layers: layers without RoPE, by index (SmolLM3's every fourth: their
+            attention sees no positions but the causal mask).
+        residual_scale: each residual branch's output (attention's, the MLP's) times this
+            before it is added (Granite's ``residual_multiplier``).
+        logits_scaling: the output logits divided by this (Granite's ``logits_scaling``).
+        pre_norms: a norm before attention and before the MLP; False: none (OLMo 2 norms
+            their outputs only, ``sandwich_norms``).
+        qk_norm_whole: the q/k RMSNorm runs over each token's whole query (``H x D``) and
+            key (``Hkv x D``) projection rather than each head (OLMo 2).
     """
 
     family: str
@@ -103,6 +116,11 @@ class ModelConfig:
     attn_scale: float = 0.0
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
+    nope_layers: tuple[int, ...] = ()
+    residual_scale: float = 1.0
+    logits_scaling: float = 1.0
+    pre_norms: bool = True
+    qk_norm_whole: bool = False
 
     @property
     def n_groups(self) -> int:
@@ -136,7 +154,7 @@ class ModelConfig:
             TypeError, ValueError: fields that are not this class's.
         """
         d = dict(d)
-        for name in ("eos_token_ids", "layer_windows"):
+        for name in ("eos_token_ids", "layer_windows", "nope_layers"):
             d[name] = tuple(d.get(name) or ())
         for name in ("rope", "rope_local"):
             if isinstance(d.get(name), dict):
@@ -158,8 +176,8 @@ class ModelConfig:
                 else "an encoder" if getattr(hf, "is_encoder_decoder", False) or model_type in ("bert", "roberta", "t5") \
                 else f"model type {model_type!r}"
             raise UnsupportedModelError(
-                f"{what} is not supported; attnchat runs decoder-only Llama, SmolLM, Mistral, "
-                f"Qwen2/3, Phi-3, Gemma 2/3 and GPT-2 models: pick one of those"
+                f"{what} is not supported; attnchat runs decoder-only Llama, SmolLM2/3, Mistral, "
+                f"Qwen2/3, Phi-3, Gemma 2/3, Granite 3, OLMo 2 and GPT-2 models: pick one of those"
             )
         eos = getattr(hf, "eos_token_id", None)
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
@@ -204,6 +222,11 @@ class ModelConfig:
             rope_local = None
         attn_bias = bool(getattr(hf, "attention_bias", False))
         softcap = getattr(hf, "attn_logit_softcapping", None) if gemma else None
+        granite, olmo2 = model_type == "granite", model_type == "olmo2"
+        no_rope = getattr(hf, "no_rope_layers", None) if model_type == "smollm3" else None
+        nope = tuple(i for i, uses in enumerate(no_rope or ()) if not uses)
+        if no_rope is not None and len(no_rope) != hf.num_hidden_layers:
+            raise UnsupportedModelError(f"no_rope_layers names {len(no_rope)} layers of {hf.num_hidden_layers}")
         final_softcap = getattr(hf, "final_logit_softcapping", None) if gemma else None
         return cls(
             family=family,
@@ -228,13 +251,19 @@ class ModelConfig:
             rope=rope,
             rope_local=rope_local,
             layer_windows=windows if any(windows) else (),
-            qk_norm=model_type in _QK_NORM,
+            qk_norm=model_type in _QK_NORM or olmo2,
             norm_offset=1.0 if gemma else 0.0,
-            embed_scale=math.sqrt(hf.hidden_size) if gemma else 1.0,
-            sandwich_norms=gemma,
-            attn_scale=float(hf.query_pre_attn_scalar) ** -0.5 if gemma else 0.0,
+            embed_scale=math.sqrt(hf.hidden_size) if gemma else float(hf.embedding_multiplier) if granite else 1.0,
+            sandwich_norms=gemma or olmo2,
+            attn_scale=float(hf.query_pre_attn_scalar) ** -0.5 if gemma else float(hf.attention_multiplier) if granite
+            else 0.0,
             attn_softcap=float(softcap or 0.0),
             final_softcap=float(final_softcap or 0.0),
+            nope_layers=nope,
+            residual_scale=float(hf.residual_multiplier) if granite else 1.0,
+            logits_scaling=float(hf.logits_scaling) if granite else 1.0,
+            pre_norms=not olmo2,
+            qk_norm_whole=olmo2,
         )
 
 

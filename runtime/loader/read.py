@@ -75,7 +75,8 @@ def read_weights(path: Path, wdtype: torch.dtype, *, widen: bool) -> ReadWeights
     # very file (its path, size and mtime) spares building transformers' config class (~2 s)
     validate.check_gguf(path, g, cached_model_config(folder))
     g.release_pages()  # the checks' reads: not resident beside the copies detach makes
-    if not gguf_open.runs_from_blocks(g):  # an architecture our quantized layers do not map: transformers widens it
+    ours = gguf_open.widened_here(g)  # an all-float file transformers' reader cannot read: widened from our names
+    if not gguf_open.runs_from_blocks(g) and not ours:  # an architecture our quantized layers do not map: transformers widens it
         quantized = gguf_open.widening_cost(g, wdtype)
         if quantized:  # said first; no float copy of a quantized file on disk
             gguf_open.drop_stale_conversions(folder)
@@ -88,7 +89,7 @@ def read_weights(path: Path, wdtype: torch.dtype, *, widen: bool) -> ReadWeights
     cfg, tokenizer = gguf_open.config_and_tokenizer(path, g)
     quant = gguf_open.blocks(path, g, cfg)
     file_guard.detach(quant, g)  # nothing of the file stays mapped: it may change under us
-    if not widen:
+    if not widen and not ours:
         return ReadWeights(path, cfg, tokenizer, wdtype, blocks=quant, identity=identity,
                            cache_folder=folder if folder.exists() else None)
     # widened for comparison, or for reproducible replies (row-invariant float kernels): no copy on disk

@@ -359,8 +359,11 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(cfg.hidden_size, qkv_out, bias=cfg.qkv_bias)
         self.o_proj = Linear(cfg.n_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
         self.kernels: AttentionKernels = DEFAULT_KERNELS  # set by Decoder.set_attention_kernels
-        self.q_norm = Norm(cfg, cfg.head_dim) if cfg.qk_norm else None
-        self.k_norm = Norm(cfg, cfg.head_dim) if cfg.qk_norm else None
+        # over each head (Qwen3, Gemma 3), or each token's whole projection (OLMo 2)
+        self.qk_norm_whole = cfg.qk_norm_whole
+        whole_q, whole_k = (cfg.n_heads, cfg.n_kv_heads) if cfg.qk_norm_whole else (1, 1)
+        self.q_norm = Norm(cfg, whole_q * cfg.head_dim) if cfg.qk_norm else None
+        self.k_norm = Norm(cfg, whole_k * cfg.head_dim) if cfg.qk_norm else None
 
     @property
     def head_edit(self) -> Callable[[int, torch.Tensor], torch.Tensor] | None:
@@ -378,16 +381,19 @@ class Attention(nn.Module):
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries ``(B, H, T, D)``, keys and values ``(B, Hkv, T, D)`` of the normed input
-        ``x (B, T, C)``: q/k head norms when the family has them, then RoPE when ``rope``
+        ``x (B, T, C)``: q/k norms when the family has them (per head, or over the whole
+        projection), then RoPE when ``rope``
         (cos, sin tables ``(T, R)``) is given."""
         B, T, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)  # (B, T, (H + 2 Hkv) D)
         q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+        if self.q_norm is not None and self.qk_norm_whole:
+            q, k = self.q_norm(q), self.k_norm(k)  # RMSNorm over all heads' channels together
         q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.qk_norm_whole:
             q, k = self.q_norm(q), self.k_norm(k)  # RMSNorm over each head's D channels
         if rope is not None:
             cos, sin = rope

@@ -1,4 +1,5 @@
-"""The decoder: Llama family (Llama, SmolLM, Mistral, Qwen2/3, Phi-3, Gemma 2/3) and GPT-2, top to bottom.
+"""The decoder: Llama family (Llama, SmolLM2/3, Mistral, Qwen2/3, Phi-3, Gemma 2/3, Granite 3, OLMo 2)
+and GPT-2, top to bottom.
 
 Must not import Qt. Pre-norm blocks, ``Block.forward`` is two residual lines. RoPE and
 its variants are :mod:`runtime.model.rope` (tables built once per variant, grown as positions
@@ -10,7 +11,9 @@ Family pieces, each chosen by :class:`runtime.config.model.ModelConfig`: sliding
 layers (Mistral, Phi-3, Gemma), RMSNorm over each query/key head (Qwen3, Gemma 3),
 Gemma's ``(1 + w)`` RMSNorm, ``sqrt(hidden)`` embedding scale, GeGLU, norms after
 attention and MLP ("sandwich"), ``query_pre_attn_scalar`` and soft-capping (Gemma 2),
-separate RoPE bases for local and global layers (Gemma 3).
+separate RoPE bases for local and global layers (Gemma 3), layers without RoPE (SmolLM3),
+Granite's multipliers (embedding, attention scale, residual branches, logits), OLMo 2's norms
+after attention and the MLP only, with q/k norms over the whole projection.
 
 Fused projections: q/k/v are one matrix and so are the MLP's gate/up. One GEMV
 instead of three (or two) per layer saves dispatch time on the decode path, where
@@ -42,6 +45,7 @@ from runtime.model.layers import (
     Embedding,
     Linear,
     Norm,
+    Scale,
     dequantized,
     kernel_path,
     linear,
@@ -58,16 +62,21 @@ _ROPE_STEP = 4096
 
 
 class Block(nn.Module):
-    """Pre-norm decoder block; Gemma adds a norm after attention and after the MLP."""
+    """Pre-norm decoder block; Gemma adds a norm after attention and after the MLP, OLMo 2 has
+    those only, Granite scales each branch's output (``post_*_norm`` is then a :class:`Scale`)."""
 
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
-        self.attn_norm = Norm(cfg)
+        if cfg.sandwich_norms and cfg.residual_scale != 1.0:
+            raise ValueError("a residual multiplier with norms after attention and the MLP is not built")
+        self.attn_norm = Norm(cfg) if cfg.pre_norms else nn.Identity()
         self.attn = Attention(cfg, layer)
-        self.mlp_norm = Norm(cfg)
+        self.mlp_norm = Norm(cfg) if cfg.pre_norms else nn.Identity()
         self.mlp = MLP(cfg)
-        self.post_attn_norm = Norm(cfg) if cfg.sandwich_norms else nn.Identity()
-        self.post_mlp_norm = Norm(cfg) if cfg.sandwich_norms else nn.Identity()
+        post = (lambda: Norm(cfg)) if cfg.sandwich_norms else \
+            (lambda: Scale(cfg.residual_scale)) if cfg.residual_scale != 1.0 else nn.Identity
+        self.post_attn_norm = post()
+        self.post_mlp_norm = post()
 
     def forward(self, x, rope, cache, layer, hooks=(), pos=None, mask=None):
         x = x + self.post_attn_norm(self.attn(self.attn_norm(x), rope, cache, layer, hooks, pos, mask))
@@ -90,9 +99,10 @@ class Decoder(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.final_norm = Norm(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        #: Per layer, its RoPE variant (None for GPT-2).
+        #: Per layer, its RoPE variant (None: no RoPE, GPT-2's and SmolLM3's NoPE layers).
         self.layer_ropes: list[RopeSpec | None] = [
-            cfg.layer_rope(i) if cfg.family == "llama" else None for i in range(cfg.n_layers)
+            cfg.layer_rope(i) if cfg.family == "llama" and i not in cfg.nope_layers else None
+            for i in range(cfg.n_layers)
         ]
         # Keyed by the spec's repr, made here once: torch.compile guards on this dict's keys
         # and takes only literal keys (a RopeSpec key made the compiled step fail when the
@@ -303,7 +313,8 @@ class Decoder(nn.Module):
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         """float32 logits ``(B, T, V)`` of final-normed ``x (B, T, C)``: the LM head (the
-        measured CPU kernels when chosen, int8 rows times their scales), then Gemma's soft-cap."""
+        measured CPU kernels when chosen, int8 rows times their scales), divided by Granite's
+        ``logits_scaling``, then Gemma's soft-cap."""
         head_module = self._head()
         if isinstance(head_module, (QuantEmbedding, QuantLinear)):  # a GGUF's own blocks
             logits = (head_module.head if isinstance(head_module, QuantEmbedding) else head_module)(x).float()
@@ -312,6 +323,8 @@ class Decoder(nn.Module):
         else:
             head, scale = head_module.weight, getattr(head_module, "weight_scale", None)
             logits = linear(x, head if scale is None else dequantized(head, scale, x.dtype), path=self.linear_path).float()
+        if self.cfg.logits_scaling != 1.0:
+            logits = logits / self.cfg.logits_scaling
         if self.cfg.final_softcap:
             logits = torch.tanh(logits / self.cfg.final_softcap) * self.cfg.final_softcap
         return logits

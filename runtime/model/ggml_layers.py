@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from runtime.kernels.ggml_graph import Graph
-from runtime.model.layers import Norm
+from runtime.model.layers import Norm, Scale
 from runtime.model.quant_layers import QuantLinear
 
 __all__ = ["norm", "product", "layer_end", "attention_inputs"]
@@ -58,27 +58,40 @@ def _geglu_tanh(graph: Graph, gu, n: int):
     return g.ggml_mul(ctx, g.ggml_mul(ctx, a, half), b)
 
 
+def _pre(graph: Graph, x, module):
+    """``x`` through a layer's norm before attention or the MLP (OLMo 2 has none: ``x``)."""
+    return norm(graph, x, module) if isinstance(module, Norm) else x
+
+
+def _post(graph: Graph, y, module):
+    """A residual branch's output ``y`` through its norm after (Gemma, OLMo 2) or its
+    multiplier (Granite's :class:`Scale`), or as it is."""
+    if isinstance(module, Norm):
+        return norm(graph, y, module)
+    if isinstance(module, Scale):
+        return graph.g.ggml_scale(graph.ctx, y, module.factor)
+    return y
+
+
 def layer_end(graph: Graph, block, x, y):
     """The rest of a layer after attention: ``x (C, 1)`` the layer's input, ``y (H D, 1)`` its
     attention output -> the layer's output ``(C, 1)`` (output projection, post-attention
-    norm if any, residual add, MLP norm, gate/up product, SwiGLU or GeGLU, down product,
-    post-MLP norm if any, residual add)."""
+    norm or multiplier if any, residual add, MLP norm if any, gate/up product, SwiGLU or
+    GeGLU, down product, post-MLP norm or multiplier if any, residual add)."""
     g, ctx = graph.g, graph.ctx
-    o = product(graph, block.attn.o_proj, y)
-    if isinstance(block.post_attn_norm, Norm):
-        o = norm(graph, o, block.post_attn_norm)
+    o = _post(graph, product(graph, block.attn.o_proj, y), block.post_attn_norm)
     x = g.ggml_add(ctx, x, o)
-    gu = product(graph, block.mlp.gate_up_proj, norm(graph, x, block.mlp_norm))
+    gu = product(graph, block.mlp.gate_up_proj, _pre(graph, x, block.mlp_norm))
     act = g.ggml_swiglu(ctx, gu) if block.mlp.activation == "silu" else _geglu_tanh(graph, gu, block.mlp.intermediate)
-    d = product(graph, block.mlp.down_proj, act)
-    if isinstance(block.post_mlp_norm, Norm):
-        d = norm(graph, d, block.post_mlp_norm)
+    d = _post(graph, product(graph, block.mlp.down_proj, act), block.post_mlp_norm)
     return g.ggml_add(ctx, x, d)
 
 
 def attention_inputs(graph: Graph, block, x, cos, sin, heads: tuple[int, int, int]):
-    """A layer's start: attention norm of ``x (C, 1)``, the q/k/v product, q/k head norms,
-    RoPE (``cos``, ``sin``: ``(R,)`` float32 leaves' tensors, the rotated dims ``R <= D``).
+    """A layer's start: attention norm of ``x (C, 1)`` (if the family has one), the q/k/v
+    product, q/k norms (per head, or over the whole query and key: OLMo 2), RoPE (``cos``,
+    ``sin``: ``(R,)`` float32 leaves' tensors, the rotated dims ``R <= D``; None: a layer
+    without RoPE, SmolLM3's).
 
     Returns:
         ``(qk, qkv)``: the rotated queries then keys ``(D, H + Hkv)`` (contiguous) and the
@@ -86,14 +99,20 @@ def attention_inputs(graph: Graph, block, x, cos, sin, heads: tuple[int, int, in
     """
     g, ctx = graph.g, graph.ctx
     H, Hkv, D = heads
-    qkv = product(graph, block.attn.qkv_proj, norm(graph, x, block.attn_norm))
+    qkv = product(graph, block.attn.qkv_proj, _pre(graph, x, block.attn_norm))
     n = H + Hkv
-    if block.attn.q_norm is not None:
+    if block.attn.q_norm is not None and block.attn.qk_norm_whole:
+        q = norm(graph, g.ggml_view_2d(ctx, qkv, H * D, 1, H * D * 4, 0), block.attn.q_norm)
+        k = norm(graph, g.ggml_view_2d(ctx, qkv, Hkv * D, 1, Hkv * D * 4, H * D * 4), block.attn.k_norm)
+        qk = g.ggml_concat(ctx, g.ggml_reshape_2d(ctx, q, D, H), g.ggml_reshape_2d(ctx, k, D, Hkv), 1)
+    elif block.attn.q_norm is not None:
         q = norm(graph, g.ggml_view_2d(ctx, qkv, D, H, D * 4, 0), block.attn.q_norm)
         k = norm(graph, g.ggml_view_2d(ctx, qkv, D, Hkv, D * 4, H * D * 4), block.attn.k_norm)
         qk = g.ggml_concat(ctx, q, k, 1)   # (D, H + Hkv)
     else:
         qk = g.ggml_view_2d(ctx, qkv, D, n, D * 4, 0)
+    if cos is None:   # no RoPE: the queries and keys as projected (a tensor of their own)
+        return g.ggml_cont(ctx, qk), qkv
     R = cos.shape[0]
     half = R // 2
     x1 = g.ggml_view_2d(ctx, qk, half, n, D * 4, 0)

@@ -9,7 +9,7 @@ cache writes included (:mod:`runtime.model.ggml_token`). Any other cache (int8, 
 policy evicted from) takes a graph per layer: graph ``l`` holds the end of layer ``l - 1``
 (output projection, residual add, MLP norm, gate/up product, SwiGLU or GeGLU, down
 product, residual add) and the start of layer ``l`` (attention norm, the q/k/v product,
-q/k head norms, RoPE from our own tables), computed in one call; between two graphs, torch
+q/k norms, RoPE from our own tables), computed in one call; between two graphs, torch
 writes the new key and value into the :class:`runtime.cache.kv_cache.KVCache` and attends
 (:meth:`runtime.model.attention.Attention._attend`: the layer's own window, soft-cap and
 kernels). Either way the cache, its dtypes, sliding windows and memory figures are the same
@@ -57,8 +57,6 @@ def unsupported(decoder) -> str | None:
         for m in (block.attn.qkv_proj, block.attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj):
             if not isinstance(m, QuantLinear) or m.device.type != "cpu":
                 return "a projection is not in GGUF blocks on the CPU"
-    if any(spec is None for spec in decoder.layer_ropes):
-        return "a layer without RoPE"
     return None
 
 
@@ -91,7 +89,7 @@ class GGMLStep:
         self._rope_layer: dict[str, int] = {}   # a layer of each variant, to read its table
         for i in range(cfg.n_layers):
             key = decoder._rope_keys[i]
-            if key not in self.rope_rows:
+            if key not in self.rope_rows and decoder.layer_ropes[i] is not None:   # (NoPE layers: none)
                 cos, _ = decoder.rope(i, 0, 1)
                 R = cos.shape[-1]
                 self.rope_rows[key] = (torch.zeros(R), torch.zeros(R))
@@ -117,7 +115,7 @@ class GGMLStep:
             if layer > 0:
                 x = layer_end(graph, dec.blocks[layer - 1], x, graph.leaf(self.y_in, (self.H * self.D, 1)))
             if layer < n:
-                cos, sin = self.rope_rows[dec._rope_keys[layer]]
+                cos, sin = self.rope_rows.get(dec._rope_keys[layer], (None, None))
                 qk, qkv = attention_inputs(graph, dec.blocks[layer], x, cos, sin, heads)
                 graph.output(x)
                 graph.output(qk)

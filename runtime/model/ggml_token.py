@@ -93,7 +93,7 @@ class TokenGraph:
         x = graph.leaf(step.x_in, (C, 1))
         for layer, block in enumerate(dec.blocks):
             attn = block.attn
-            cos, sin = step.rope_rows[dec._rope_keys[layer]]
+            cos, sin = step.rope_rows.get(dec._rope_keys[layer], (None, None))   # (None: a NoPE layer)
             qk, qkv = attention_inputs(graph, block, x, cos, sin, (H, Hkv, D))
             self.qk.append(graph.torch_view(qk, (H + Hkv, D)))
             self.qkv.append(graph.torch_view(qkv, ((H + 2 * Hkv) * D,)))

@@ -20,7 +20,7 @@ from runtime.kernels.choice import KernelChoice
 from runtime.kernels.choice import apply as apply_kernel
 from runtime.kernels.cpu import WeightRef
 
-__all__ = ["LINEAR_PATHS", "linear", "Linear", "Embedding", "Norm", "MLP"]
+__all__ = ["LINEAR_PATHS", "linear", "Linear", "Embedding", "Norm", "MLP", "Scale"]
 
 
 def _rounded(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -225,3 +225,14 @@ class Norm(nn.Module):
         if self.rms:
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+
+
+class Scale(nn.Module):
+    """``x * factor`` (Granite's ``residual_multiplier`` on a residual branch's output)."""
+
+    def __init__(self, factor: float):
+        super().__init__()
+        self.factor = float(factor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor

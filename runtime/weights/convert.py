@@ -39,9 +39,9 @@ def to_decoder_state(cfg: ModelConfig, sd: dict[str, torch.Tensor], dtype: torch
 
     Llama family: ``model.layers.N.self_attn.{q,k,v}_proj`` fused into
     ``blocks.N.attn.qkv_proj``; ``mlp.{gate,up}_proj`` into ``blocks.N.mlp.gate_up_proj``
-    (Phi-3 stores both fused already); Qwen3/Gemma 3 q/k head norms; Gemma's four
-    norms per layer (its ``post_attention_layernorm`` follows attention, Llama's
-    precedes the MLP).
+    (Phi-3 stores both fused already); Qwen3/Gemma 3 q/k head norms (OLMo 2's over the whole
+    projection); Gemma's four norms per layer (its ``post_attention_layernorm`` follows
+    attention, Llama's precedes the MLP); OLMo 2's two, after attention and the MLP.
     GPT-2: ``h.N.attn.c_attn`` (a Conv1D, ``(in, out)``) transposed into
     ``qkv_proj``; ``mlp.c_fc`` / ``mlp.c_proj`` into ``gate_up_proj`` / ``down_proj``.
 
@@ -59,12 +59,16 @@ def to_decoder_state(cfg: ModelConfig, sd: dict[str, torch.Tensor], dtype: torch
         for i in range(cfg.n_layers):
             p = f"layers.{i}."
             b = f"blocks.{i}."
-            put(b + "attn_norm.weight", _take(sd, p + "input_layernorm.weight"))
-            if cfg.sandwich_norms:  # Gemma: post_attention_layernorm follows attention
+            if not cfg.pre_norms:  # OLMo 2: a norm after attention and after the MLP only
+                put(b + "post_attn_norm.weight", _take(sd, p + "post_attention_layernorm.weight"))
+                put(b + "post_mlp_norm.weight", _take(sd, p + "post_feedforward_layernorm.weight"))
+            elif cfg.sandwich_norms:  # Gemma: post_attention_layernorm follows attention
+                put(b + "attn_norm.weight", _take(sd, p + "input_layernorm.weight"))
                 put(b + "post_attn_norm.weight", _take(sd, p + "post_attention_layernorm.weight"))
                 put(b + "mlp_norm.weight", _take(sd, p + "pre_feedforward_layernorm.weight"))
                 put(b + "post_mlp_norm.weight", _take(sd, p + "post_feedforward_layernorm.weight"))
             else:  # Llama: post_attention_layernorm is the norm before the MLP
+                put(b + "attn_norm.weight", _take(sd, p + "input_layernorm.weight"))
                 put(b + "mlp_norm.weight", _take(sd, p + "post_attention_layernorm.weight"))
             if p + "self_attn.qkv_proj.weight" in sd:  # Phi-3 stores q/k/v fused, as we do
                 put(b + "attn.qkv_proj.weight", sd[p + "self_attn.qkv_proj.weight"])

@@ -157,10 +157,12 @@ def expected_shapes(cfg: ModelConfig, names) -> tuple[dict[str, tuple[int, ...]]
                  "attn_output.weight": (H, Q), "attn_output.bias": (H,),
                  "ffn_gate.weight": (F, H), "ffn_up.weight": (2 * F if fused_up else F, H), "ffn_up.bias": (F,),
                  "ffn_down.weight": (H, F), "ffn_down.bias": (H,),
-                 "attn_q_norm.weight": (cfg.head_dim,), "attn_k_norm.weight": (cfg.head_dim,),
+                 "attn_q_norm.weight": (Q if cfg.qk_norm_whole else cfg.head_dim,),
+                 "attn_k_norm.weight": (KV if cfg.qk_norm_whole else cfg.head_dim,),
                  "post_attention_norm.weight": (H,), "post_ffw_norm.weight": (H,)}
         due.update({p + n: s for n, s in layer.items() if p + n in names})
-        need = ["attn_norm.weight", "attn_output.weight", "ffn_up.weight", "ffn_down.weight"]
+        need = ["attn_norm.weight"] if cfg.pre_norms else ["post_attention_norm.weight", "post_ffw_norm.weight"]
+        need += ["attn_output.weight", "ffn_up.weight", "ffn_down.weight"]
         need += ["attn_qkv.weight"] if p + "attn_qkv.weight" in names else ["attn_q.weight", "attn_k.weight", "attn_v.weight"]
         missing += [p + n for n in need if p + n not in names]
     return due, missing

@@ -37,19 +37,27 @@ def _architecture(meta: dict) -> tuple[str, str]:
     return arch, updated
 
 
+#: Architectures transformers' GGUF reader does not read, read here: their shared keys are
+#: llama's (``{arch}.block_count`` ...: read with transformers' llama table), their own are
+#: :func:`_own_keys`' (llama.cpp's names for transformers' config fields).
+OWN_ARCHITECTURES = ("granite", "olmo2", "smollm3")
+
+
 def config_dict(g: GGUFTensors) -> dict:
     """transformers' config dict for the GGUF ``g`` (what ``load_gguf_checkpoint(path)["config"]``
-    returns, for the decoder families attnchat runs).
+    returns, for the decoder families attnchat runs; for :data:`OWN_ARCHITECTURES`, which it
+    does not read, the dict of their transformers config class as llama.cpp runs the file).
 
     Raises:
-        ValueError: an architecture transformers does not read from GGUF.
+        ValueError: an architecture transformers does not read from GGUF (and not ours).
     """
     from transformers.integrations import GGUF_CONFIG_DEFAULTS_MAPPING
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES, GGUF_TO_TRANSFORMERS_MAPPING
 
     meta = g.metadata
     arch, updated = _architecture(meta)
-    if arch not in GGUF_SUPPORTED_ARCHITECTURES and updated not in GGUF_SUPPORTED_ARCHITECTURES:
+    own = arch in OWN_ARCHITECTURES
+    if arch not in GGUF_SUPPORTED_ARCHITECTURES and updated not in GGUF_SUPPORTED_ARCHITECTURES and not own:
         raise ValueError(f"GGUF model with architecture {arch} is not supported yet.")
     config: dict = {"tie_word_embeddings": "output.weight" not in g.tensors or arch in ("falcon", "bloom")}
     for key, value in GGUF_CONFIG_DEFAULTS_MAPPING.get(updated, GGUF_CONFIG_DEFAULTS_MAPPING.get(arch) or {}).items():
@@ -60,6 +68,8 @@ def config_dict(g: GGUFTensors) -> dict:
             continue
         gguf_key = gguf_key.replace(arch, updated)
         prefix, _, config_key = gguf_key.partition(".")
+        if own and prefix == arch:
+            prefix = "llama"
         if isinstance(value, str) and arch in value:
             value = value.replace(arch, updated)
         if prefix in renames and config_key in renames[prefix]:
@@ -68,6 +78,8 @@ def config_dict(g: GGUFTensors) -> dict:
                 config[target] = value
     if config.get("model_type") == "gemma3":
         config["model_type"] = "gemma3_text"  # a Gemma 3 GGUF holds the text backbone only
+    if own:
+        config.update(_own_keys(arch, meta, config))
     if "vocab_size" not in config:
         tokens = meta.get("tokenizer.ggml.tokens")
         if isinstance(tokens, tuple):  # ("array", item type, count)
@@ -75,6 +87,35 @@ def config_dict(g: GGUFTensors) -> dict:
         elif tokens is not None:
             config["vocab_size"] = len(tokens)
     return config
+
+
+def _own_keys(arch: str, meta: dict, config: dict) -> dict:
+    """The config fields of an :data:`OWN_ARCHITECTURES` file beyond llama's, as llama.cpp
+    reads the file:
+
+    - Granite: ``granite.embedding_scale``, ``.residual_scale``, ``.logit_scale`` and
+      ``.attention.scale`` (its converter's names for ``embedding_multiplier``,
+      ``residual_multiplier``, ``logits_scaling`` and ``attention_multiplier``); an absent one
+      is llama.cpp's default (no scaling; the attention's ``1 / sqrt(head_dim)``, where
+      GraniteConfig's default would be 1).
+    - SmolLM3: no key says which layers skip RoPE; llama.cpp fixes every fourth
+      (``n_no_rope_layer_step = 4``), transformers' ``no_rope_layer_interval`` default too.
+    - OLMo 2: llama's keys only (its norms are in the tensors).
+    """
+    out: dict = {}
+    if arch == "granite":
+        heads = config.get("num_attention_heads") or 1
+        head = config.get("hidden_size", 0) // heads
+        for key, field, default in (("embedding_scale", "embedding_multiplier", 1.0),
+                                    ("residual_scale", "residual_multiplier", 1.0),
+                                    ("logit_scale", "logits_scaling", 1.0),
+                                    ("attention.scale", "attention_multiplier", head ** -0.5 if head else 1.0)):
+            value = meta.get(f"granite.{key}")
+            out[field] = float(value) if isinstance(value, (int, float)) and value else default
+    elif arch == "smollm3":
+        n = int(config.get("num_hidden_layers") or 0)
+        out["no_rope_layers"] = [int((i + 1) % 4 != 0) for i in range(n)]
+    return out
 
 
 #: Llama 3.x's RoPE scaling besides its factor, as llama.cpp's converter assumes it when it bakes

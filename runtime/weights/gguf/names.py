@@ -12,7 +12,8 @@ memory rather than through the file's map, so the file's pages for them are neve
 touched and counted twice. Everything else is a view of the map: memory about the
 file's size, as llama.cpp's. The two conversions llama.cpp's converter applies and
 transformers undoes are undone here the same way: llama's q/k rows are permuted back
-(``LlamaTensorProcessor._reverse_permute_weights``), a row permutation exact on blocks;
+(``LlamaTensorProcessor._reverse_permute_weights``; Granite's and SmolLM3's too, whose converters
+are llama's), a row permutation exact on blocks;
 Gemma's norm weights are stored ``w + 1`` (``Gemma2TensorProcessor``).
 """
 from __future__ import annotations
@@ -29,7 +30,9 @@ from runtime.weights.quant_types import block_type
 from runtime.weights.quant_weight import QuantWeight
 
 #: GGUF architectures whose matrices this module maps (llama.cpp's names for them).
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite", "olmo2", "smollm3")
+#: Those whose q/k rows llama.cpp's converter permutes (its ``LlamaModel`` and the classes built on it).
+PERMUTED = ("llama", "granite", "smollm3")
 
 
 class MissingTensorError(KeyError):
@@ -183,12 +186,16 @@ def gguf_weights(g: GGUFTensors, n_layers: int, n_heads: int, n_kv_heads: int, *
 
     for i in range(n_layers):
         p, b = f"blk.{i}.", f"blocks.{i}."
-        floats[b + "attn_norm.weight"] = _float(g, p + "attn_norm.weight", gemma)
-        if gemma:
+        if arch == "olmo2":  # no norm before attention or the MLP: one after each
+            floats[b + "post_attn_norm.weight"] = _float(g, p + "post_attention_norm.weight")
+            floats[b + "post_mlp_norm.weight"] = _float(g, p + "post_ffw_norm.weight")
+        elif gemma:
+            floats[b + "attn_norm.weight"] = _float(g, p + "attn_norm.weight", gemma)
             floats[b + "post_attn_norm.weight"] = _float(g, p + "post_attention_norm.weight", True)
             floats[b + "mlp_norm.weight"] = _float(g, p + "ffn_norm.weight", True)
             floats[b + "post_mlp_norm.weight"] = _float(g, p + "post_ffw_norm.weight", True)
         else:
+            floats[b + "attn_norm.weight"] = _float(g, p + "attn_norm.weight")
             floats[b + "mlp_norm.weight"] = _float(g, p + "ffn_norm.weight")
         if p + "attn_q_norm.weight" in g.tensors:
             floats[b + "attn.q_norm.weight"] = _float(g, p + "attn_q_norm.weight", gemma)
@@ -196,8 +203,8 @@ def gguf_weights(g: GGUFTensors, n_layers: int, n_heads: int, n_kv_heads: int, *
         if p + "attn_qkv.weight" in g.tensors:  # Phi-3: fused already
             matrices[b + "attn.qkv_proj"] = group([p + "attn_qkv.weight"], [None])
         else:
-            perm_q = _llama_unpermute(_info(g, p + "attn_q.weight").shape[0], n_heads) if arch == "llama" else None
-            perm_k = _llama_unpermute(_info(g, p + "attn_k.weight").shape[0], n_kv_heads) if arch == "llama" else None
+            perm_q = _llama_unpermute(_info(g, p + "attn_q.weight").shape[0], n_heads) if arch in PERMUTED else None
+            perm_k = _llama_unpermute(_info(g, p + "attn_k.weight").shape[0], n_kv_heads) if arch in PERMUTED else None
             matrices[b + "attn.qkv_proj"] = group([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
                                                   [perm_q, perm_k, None])
             if p + "attn_q.bias" in g.tensors:  # Qwen2

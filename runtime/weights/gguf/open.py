@@ -66,7 +66,7 @@ RUNS_ARCHITECTURES = (*ARCHITECTURES, "gpt2")
 def refuse_architecture(path: Path, g: GGUFTensors) -> None:
     """Refuse, from the header, a mixture-of-experts model (an ``ARCH.expert_count`` above 1,
     or expert tensors ``*_exps.*``: Qwen3-30B-A3B, OLMoE, Mixtral's "llama" files) and an
-    architecture the decoder does not run (Granite, OLMo 2, SmolLM3, Mamba ...).
+    architecture the decoder does not run (OLMo 3, Granite 4's hybrid, Mamba ...).
 
     Raises:
         UnsupportedModelError: one line naming the architecture.
@@ -109,6 +109,17 @@ def runs_from_blocks(g: GGUFTensors) -> bool:
     if not matrices or any(i.ggml_type not in BY_ID for i in matrices):
         return False
     return any(BY_ID[i.ggml_type].quantized for i in matrices)
+
+
+def widened_here(g: GGUFTensors) -> bool:
+    """Whether an all-float file (F16, BF16, F32 matrices) is widened through our own names
+    rather than transformers' GGUF reader: the architectures that reader does not read
+    (:data:`runtime.weights.gguf.config.OWN_ARCHITECTURES`)."""
+    from runtime.weights.gguf.config import OWN_ARCHITECTURES
+
+    matrices = [i for i in g.tensors.values() if len(i.shape) == 2]
+    return (str(g.metadata.get("general.architecture", "")) in OWN_ARCHITECTURES and bool(matrices)
+            and all(i.ggml_type in BY_ID and not BY_ID[i.ggml_type].quantized for i in matrices))
 
 
 def refuse_without_ggml(path: Path, g: GGUFTensors, ggml_why: str | None) -> None:

@@ -1,5 +1,5 @@
 """Write a random-weight GGUF of a real model's shape (the Llama-like families: llama,
-qwen2, qwen3, gemma3, phi3), quantized with the block types of
+qwen2, qwen3, gemma3, phi3, granite, olmo2, smollm3), quantized with the block types of
 :mod:`runtime.weights.quant_types`. Must not import Qt or transformers.
 
 What for: the benchmark's 1B-scale figures without a download (``scripts/make_gguf.py``
@@ -54,6 +54,10 @@ class LlamaShape:
     longrope_original: int = 0
     #: ``{arch}.rope.scaling.factor`` of a linear scaling (0: none; Gemma 3 4B's 8).
     linear_rope: float = 0.0
+    #: Granite's (embedding, attention, residual, logits) multipliers, written as its converter
+    #: writes them (``granite.embedding_scale``, ``.attention.scale``, ``.residual_scale``,
+    #: ``.logit_scale``); empty: none.
+    multipliers: tuple[float, ...] = ()
 
 
 SHAPES: dict[str, LlamaShape] = {
@@ -100,6 +104,16 @@ REAL_SHAPES: dict[str, tuple[str, LlamaShape, str]] = {
                      "SmolLM2 1.7B Instruct"),
     "mistral-7b": ("llama", LlamaShape(32, 4096, 14336, 32, 8, 128, vocab=32768, rope_base=1e6, tied=False),
                    "Mistral 7B Instruct v0.3"),
+    "smollm3-3b": ("smollm3", LlamaShape(36, 2048, 11008, 16, 4, 128, vocab=128256, rope_base=5e6, eps=1e-6),
+                   "SmolLM3 3B"),
+    "granite-3.3-2b": ("granite", LlamaShape(40, 2048, 8192, 32, 8, 64, vocab=49159, rope_base=1e7,
+                                             multipliers=(12.0, 0.015625, 0.22, 8.0)), "Granite 3.3 2b Instruct"),
+    "granite-3.3-8b": ("granite", LlamaShape(40, 4096, 12800, 32, 8, 128, vocab=49159, rope_base=1e7,
+                                             multipliers=(12.0, 0.0078125, 0.22, 16.0)), "Granite 3.3 8b Instruct"),
+    "olmo-2-1b": ("olmo2", LlamaShape(16, 2048, 8192, 16, 16, 128, vocab=100352, context=4096, eps=1e-6, tied=False),
+                  "OLMo 2 0425 1B Instruct"),
+    "olmo-2-7b": ("olmo2", LlamaShape(32, 4096, 11008, 32, 32, 128, vocab=100352, context=4096, eps=1e-6, tied=False),
+                  "OLMo 2 1124 7B Instruct"),
 }
 
 #: llama.cpp's ``general.file_type`` per all-matrices type (``gguf.LlamaFileType``).
@@ -143,7 +157,8 @@ def tensor_plan(shape: LlamaShape, vocab: int, matrix_type: str, embed_type: str
                 overrides: dict[str, str] | None = None, arch: str = "llama") -> list[tuple[str, tuple[int, ...], str]]:
     """``(name, (rows, cols) or (n,), block type)`` of every tensor, in llama.cpp's order
     (``arch="gemma3"`` adds Gemma 3's q/k norms and the norms after attention and the MLP,
-    ``"qwen3"`` q/k norms, ``"qwen2"`` q/k/v biases; ``"phi3"`` fuses q/k/v into ``attn_qkv``
+    ``"qwen3"`` q/k norms, ``"qwen2"`` q/k/v biases, ``"olmo2"`` norms after attention and the MLP
+    only and q/k norms over the whole projection; ``"phi3"`` fuses q/k/v into ``attn_qkv``
     and gate/up into ``ffn_up``; an untied shape ends with ``output.weight`` in ``embed_type``).
 
     ``overrides`` maps a name's suffix (``"ffn_down.weight"``, ``"attn_v.weight"``) or a full
@@ -160,7 +175,8 @@ def tensor_plan(shape: LlamaShape, vocab: int, matrix_type: str, embed_type: str
     for i in range(shape.n_layers):
         p = f"blk.{i}."
         q, kv = shape.heads * D, shape.kv_heads * D
-        plan.append((p + "attn_norm.weight", (H,), "F32"))
+        if arch != "olmo2":  # OLMo 2: no norm before attention or the MLP
+            plan.append((p + "attn_norm.weight", (H,), "F32"))
         if arch == "phi3":
             plan.append((p + "attn_qkv.weight", (q + 2 * kv, H), matrix_type))
         else:
@@ -168,7 +184,9 @@ def tensor_plan(shape: LlamaShape, vocab: int, matrix_type: str, embed_type: str
                      (p + "attn_v.weight", (kv, H), matrix_type)]
         if arch == "qwen2":
             plan += [(p + "attn_q.bias", (q,), "F32"), (p + "attn_k.bias", (kv,), "F32"), (p + "attn_v.bias", (kv,), "F32")]
-        plan += [(p + "attn_output.weight", (H, q), matrix_type), (p + "ffn_norm.weight", (H,), "F32")]
+        plan.append((p + "attn_output.weight", (H, q), matrix_type))
+        if arch != "olmo2":
+            plan.append((p + "ffn_norm.weight", (H,), "F32"))
         if arch == "phi3":
             plan.append((p + "ffn_up.weight", (2 * shape.ffn, H), matrix_type))
         else:
@@ -176,7 +194,9 @@ def tensor_plan(shape: LlamaShape, vocab: int, matrix_type: str, embed_type: str
         plan.append((p + "ffn_down.weight", (H, shape.ffn), matrix_type))
         if arch in ("gemma3", "qwen3"):
             plan += [(p + "attn_q_norm.weight", (D,), "F32"), (p + "attn_k_norm.weight", (D,), "F32")]
-        if arch == "gemma3":
+        if arch == "olmo2":  # over each token's whole query and key
+            plan += [(p + "attn_q_norm.weight", (q,), "F32"), (p + "attn_k_norm.weight", (kv,), "F32")]
+        if arch in ("gemma3", "olmo2"):
             plan += [(p + "post_attention_norm.weight", (H,), "F32"), (p + "post_ffw_norm.weight", (H,), "F32")]
     plan.append(("output_norm.weight", (H,), "F32"))
     if not shape.tied:
@@ -234,7 +254,8 @@ def write_random_gguf(
             sets the vocabulary unless ``shape.vocab`` does. Without it: no tokenizer keys,
             and ``shape.vocab`` must be set.
         std: the weights' standard deviation (norm weights are ``1 + N(0, std)``).
-        arch: ``"llama"``, ``"qwen2"``, ``"qwen3"``, ``"phi3"`` or ``"gemma3"`` (Gemma 3's
+        arch: ``"llama"``, ``"qwen2"``, ``"qwen3"``, ``"phi3"``, ``"granite"`` (its multipliers from
+            ``shape.multipliers``), ``"olmo2"``, ``"smollm3"`` or ``"gemma3"`` (Gemma 3's
             extra norms, its sliding window and llama.cpp's stored ``1 + w`` norm weights):
             the metadata keys are ``{arch}.*``, the tensors :func:`tensor_plan`'s.
         window: Gemma 3's sliding window in tokens (default ``shape.window``).
@@ -283,6 +304,12 @@ def write_random_gguf(
 
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(shape.linear_rope)
+    if shape.multipliers:
+        embedding, attention, residual, logits = shape.multipliers
+        w.add_embedding_scale(embedding)
+        w.add_attention_scale(attention)
+        w.add_residual_scale(residual)
+        w.add_logit_scale(logits)
     if shape.longrope_original:
         w.add_rope_scaling_orig_ctx_len(shape.longrope_original)
         scale = shape.context / shape.longrope_original

@@ -39,14 +39,14 @@ def tiny(tmp_path_factory):
     return make_tiny_gguf(tmp_path_factory.mktemp("gguf"), matrix_type="Q8_0", embed_type="Q8_0")
 
 
-@pytest.mark.parametrize("arch", ["granite", "olmo2", "smollm3", "mamba"])
+@pytest.mark.parametrize("arch", ["olmo3", "granitehybrid", "mamba"])
 def test_an_architecture_the_decoder_does_not_run(tiny, tmp_path, monkeypatch, arch):
     monkeypatch.setenv("ATTNCHAT_CACHE_DIR", str(tmp_path / "cache"))
     path = _as_arch(tiny, tmp_path / f"{arch}.gguf", arch)
     with pytest.raises(UnsupportedModelError) as info:
         load_model(path, device="cpu")
     assert str(info.value) == (f"{arch}.gguf: architecture '{arch}' is not one attnchat runs (llama, mistral, qwen2, "
-                               "qwen3, gemma2, gemma3, phi3, gpt2)")
+                               "qwen3, gemma2, gemma3, phi3, granite, olmo2, smollm3, gpt2)")
 
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "olmoe", "llama"])
