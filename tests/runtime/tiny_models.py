@@ -14,7 +14,8 @@ FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
 #: Qwen3's q/k norms, Gemma 2 (soft-capping, alternating sliding layers), Gemma 3
 #: (multi-query, 2 sliding + 1 global layer with their own RoPE bases), Phi-3 (fused
 #: q/k/v and gate/up, partial rotary), Mistral and Qwen2 with a sliding window.
-MORE_FAMILIES = ("llama3", "qwen3", "gemma2", "gemma3", "phi3", "mistral-window", "qwen2-window")
+MORE_FAMILIES = ("llama3", "qwen3", "gemma2", "gemma3", "phi3", "mistral-window", "qwen2-window", "granite", "olmo2",
+                 "smollm3")
 #: The sliding window of the tiny windowed models (tokens): shorter than the test inputs.
 WINDOW = 8
 
@@ -126,7 +127,8 @@ def _config(family: str, vocab_size: int, eos_id: int, bos_id: int, max_position
 
 
 def _more_config(family: str, llama_like: dict):
-    from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
+    from transformers import (Gemma2Config, Gemma3TextConfig, GraniteConfig, LlamaConfig, MistralConfig, Olmo2Config,
+                              Phi3Config, Qwen2Config, Qwen3Config, SmolLM3Config)
 
     base = {k: v for k, v in llama_like.items() if k != "rope_theta"}
     if family == "llama3":
@@ -156,6 +158,13 @@ def _more_config(family: str, llama_like: dict):
         return MistralConfig(**llama_like, sliding_window=WINDOW)
     if family == "qwen2-window":
         return Qwen2Config(**llama_like, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
+    if family == "granite":   # Granite 3.3 2B's multipliers (its attention scale: 1 / 64 for heads of 64)
+        return GraniteConfig(**llama_like, embedding_multiplier=12.0, attention_multiplier=0.015625,
+                             residual_multiplier=0.22, logits_scaling=8.0)
+    if family == "olmo2":
+        return Olmo2Config(**llama_like)
+    if family == "smollm3":   # four layers: the fourth has no RoPE
+        return SmolLM3Config(**{**llama_like, "num_hidden_layers": 4})
     raise ValueError(family)
 
 

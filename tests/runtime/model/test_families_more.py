@@ -1,4 +1,5 @@
-"""Llama 3.x, Qwen3, Gemma 2/3, Phi-3 and windowed Mistral/Qwen2 against transformers' own models.
+"""Llama 3.x, Qwen3, Gemma 2/3, Phi-3, windowed Mistral/Qwen2, Granite, OLMo 2 and SmolLM3 against
+transformers' own models.
 
 Each family is a tiny seeded random model from transformers' config class
 (``tests/runtime/tiny_models.py``, :data:`MORE_FAMILIES`): the prefill, a cached decode
@@ -62,6 +63,9 @@ EXPECTED = {
     "phi3": dict(rope_type="longrope", windows=(2 * WINDOW, 2 * WINDOW)),
     "mistral-window": dict(windows=(WINDOW, WINDOW)),
     "qwen2-window": dict(windows=(None, WINDOW)),
+    "granite": dict(windows=(None, None), embed_scale=12.0, attn_scale=0.015625, residual_scale=0.22, logits_scaling=8.0),
+    "olmo2": dict(windows=(None, None), qk_norm=True, qk_norm_whole=True, pre_norms=False, sandwich_norms=True),
+    "smollm3": dict(windows=(None,) * 4, nope_layers=(3,)),
 }
 
 
@@ -71,7 +75,8 @@ def test_prefill_logits_match_transformers(folders, models, family):
     c = m.config
     want = EXPECTED[family]
     assert c.windows == want["windows"]
-    for name in ("qk_norm", "n_kv_heads", "attn_softcap", "final_softcap", "norm_offset", "sandwich_norms"):
+    for name in ("qk_norm", "n_kv_heads", "attn_softcap", "final_softcap", "norm_offset", "sandwich_norms", "embed_scale",
+                 "attn_scale", "residual_scale", "logits_scaling", "qk_norm_whole", "pre_norms", "nope_layers"):
         if name in want:
             assert getattr(c, name) == want[name], name
     if "rope_type" in want:
@@ -80,7 +85,7 @@ def test_prefill_logits_match_transformers(folders, models, family):
         assert (c.layer_rope(0).theta, c.layer_rope(2).theta) == (10000.0, 1000000.0)
     ids = _ids()
     ours, theirs = m.logits(ids), _theirs(folders[family], ids)
-    assert theirs.abs().max() > 0.5  # O(1) logits: 1e-4 is a real check
+    assert theirs.abs().max() * c.logits_scaling > 0.5  # O(1) logits (Granite's before its division): 1e-4 is a real check
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
 
 
