@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", metavar="SRC", help="a .gguf file or a model folder")
     parser.add_argument("--self-test", action="store_true", help="load the model, answer one question, exit 0 if right")
     parser.add_argument("--screenshot", metavar="DIR", help="save screenshots of the app's windows to DIR and exit")
-    parser.add_argument("--terminal", action="store_true", help="chat in the terminal instead of the window")
+    parser.add_argument("--terminal", action="store_true", help="chat in the terminal instead of the window (it takes the options of `attnchat chat`)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     parser.commands = sub.choices  # type: ignore[attr-defined]
