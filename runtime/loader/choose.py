@@ -90,7 +90,6 @@ def _float_kernels(decoder: Decoder, weights: ReadWeights, profile: DeviceProfil
     choice = reproducible_choice(weights.dtype, [ref for ref, _ in decoder.kernel_matrices()], threads=counts,
                                  folder=weights.cache_folder)
     log.info("reproducible mode's kernel: %s", choice.reason)
-    decoder.set_reproducible(True)
     return choice
 
 

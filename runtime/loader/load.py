@@ -88,7 +88,7 @@ def load_model(
             chunks, one-token steps, a reused cache) and on any thread count the
             governors choose: row-invariant kernels (:func:`runtime.kernels.reproducible.reproducible_choice`,
             checked on the model's matrices once per machine), attention and activations
-            (:meth:`Decoder.set_reproducible`). CPU, eager decode only; slower attention
+            (:meth:`Decoder.use_profile`). CPU, eager decode only; slower attention
             and, for float16 weights, a packed copy of them (see ``docs/reproducible.md``).
             A quantized GGUF then runs widened to ``dtype`` (default float16), not from its blocks.
 
@@ -149,7 +149,7 @@ def _build(weights: ReadWeights, profile: DeviceProfile, compute, kernels: Atten
     """Our decoder for ``weights`` on ``profile``'s device: built on the meta device, then given
     the weights (a GGUF's blocks, or float weights) computing in ``compute`` (default: the
     profile's for the weights; a GGUF's blocks compute as float16 weights would), with the
-    device's attention kernels and matrix-product path.
+    device's attention kernels and the profile (:meth:`Decoder.use_profile`).
 
     Raises:
         ValueError: an unknown or non-float ``compute``.
@@ -171,7 +171,7 @@ def _build(weights: ReadWeights, profile: DeviceProfile, compute, kernels: Atten
         decoder.load_weights({k: v.to(dev) for k, v in weights.state.items()}, compute_dtype=cdtype)
         weights.state = None  # the decoder holds them now
     decoder.set_attention_kernels(kernels or attention_kernels(dev))
-    decoder.set_linear_path(profile.linear_path)
+    decoder.use_profile(profile)  # its matrix path; the reproducible variant's numerics
     decoder.eval()
     return decoder
 

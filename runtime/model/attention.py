@@ -34,7 +34,7 @@ from runtime.cache.kv_cache import KVCache
 from runtime.config.model import ModelConfig
 from runtime.model.attention_rows import attention_rows
 from runtime.model.hooks import AttentionHooks, Hook, edit_heads, run_hooked
-from runtime.model.layers import Linear, Norm
+from runtime.model.layers import Linear, Norm, Numerics
 from runtime.model.rope import apply_rope
 
 __all__ = [
@@ -92,10 +92,6 @@ class AttentionKernels:
 
     decode_gqa: str = "sdpa"
     sdpa_backends: tuple[str, ...] | None = None
-    #: The reproducible mode: causal attention with a cache computed by
-    #: :func:`runtime.model.attention_rows.attention_rows` (a query's output the same in a
-    #: prefill chunk and a one-token step), float32 on the CPU only.
-    rows: bool = False
 
     def __post_init__(self) -> None:
         if self.decode_gqa not in GQA_STRATEGIES:
@@ -351,6 +347,9 @@ class Attention(nn.Module):
         self.layer = layer
         #: The hooks list (the decoder's, shared by its layers; a list of its own when built alone).
         self.hooks = AttentionHooks()
+        #: The decoder's numerics, shared by its layers as the hooks list is (the reproducible
+        #: mode's attention: :meth:`_attend`).
+        self.numerics = Numerics()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.window = cfg.window(layer)
         self.scale = cfg.attn_scale or None
@@ -429,7 +428,7 @@ class Attention(nn.Module):
             if hooks:
                 y = run_hooked(hooks, layer, cache, q, k, attend=lambda: self._attend(q, k, v, first, kw),
                                formula=lambda rows: attention(rows, k, v, causal=True, return_weights=True, **kw),
-                               exact=self.kernels.rows, scale=self.scale, softcap=self.softcap)
+                               exact=self.numerics.reproducible, scale=self.scale, softcap=self.softcap)
             else:
                 y = self._attend(q, k, v, first, kw)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H D)
@@ -439,6 +438,6 @@ class Attention(nn.Module):
         """Causal attention over the layer's keys (slot 0 at position ``first``; None after a cache
         policy's evictions): the fast path, or the reproducible mode's row-invariant one (set only
         on the CPU: :func:`runtime.loader.load.load_model` refuses it elsewhere)."""
-        if self.kernels.rows and first is not None and q.dtype == torch.float32:
+        if self.numerics.reproducible and first is not None and q.dtype == torch.float32:
             return attention_rows(q, k.to(q.dtype), v.to(q.dtype), first=first, **kw)
         return attention(q, k, v, causal=True, kernels=self.kernels, **kw)

@@ -26,14 +26,13 @@ float32 matrix-vector product that ``F.linear`` hands to MKL reads weights at ab
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import torch.nn as nn
 
 from runtime.cache.kv_cache import KVCache
 from runtime.config.model import ModelConfig
 from runtime.config.rope import RopeSpec
+from runtime.device import DeviceProfile
 from runtime.kernels.choice import KernelChoice
 from runtime.kernels.choice import apply as apply_kernel
 from runtime.kernels.cpu import WeightRef
@@ -45,6 +44,7 @@ from runtime.model.layers import (
     Embedding,
     Linear,
     Norm,
+    Numerics,
     Scale,
     dequantized,
     kernel_path,
@@ -111,13 +111,19 @@ class Decoder(nn.Module):
         self._rope_tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         #: The attention hooks (:mod:`runtime.model.hooks`), one list shared by every layer.
         self.hooks = AttentionHooks()
+        #: How every layer computes where the device profile decides (:meth:`use_profile`), one
+        #: object shared by every layer as the hooks list is.
+        self.numerics = Numerics()
         for block in self.blocks:
             block.attn.hooks = self.hooks
+            block.attn.numerics = block.mlp.numerics = self.numerics
         # longrope's frequencies depend on the sequence length past its trained context
         self._length_rope = any(spec is not None and spec.type == "longrope" for spec in self.layer_ropes)
         self.compute_dtype: torch.dtype = torch.float32
         self.kernels: KernelChoice | None = None
         self.linear_path = "cpu"  # see set_linear_path
+        #: The device profile it computes with (:meth:`use_profile`; None: not given one).
+        self.profile: DeviceProfile | None = None
         self._head_ref: WeightRef | None = None
 
     def load_weights(self, state: dict[str, torch.Tensor], compute_dtype: torch.dtype | None = None) -> None:
@@ -343,26 +349,27 @@ class Decoder(nn.Module):
             if isinstance(m, Linear):
                 m.path = path
 
-    def set_reproducible(self, on: bool = True) -> None:
-        """The reproducible mode's attention and activations in every layer (the matrix
-        products follow :meth:`set_kernels` with a reproducible choice): a token's logits
-        then have the same bits whether it came in a prefill, a chunk or a one-token step
-        (:mod:`runtime.kernels.invariant`). CPU, float32 activations, eager decode only."""
-        for block in self.blocks:
-            block.attn.kernels = replace(block.attn.kernels, rows=on)
-            block.mlp.exact = on
+    def use_profile(self, profile: DeviceProfile) -> None:
+        """Compute as ``profile`` (:func:`runtime.device.device_profile`) says: its matrix-product
+        path (:meth:`set_linear_path`) and, in its reproducible variant, the row-invariant
+        attention and exact activations in every layer (:class:`runtime.model.layers.Numerics`;
+        the matrix products follow :meth:`set_kernels` with a reproducible choice): a token's
+        logits then have the same bits whether it came in a prefill, a chunk or a one-token step
+        (:mod:`runtime.kernels.invariant`). The reproducible variant: CPU, float32 activations,
+        eager decode only."""
+        self.set_linear_path(profile.linear_path)
+        self.profile = profile
+        self.numerics.reproducible = profile.reproducible
 
     @property
     def reproducible(self) -> bool:
-        """Whether :meth:`set_reproducible` is on."""
-        return bool(self.blocks) and self.blocks[0].attn.kernels.rows
+        """Whether the decoder computes in its profile's reproducible variant."""
+        return self.numerics.reproducible
 
     def set_attention_kernels(self, kernels: AttentionKernels) -> None:
-        """Use ``kernels`` (:class:`runtime.model.attention.AttentionKernels`) in every layer;
-        the reproducible mode stays."""
-        rows = self.reproducible
+        """Use ``kernels`` (:class:`runtime.model.attention.AttentionKernels`) in every layer."""
         for block in self.blocks:
-            block.attn.kernels = replace(kernels, rows=rows)
+            block.attn.kernels = kernels
 
     @torch.inference_mode()
     def shift_key_positions(self, cache: KVCache, start: int, end: int, delta: int) -> None:

@@ -20,7 +20,24 @@ from runtime.kernels.choice import KernelChoice
 from runtime.kernels.choice import apply as apply_kernel
 from runtime.kernels.cpu import WeightRef
 
-__all__ = ["LINEAR_PATHS", "linear", "Linear", "Embedding", "Norm", "MLP", "Scale"]
+__all__ = ["LINEAR_PATHS", "linear", "Linear", "Embedding", "Norm", "MLP", "Numerics", "Scale"]
+
+
+class Numerics:
+    """How a decoder's layers compute where its device profile decides
+    (:class:`runtime.device.DeviceProfile`): one object that the decoder shares with every
+    layer, as it shares its hooks list, so the choice is set in one place
+    (:meth:`runtime.model.decoder.Decoder.use_profile`) and read where it is used.
+
+    Attributes:
+        reproducible: the profile's reproducible variant: attention by
+            :func:`runtime.model.attention_rows.attention_rows` (a query's output the same in a
+            prefill chunk and a one-token step) and the MLP's activation composed of ops that
+            give an element the same bits wherever it sits. Float32 on the CPU only.
+    """
+
+    def __init__(self, reproducible: bool = False) -> None:
+        self.reproducible = reproducible
 
 
 def _rounded(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -180,13 +197,12 @@ class MLP(nn.Module):
         else:  # gelu_pytorch_tanh, gelu_new: the tanh approximation; gelu: exact
             approx = "none" if cfg.activation == "gelu" else "tanh"
             self.act = lambda t: F.gelu(t, approximate=approx)
-
-    #: The reproducible mode (:meth:`runtime.model.decoder.Decoder.set_reproducible`): the
-    #: activation composed of ops that give an element the same bits wherever it sits.
-    #: torch's fused SiLU and GELU compute a thread's last few elements with scalar code that
-    #: differs from their vector code in the last bit (597 of 14,000 SiLU values, Intel Xeon
-    #: 2 vCPUs); exp, tanh and erf run the vector code on the tail too, and +, *, / are exact.
-    exact: bool = False
+        #: The decoder's numerics (a layer built alone has its own). In the reproducible mode the
+        #: activation is composed of ops that give an element the same bits wherever it sits:
+        #: torch's fused SiLU and GELU compute a thread's last few elements with scalar code that
+        #: differs from their vector code in the last bit (597 of 14,000 SiLU values, Intel Xeon
+        #: 2 vCPUs); exp, tanh and erf run the vector code on the tail too, and +, *, / are exact.
+        self.numerics = Numerics()
 
     def _exact_act(self, t: torch.Tensor) -> torch.Tensor:
         if self.activation == "silu":
@@ -198,7 +214,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.gate_up_proj(x)
-        act = self._exact_act if self.exact else self.act
+        act = self._exact_act if self.numerics.reproducible else self.act
         if self.gated:
             gate, up = h.split(self.intermediate, dim=-1)
             return self.down_proj(act(gate) * up)
