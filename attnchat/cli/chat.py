@@ -12,7 +12,7 @@ import signal
 import sys
 from typing import Any
 
-from attnchat import cache_options
+from attnchat import cache_options, model_options
 from models.sizes import size_text
 
 
@@ -26,8 +26,7 @@ def add_parser(sub) -> None:
 
 
 def add_generation_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", metavar="SRC", help="a .gguf file, a model folder, a catalog id or hf.co/OWNER/REPO:QUANT "
-                                                  "(fetched first when missing; default: the default model)")
+    model_options.add_model_arg(p)
     p.add_argument("--system", metavar="TEXT", help="system prompt")
     p.add_argument("--max-new-tokens", type=positive_int, default=512, metavar="N", help="most tokens per reply (default 512)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
@@ -44,14 +43,7 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sink-tokens", type=int, default=4, metavar="N", help="tokens the rolling policy always keeps")
     cache_options.add_args(p)
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="a stop string (repeatable)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--dtype", default=None, help="weights: a quantized GGUF runs from its own blocks by default (gguf); float32, bfloat16, "
-                   "float16, int8 widen them for comparison (the default for other models: float16, computing in float32 on the CPU)")
-    p.add_argument("--reproducible", action="store_true",
-                   help="the same greedy reply however a conversation's tokens were computed (one prefill, chunks, "
-                        "one-token steps, a reused cache) and on any thread count: row-invariant kernels and attention "
-                        "(CPU, eager decode; slower, and float16 weights keep a packed copy; a quantized GGUF runs "
-                        "widened to float16; docs/reproducible.md)")
+    model_options.add_run_args(p)
 
 
 def _settings(args: argparse.Namespace):

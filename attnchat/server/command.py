@@ -15,7 +15,7 @@ import socket
 import sys
 from typing import Any
 
-from attnchat import cache_options
+from attnchat import cache_options, model_options
 
 DEFAULT_PORT = 8000
 API_KEY_ENV = "ATTNCHAT_API_KEY"
@@ -61,8 +61,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="GET /v1/models and POST /v1/chat/completions (streamed or not); several replies decode "
                     "together (continuous batching) where the settings and memory allow. "
                     "Binds to loopback unless given --host with --api-key.")
-    p.add_argument("--model", metavar="SRC", help="a .gguf file, a model folder, a catalog id or hf.co/OWNER/REPO:QUANT "
-                                                  "(fetched first when missing; default: the default model)")
+    model_options.add_model_arg(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --api-key)")
     p.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT}; 0 picks a free one)")
     key = p.add_mutually_exclusive_group()
@@ -111,12 +110,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--pool-idle-s", type=float, default=10.0, metavar="S",
                    help="seconds without a request after which the idle sessions' KV caches are freed and the memory "
                         "given back; 0: never (default 10)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--dtype", default=None, help="weight dtype: float32, bfloat16, float16, int8 (8-bit, a scale per row; default per device: float16 on the CPU, computing in float32)")
-    p.add_argument("--reproducible", action="store_true",
-                   help="the same greedy reply however a conversation's tokens were computed (one prefill, chunks, "
-                        "one-token steps, a reused cache) and on any thread count: row-invariant kernels and attention "
-                        "(CPU, eager decode; slower, and float16 weights keep a packed copy; docs/reproducible.md)")
+    model_options.add_run_args(p)
     p.set_defaults(func=run)
     return p
 

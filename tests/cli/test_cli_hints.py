@@ -118,3 +118,16 @@ def test_a_one_shot_reply_cut_at_a_limit_says_so_on_stderr(default_model, monkey
     assert cli.main(["chat", "--max-new-tokens", "64", "--prompt", "What is the capital of France?"]) == 0
     out, err = capsys.readouterr()
     assert "Paris" in out and err == ""
+
+
+def test_chat_and_serve_say_the_same_about_the_model_options():
+    """serve's --dtype help said float16 was the CPU default long after GGUF files came to run from
+    their own blocks (chat's said so)."""
+    commands = cli.build_parser().commands
+
+    def helps(name):
+        return {o: a.help for a in commands[name]._actions for o in a.option_strings
+                if o in ("--model", "--device", "--dtype", "--reproducible")}
+
+    assert helps("chat") == helps("serve") and len(helps("serve")) == 4
+    assert helps("serve")["--dtype"].startswith("weights: a quantized GGUF runs from its own blocks by default (gguf)")
