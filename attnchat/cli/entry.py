@@ -40,6 +40,8 @@ class _Parser(argparse.ArgumentParser):
         near = next((difflib.get_close_matches(a.split("=")[0], _long_options(self), n=1, cutoff=0.7)
                      for a in extra if a.startswith("--")), [])
         hint = f"; did you mean {near[0]}?" if near else ""
+        if self.prog == "attnchat chat" and "--terminal" in extra:
+            hint = "; `attnchat chat` without --prompt is the terminal chat (or `attnchat --terminal`)"
         self.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
 
 

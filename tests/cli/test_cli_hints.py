@@ -65,6 +65,8 @@ def test_a_chat_option_given_to_the_self_test_is_one_line(main):
     (["serve", "--prot", "8000"],
      "attnchat: error: unrecognized arguments: --prot 8000; did you mean --port? (see attnchat serve --help)\n"),
     (["--bogus"], "attnchat: error: unrecognized arguments: --bogus (see attnchat --help)\n"),
+    (["chat", "--terminal"], "attnchat: error: unrecognized arguments: --terminal; `attnchat chat` without --prompt "
+                             "is the terminal chat (or `attnchat --terminal`) (see attnchat chat --help)\n"),
     (["--terminal", "--bogus"], "attnchat: error: unrecognized arguments: --bogus (see attnchat --help)\n"),
 ])
 def test_an_unknown_flag_points_at_its_commands_help(main, argv, line):
