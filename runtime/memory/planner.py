@@ -102,7 +102,7 @@ TOKENIZER_BYTES_PER_ENTRY = 1_240
 #: Tokens the session prefills at a time (runtime.generate.events.GenerationSettings.prefill_chunk).
 PREFILL_CHUNK = 256
 #: What the planner's total leaves out, said beside it.
-LEAVES_OUT = ("the Python interpreter with torch and transformers imported (~280 MB RSS measured here)",
+LEAVES_OUT = ("the Python interpreter with torch and transformers imported (~270 MiB RSS measured here)",
               "the desktop's Qt and its widgets", "memory the allocator keeps after a reply until it is trimmed",
               "the reproducible mode's packed copy of float16 weights (1.78x their bytes for the default model)",
               "other processes' memory")

@@ -8,6 +8,8 @@ load: a dispatch would otherwise cost a model load each.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from attnchat import cli
@@ -133,3 +135,13 @@ def test_chat_and_serve_say_the_same_about_the_model_options():
 
     assert helps("chat") == helps("serve") and len(helps("serve")) == 4
     assert helps("serve")["--dtype"].startswith("weights: a quantized GGUF runs from its own blocks by default (gguf)")
+
+
+def test_memory_says_its_sizes_in_binary_units_only(monkeypatch, capsys, tmp_path):
+    """One convention on the command line (models.sizes): the planner's notes said "~280 MB"
+    beside its MiB figures."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert cli.main(["memory"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^KV bytes at 8,192 tokens +377,487,360 \(360\.0 MiB\)$", out, re.M), out
+    assert "~270 MiB RSS measured here" in out and " MB" not in out and " GB" not in out
