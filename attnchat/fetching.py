@@ -5,13 +5,13 @@ other); imports only :mod:`models` (no torch).
 """
 from __future__ import annotations
 
-import difflib
 import sys
 from pathlib import Path
 from typing import TextIO
 
 import models
 from models import UnknownModelError
+from models.catalog import nearest_ids
 from models.sizes import size_text
 
 __all__ = ["PercentLine", "model_source", "unknown_model"]
@@ -73,10 +73,7 @@ def _looks_like_a_path(src: str) -> bool:
 def unknown_model(src: str) -> str:
     """One line for a ``--model`` that is neither a file, a folder nor a catalog id: the nearest
     catalog id when one is close (a typo is likelier than a missing file), and where to look."""
-    ids = [e.id for e in models.CATALOG]
-    wanted = src.strip().lower()
-    near = [i for i in ids if len(wanted) >= 3 and wanted in i.lower()][:3] or \
-        [i for i in ids if i.lower() in difflib.get_close_matches(wanted, [i.lower() for i in ids], n=1, cutoff=0.6)]
+    near = nearest_ids(src)
     guess = f"did you mean {' or '.join(near)}? " if near else ""
     return (f"{src} is not a file, a model folder or a catalog id; {guess}`attnchat models list` shows the "
             "catalog's ids (or give a .gguf file, a model folder or hf.co/OWNER/REPO:QUANT)")

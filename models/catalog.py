@@ -284,6 +284,23 @@ def get(model_id: str) -> CatalogEntry:
     for entry in CATALOG:
         if entry.id.lower() == wanted:
             return entry
+    near = nearest_ids(model_id)
+    guess = f"did you mean {' or '.join(near)}? " if near else ""
     known = ", ".join(entry.id for entry in CATALOG)
-    raise UnknownModelError(f"unknown model {model_id!r}; known models: {known}; or a Hugging Face model as "
+    raise UnknownModelError(f"unknown model {model_id!r}; {guess}known models: {known}; or a Hugging Face model as "
                             "hf.co/OWNER/REPO:QUANT (`attnchat models search TEXT`)")
+
+
+def nearest_ids(name: str) -> list[str]:
+    """Catalog ids a mistyped ``name`` may have meant, best first (at most 3; [] when none is
+    close): those that hold it (``llama``: both Llama ids), else the closest by difflib's ratio
+    (``qwen2.5-0.5b-instruct-typo``: ``qwen2.5-0.5b-instruct``)."""
+    import difflib
+
+    wanted = name.strip().lower()
+    ids = [e.id for e in CATALOG]
+    holding = [i for i in ids if len(wanted) >= 3 and wanted in i.lower()]
+    if holding:
+        return holding[:3]
+    close = difflib.get_close_matches(wanted, [i.lower() for i in ids], n=1, cutoff=0.6)
+    return [i for i in ids if i.lower() in close]

@@ -145,3 +145,11 @@ def test_memory_says_its_sizes_in_binary_units_only(monkeypatch, capsys, tmp_pat
     out = capsys.readouterr().out
     assert re.search(r"^KV bytes at 8,192 tokens +377,487,360 \(360\.0 MiB\)$", out, re.M), out
     assert "~270 MiB RSS measured here" in out and " MB" not in out and " GB" not in out
+
+
+def test_models_fetch_of_a_misspelt_id_names_the_nearest(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert cli.main(["models", "fetch", "qwen2.5-0.5b-instruct-typo"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnchat: error: unknown model 'qwen2.5-0.5b-instruct-typo'; did you mean "
+                          "qwen2.5-0.5b-instruct? known models: smollm2-135m-instruct, ") and err.count("\n") == 1
