@@ -37,14 +37,12 @@ def server(default_model_file):
     tests/server and tests/desktop/test_remote_engine.py (starting one costs ~10 s and
     stopping it ~2 s on the two-core test machine; it lives until the session ends). Tests
     that count must count differences; no test may depend on another having run first. It
-    serves one request at a time (``--parallel 1``): under the full suite's load the batching
-    engine, shared by every file's requests, stopped answering (a fresh-clone CI run; not yet
-    diagnosed), so batching is tested on servers of its own (test_batching, test_server's
-    default_server)."""
+    runs as ``attnchat serve`` does by default (4 replies decoding together), so every file's
+    requests, with idle spells between files, go through the batching engine."""
     from tests.live_server import API_KEY, start_server, stop_server
 
     s = start_server("--model", str(default_model_file), "--api-key", API_KEY, "--context", "2048",
-                     "--sessions", "2", "--device", "cpu", "--parallel", "1")
+                     "--sessions", "2", "--device", "cpu")
     yield s
     stop_server(s)
 

@@ -253,23 +253,8 @@ def test_concurrent_requests_are_queued_and_all_answered(client, model_id):
     assert sorted(answers) == [0, 1, 2] and set(answers.values()) <= {"stop", "length"}
 
 
-@pytest.fixture
-def default_server(default_model_file):
-    """A server with no --parallel (the shared one runs one request at a time: tests/conftest.py)."""
-    from tests.live_server import start_server, stop_server
-
-    s = start_server("--model", str(default_model_file), "--api-key", API_KEY, "--context", "2048", "--device", "cpu")
-    try:
-        with httpx.Client(base_url=s.base_url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120) as http:
-            yield s, openai.OpenAI(base_url=s.base_url, api_key=API_KEY, max_retries=0, timeout=120), http
-    finally:
-        stop_server(s)
-
-
-def test_the_default_server_batches_and_says_why(default_server):
+def test_the_default_server_batches_and_says_why(server, client, model_id, http):
     """No --parallel: four replies decode together, as the startup line says."""
-    server, client, http = default_server
-    model_id = client.models.list().data[0].id
     line = next(x for x in server.output if "decode together" in x)
     assert line.startswith("attnchat: 4 replies decode together (continuous batching over a 256 MiB paged KV cache")
     before = _stats(http)
