@@ -66,10 +66,15 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(r.to_dict()))
         return 0
     div = f"/√{r.d_k}" if not args.no_scale else "(no scale)"
-    print(f"q = {_vec(q)}, d_k = {r.d_k}, scale = {r.scale:.3f}")
-    print(f"{'key':>3}  {'k':>16}  {'v':>16}  {'q·k':>8}  {div:>10}  {'weight':>7}")
+    # the worked example's rows are its tokens (the README and --help name it "the cat sat")
+    example = tuple(args.k) == EXAMPLE_K and tuple(args.v) == EXAMPLE_V
+    names = EXAMPLE_TOKENS if example else tuple(str(j) for j in range(len(keys)))
+    whose = ' (the query of "sat" in the worked example "the cat sat")' if example and args.q == EXAMPLE_Q else ""
+    print(f"q = {_vec(q)}{whose}, d_k = {r.d_k}, scale = {r.scale:.3f}")
+    width = max(3, *(len(n) for n in names))
+    print(f"{'key':>{width}}  {'k':>16}  {'v':>16}  {'q·k':>8}  {div:>10}  {'weight':>7}")
     for j, (k, v) in enumerate(zip(keys, values)):
         w = "masked" if r.masked[j] else f"{r.weights[j]:.3f}"
-        print(f"{j:>3}  {_vec(k):>16}  {_vec(v):>16}  {r.scores[j]:>8.3f}  {r.scaled[j]:>10.3f}  {w:>7}")
+        print(f"{names[j]:>{width}}  {_vec(k):>16}  {_vec(v):>16}  {r.scores[j]:>8.3f}  {r.scaled[j]:>10.3f}  {w:>7}")
     print(f"output = {_vec(r.output)}")
     return 0

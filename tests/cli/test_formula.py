@@ -47,8 +47,13 @@ def test_causal_mask_for_the_query_at_cat(capsys):
 
 def test_text_output_and_defaults(capsys):
     assert main(["formula"]) == 0  # the defaults are the worked example
-    out = capsys.readouterr().out
-    assert "0.768" in out and "output = (0.232, 0.955)" in out
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == 'q = (2.000, 0.000) (the query of "sat" in the worked example "the cat sat"), d_k = 2, scale = 0.707'
+    assert [line.split()[0] for line in out[1:5]] == ["key", "the", "cat", "sat"]
+    assert out[3].split()[-1] == "0.768" and out[-1] == "output = (0.232, 0.955)"
+    assert main(["formula", "--k", "1,0", "0,1", "--v", "1,0", "0,1"]) == 0  # not the example: rows by index
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("q = (2.000, 0.000), d_k = 2") and [line.split()[0] for line in out[2:4]] == ["0", "1"]
 
 
 def test_same_numbers_as_our_attention():
