@@ -1,6 +1,8 @@
 """Ctrl-C on ``attnchat serve`` while a reply streams: the stream ends as a reply cut short (a
 finish chunk with ``finish_reason`` "length", ``shutdown`` in the attnchat block, then
-``data: [DONE]``), the server says it is stopping and that it stopped, and exits 0. Before it,
+``data: [DONE]``), the server says it is stopping and that it stopped, and exits 0. A reply not
+streamed returns what it wrote the same way when it had begun (batching: both decode), a 503 when
+it still waited (one at a time: behind the stream). Before it,
 on the same server: a conversation longer than the context is counted ``refused`` (a 400),
 not ``failed``, and the attnchat block leaves out thread counts it did not measure (a batched
 reply) instead of saying 0.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
+import time
 
 import httpx
 import pytest
@@ -32,6 +35,14 @@ def test_ctrl_c_ends_an_open_stream_with_a_finish_chunk_and_done(default_model_f
     failure: list[BaseException] = []
 
     model = ""
+    whole: list[httpx.Response] = []
+
+    def ask() -> None:
+        body = {"model": model, "messages": STORY, "max_tokens": 2000, "temperature": 0}
+        whole.append(httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=120))
+
+    def stats() -> dict:
+        return httpx.get(f"{server.base_url}/attnchat/stats", timeout=30).json()
 
     def read() -> None:
         body = {"model": model, "messages": STORY, "max_tokens": 2000, "stream": True, "temperature": 0,
@@ -54,14 +65,24 @@ def test_ctrl_c_ends_an_open_stream_with_a_finish_chunk_and_done(default_model_f
         long = [{"role": "user", "content": "word " * 3000}]
         r = httpx.post(f"{server.base_url}/chat/completions", json={"model": model, "messages": long}, timeout=120)
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
-        stats = httpx.get(f"{server.base_url}/attnchat/stats", timeout=30).json()
-        assert (stats["requests"], stats["failed"], stats["refused"]) == (1, 0, 1), stats
+        s = stats()
+        assert (s["requests"], s["failed"], s["refused"]) == (1, 0, 1), s
         reader = threading.Thread(target=read)
         reader.start()
         assert first.wait(120), "no reply text arrived"
         assert not failure, failure
+        asker = threading.Thread(target=ask)
+        asker.start()
+        deadline = time.monotonic() + 120
+        # batching: both requests' prompts read (so both began); one at a time: the second waits
+        while not (sum(1 for q in s.get("sequences", []) if not q["kept"] and q["tokens"] > 0) == 2
+                   if parallel != "1" else s["queued"] == 1):
+            assert time.monotonic() < deadline, s
+            time.sleep(0.1)
+            s = stats()
         server.proc.send_signal(signal.SIGINT)
         reader.join(60)
+        asker.join(60)
         status = server.proc.wait(timeout=60)
     finally:
         if server.proc.poll() is None:
@@ -81,7 +102,16 @@ def test_ctrl_c_ends_an_open_stream_with_a_finish_chunk_and_done(default_model_f
         assert finish["attnchat"]["max_threads"] >= finish["attnchat"]["decode_threads"] >= 1, finish["attnchat"]
     else:
         assert "decode_threads" not in finish["attnchat"] and "max_threads" not in finish["attnchat"]
+    r = whole[0]
+    if parallel == "1":
+        assert r.status_code == 503 and r.json()["error"]["code"] == "unavailable", r.text
+        assert r.json()["error"]["message"] == "The server is shutting down; the request was not answered."
+    else:
+        assert r.status_code == 200, r.text
+        reply = r.json()
+        assert reply["choices"][0]["finish_reason"] == "length" and reply["attnchat"]["finish_reason"] == "shutdown"
+        assert 0 < reply["usage"]["completion_tokens"] < 2000 and reply["choices"][0]["message"]["content"].strip()
     out = "".join(server.output)
-    assert "attnchat: stopping; 1 reply in progress ends here\n" in out, out
+    assert "attnchat: stopping; 2 replies in progress end here\n" in out, out
     assert out.endswith("attnchat: stopped\n"), out
     assert "Traceback" not in out and status == 0, (status, out)
