@@ -261,8 +261,10 @@ class ScaleView(QWidget):
     # Units in the headers, the row's note on a line of its own, and √d in the spread's header
     # (a column of its own repeated what the spread shows): in the 310 px dock "4.41 bits",
     # "128 (yours)" and "top weight" were cut.
-    COLUMNS = ("d", "spread\nof q·k\n(≈ √d)", "entropy\n÷√d\n(bits)", "entropy\nno √d\n(bits)",
-               "top\nweight\nno √d")
+    COLUMNS = ("d", "spread\nof q·k\n(≈ √d)", "bits\n÷√d", "bits\nno √d", "top\nweight\nno √d")
+    TIPS = ("the head size", "the standard deviation of q·k over random q and k (about √d)",
+            "the softmax's entropy in bits with the scores divided by √d (uniform: log2 of the keys)",
+            "the softmax's entropy in bits without the division", "the largest softmax weight without the division")
     FIXED = (2, 64, 512)
 
     def __init__(self, parent: QWidget | None = None):
@@ -280,6 +282,8 @@ class ScaleView(QWidget):
         self.table.setHorizontalHeaderLabels(list(self.COLUMNS))
         self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        for c, tip in enumerate(self.TIPS):
+            self.table.horizontalHeaderItem(c).setToolTip(tip)
         whole_columns(self.table)
         self._fit_rows = fit_rows(self.table)
         self.explanation = rich_label("", small=True)
@@ -287,7 +291,8 @@ class ScaleView(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
         lay.addWidget(rich_label("q·k of random vectors whose entries have variance 1: the spread grows as √d, "
-                                 "and the softmax of unscaled scores piles onto one key.", small=True))
+                                 "and the softmax of unscaled scores piles onto one key (its entropy, in bits, "
+                                 "falls; its top weight nears 1).", small=True))
         lay.addLayout(row)
         lay.addWidget(self.table, 1)
         lay.addWidget(self.explanation)

@@ -202,10 +202,9 @@ class CostView(QWidget):
         self.measure = QPushButton("Measure")
         self.measure.setToolTip("Time our attention for one decode step at the current context (all layers)")
         self.model_label = rich_label("")
-        # Short two-line headers, each column whole: "decode step / whole model" was cut to
-        # "ecode ste / hole mod" in the 310 px dock.
-        self.table = _table(("context\n(tokens)", "prefill\n1 head", "decode\n1 head", "prefill\nmodel",
-                             "decode\nmodel"))
+        # Short headers, each column whole: "decode step / whole model" was cut to "ecode ste /
+        # hole mod" in the dock (about 280 px wide at 1100 px).
+        self.table = _table(("tokens", "prefill\n1 head", "decode\n1 head", "prefill\nmodel", "decode\nmodel"))
         whole_columns(self.table)
         self._fit_rows = fit_rows(self.table)
         self.timing_label = rich_label("", small=True)
@@ -215,10 +214,10 @@ class CostView(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
         lay.addLayout(row)
-        lay.addWidget(rich_label("Attention scores computed (q·k products) for one head of one layer (1 head) and "
-                                 "for the whole model (layers × heads): every query against every key it sees, so "
-                                 "a prefill of n tokens grows with n², one decode step with n. k, M, B, T: "
-                                 "thousand, million, billion, trillion.", small=True))
+        lay.addWidget(rich_label("Attention scores computed (q·k products) at a context of n tokens, for one head "
+                                 "of one layer (1 head) and for the whole model (layers × heads): every query "
+                                 "against every key it sees, so a prefill of n tokens grows with n², one decode "
+                                 "step with n. k, M, B, T: thousand, million, billion, trillion.", small=True))
         lay.addWidget(self.table, 1)
         lay.addWidget(self.timing_label)
         self.measure.clicked.connect(self.measure_requested)
