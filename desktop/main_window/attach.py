@@ -143,6 +143,13 @@ class Attachments(QObject):
             chip.clicked.connect(lambda _=False, f=f: self.remove(f))
             self.flow.add(chip)
         self.bar.setVisible(bool(self.files))
+        if self.files:
+            # Place the chips now: a bar hidden and shown again at the size it had does not lay its
+            # layout out again, and the new chips stayed 640 x 480 at its corner (a grey strip, no
+            # names) after a draft came back with its conversation.
+            self.flow.invalidate()
+            self.bar.updateGeometry()
+            self.flow.setGeometry(self.bar.contentsRect())
         self.w.input.allow_empty = bool(self.files)
         if emit:
             self.changed.emit()

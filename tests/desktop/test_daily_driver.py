@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QWheelEvent
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QToolButton
 
 from desktop.main_window.replies import BUSY_NOTE
 from desktop.worker import EngineWorker
@@ -376,12 +376,19 @@ def test_a_draft_stays_with_its_conversation(qtbot, make_window, tmp_path):
     note.write_text("# Notes\nThe Uffizi opens at 8.15.\n", encoding="utf-8")
     w.input.setPlainText("and when does it open?")
     w.attachments.add_paths([str(note)])
+    qtbot.wait(50)   # the bar is laid out with its chip, as on screen
     w.new_conversation()
     second = w.current_conversation
     assert second != first and w.input.toPlainText() == "" and w.attachments.files == []
     w.input.setPlainText("a question for the new chat")
     w.open_conversation(first)
     assert w.input.toPlainText() == "and when does it open?" and [f.name for f in w.attachments.files] == ["notes.md"]
+    # Its chip is laid out in the bar (on screen it stayed 640 x 480 at the bar's corner: a grey strip).
+    qtbot.wait(50)
+    bar = w.page.attachments_bar
+    chips = [c for c in bar.findChildren(QToolButton) if c.objectName() == "attachmentChip"]
+    assert len(chips) == 1 and chips[0].text().startswith("notes.md · ")
+    assert bar.rect().contains(chips[0].geometry()) and chips[0].size() == chips[0].sizeHint()
     w.open_conversation(second)
     assert w.input.toPlainText() == "a question for the new chat" and w.attachments.files == []
     w.input.clear()
