@@ -13,6 +13,7 @@ import torch
 
 from runtime import load_model
 from runtime.device import WEIGHT_DTYPE_QUALITY, compute_dtype, default_dtype
+from runtime.dtypes import parse_weight_dtype
 from runtime.generate.chat_format import Message, encode_messages
 from tests.runtime.session_helpers import greedy_ids
 
@@ -44,30 +45,43 @@ def _answer(model) -> str:
     return model.decode(greedy_ids(model, ids, 12))
 
 
-def _agreement(model, reference, ids) -> float:
-    return (model.logits(ids)[0].argmax(-1) == reference.logits(ids)[0].argmax(-1)).float().mean().item()
+@pytest.fixture(scope="module")
+def measure(default_model, default_model_file, text_ids, chat_ids):
+    """``measure(weights, compute)``: the agreement with float32 on the text and on the chat,
+    and the answer to the Paris question, of the default model loaded with those dtypes.
+    Each pair is measured once per module: the CPU's default is also a settings row, and
+    CUDA's and MPS's defaults are the same pair (float32's greedy tokens computed once)."""
+    reference = {"text": default_model.logits(text_ids)[0].argmax(-1),
+                 "chat": default_model.logits(chat_ids)[0].argmax(-1)}
+    done: dict[tuple[torch.dtype, torch.dtype], tuple[float, float, str]] = {}
 
+    def agreement(model, ids, which) -> float:
+        return (model.logits(ids)[0].argmax(-1) == reference[which]).float().mean().item()
 
-def _measure(default_model, default_model_file, text_ids, chat_ids, weights, compute):
-    model = load_model(default_model_file, device="cpu", dtype=weights, compute=compute)
-    return (_agreement(model, default_model, text_ids), _agreement(model, default_model, chat_ids), _answer(model))
+    def run(weights, compute: torch.dtype) -> tuple[float, float, str]:
+        key = (parse_weight_dtype(weights), compute)
+        if key not in done:
+            model = load_model(default_model_file, device="cpu", dtype=weights, compute=compute)
+            done[key] = (agreement(model, text_ids, "text"), agreement(model, chat_ids, "chat"), _answer(model))
+        return done[key]
+
+    return run
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda", "mps"])
-def test_each_devices_default_dtype_answers_right(device, default_model, default_model_file, text_ids, chat_ids):
+def test_each_devices_default_dtype_answers_right(device, measure):
     weights = default_dtype(device)
     compute = compute_dtype(device, weights)
     assert weights != torch.bfloat16 and compute != torch.bfloat16  # measured to break the model (below)
-    text, chat, answer = _measure(default_model, default_model_file, text_ids, chat_ids, weights, compute)
+    text, chat, answer = measure(weights, compute)
     assert "Paris" in answer
     assert text >= 0.98 and chat >= 0.98, (text, chat)
 
 
-def test_the_settings_figures_match_a_fresh_measurement(default_model, default_model_file, text_ids, chat_ids):
+def test_the_settings_figures_match_a_fresh_measurement(measure):
     """What the settings show beside each weight dtype is what this machine measures
     (agreement within 1.5 points: other CPUs round float16/bfloat16 slightly differently)."""
     for name, figures in WEIGHT_DTYPE_QUALITY.items():
-        text, _chat, answer = _measure(default_model, default_model_file, text_ids, chat_ids, name,
-                                       compute_dtype("cpu", name))
+        text, _chat, answer = measure(name, compute_dtype("cpu", name))
         assert abs(text - figures["agreement"]) <= 0.015, (name, text)
         assert ("Paris" in answer) == figures["paris"], (name, answer)
