@@ -12,13 +12,13 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def reference(default_model_file):
-    """transformers' own model on the same GGUF weights, dequantized to float32."""
-    from transformers import AutoModelForCausalLM, GgufConfig
+    """transformers' own model on the same GGUF weights, dequantized to float32 (kept once per
+    machine: :mod:`tests.runtime.reference_models`)."""
+    from transformers import GgufConfig
 
-    return AutoModelForCausalLM.from_pretrained(
-        str(default_model_file.parent), gguf_file=default_model_file.name,
-        quantization_config=GgufConfig(dequantize=True), dtype=torch.float32,
-    ).eval()
+    from tests.runtime.reference_models import transformers_model
+
+    return transformers_model(default_model_file, quantization_config=GgufConfig(dequantize=True))
 
 
 @pytest.fixture(scope="module")

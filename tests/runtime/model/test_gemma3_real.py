@@ -11,13 +11,9 @@ tokens but 1.5e-4 at 600, under the bound, so a 600-token input would not catch 
 mismatch (measured on an AMD EPYC Zen 3). With float32 angles, as ours are: 8e-5 at 1,200.
 
 Slow: transformers' GGUF reader dequantizes the file for minutes on 2 shared cores; its
-result is kept in pytest's cache (see :func:`theirs`) and read back in seconds.
+result is kept once per machine (:mod:`tests.runtime.reference_models`) and read back in seconds.
 """
 from __future__ import annotations
-
-import json
-import os
-import shutil
 
 import pytest
 import torch
@@ -29,7 +25,6 @@ N_COMPARED = 64
 N_STEPS = 8
 N_GREEDY = 32
 PROMPT = "The capital of France is"
-_CACHE_PREFIX = "gemma3-270m-transformers-"
 
 
 @pytest.fixture(scope="module")
@@ -48,34 +43,12 @@ def ours(gemma_file):
 
 
 @pytest.fixture(scope="module")
-def theirs(gemma_file, request):
-    """transformers' Gemma3ForCausalLM, float32, as its GGUF reader builds it from the file.
+def theirs(gemma_file):
+    """transformers' Gemma3ForCausalLM, float32, as its GGUF reader builds it from the file
+    (kept once per machine: :mod:`tests.runtime.reference_models`)."""
+    from tests.runtime.reference_models import transformers_model
 
-    The reader's output (transformers' own tensors and config) is saved once in pytest's
-    cache, in a folder named after the file's size and time and transformers' version,
-    and every run loads transformers' model from that folder (about 2.5 minutes of
-    dequantizing saved per run on 2 shared cores).
-    """
-    import transformers
-    from safetensors.torch import save_model
-    from transformers import AutoModelForCausalLM
-
-    st = gemma_file.stat()
-    name = f"{_CACHE_PREFIX}{transformers.__version__}-{st.st_size}-{st.st_mtime_ns}"
-    folder = request.config.cache.mkdir(name)
-    if not (folder / "model.safetensors").exists():
-        for stale in folder.parent.glob(_CACHE_PREFIX + "*"):  # an older file or transformers
-            if stale != folder:
-                shutil.rmtree(stale, ignore_errors=True)
-        model = AutoModelForCausalLM.from_pretrained(str(gemma_file.parent), gguf_file=gemma_file.name,
-                                                     dtype=torch.float32)
-        config = model.config.to_dict()
-        config.pop("quantization_config", None)  # the tensors are dequantized
-        (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
-        save_model(model, str(folder / "model.safetensors.part"))
-        os.replace(folder / "model.safetensors.part", folder / "model.safetensors")
-        del model
-    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    return transformers_model(gemma_file)
 
 
 def _input_ids(model) -> list[int]:
