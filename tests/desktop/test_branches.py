@@ -27,6 +27,16 @@ class _Counting:
         return Session(settings)
 
 
+def _window(make_window, sessions):
+    """A window on the fake engine whose sessions are ``sessions``."""
+    return make_window(worker=EngineWorker(load_fn=fake_load, session_fn=sessions))
+
+
+def _send(qtbot, w, text: str) -> None:
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        w.submit(text)
+
+
 def _regenerate(qtbot, w):
     with qtbot.waitSignal(w.reply_finished, timeout=5000):
         w.regenerate()
@@ -34,9 +44,8 @@ def _regenerate(qtbot, w):
 
 def test_regenerate_samples_and_keeps_the_earlier_replies_as_branches(qtbot, make_window):
     sessions = _Counting()
-    w = make_window(worker=EngineWorker(load_fn=fake_load, session_fn=sessions))
-    with qtbot.waitSignal(w.reply_finished, timeout=5000):
-        w.submit("Tell me a joke")
+    w = _window(make_window, sessions)
+    _send(qtbot, w, "Tell me a joke")
     _regenerate(qtbot, w)
     _regenerate(qtbot, w)
     conv = w.current_conversation
@@ -62,8 +71,7 @@ def test_regenerate_samples_and_keeps_the_earlier_replies_as_branches(qtbot, mak
     # The KV panel says why no cache of it exists now (it said "an earlier run, or other settings").
     readout = w.panels["kvCachePanel"].widget().readout.text()
     assert "<i>Its last reply's cache</i> (it holds another version of this reply): " in readout
-    with qtbot.waitSignal(w.reply_finished, timeout=5000):
-        w.submit("Another")
+    _send(qtbot, w, "Another")
     kv = w.panels["kvCachePanel"].widget()
     qtbot.waitUntil(lambda: "No KV cache" not in kv.readout.text(), timeout=3000)   # the new reply's cache
     assert conv not in w.chats.other_branch
@@ -74,12 +82,11 @@ def test_regenerate_samples_and_keeps_the_earlier_replies_as_branches(qtbot, mak
 def test_after_a_restart_a_branch_switch_still_says_an_earlier_run(qtbot, make_window):
     """No cache exists after a restart: switching branches must not say the cache holds the other one."""
     sessions = _Counting()
-    w = make_window(worker=EngineWorker(load_fn=fake_load, session_fn=sessions))
-    with qtbot.waitSignal(w.reply_finished, timeout=5000):
-        w.submit("Hello")
+    w = _window(make_window, sessions)
+    _send(qtbot, w, "Hello")
     _regenerate(qtbot, w)
     w.close()
-    again = make_window(worker=EngineWorker(load_fn=fake_load, session_fn=sessions))
+    again = _window(make_window, sessions)
     again.show_branch(1, -1)
     assert again.messages.message(1)["version"] == 1
     readout = again.panels["kvCachePanel"].widget().readout.text()
@@ -88,14 +95,13 @@ def test_after_a_restart_a_branch_switch_still_says_an_earlier_run(qtbot, make_w
 
 def test_branches_survive_a_restart(qtbot, make_window):
     sessions = _Counting()
-    w = make_window(worker=EngineWorker(load_fn=fake_load, session_fn=sessions))
-    with qtbot.waitSignal(w.reply_finished, timeout=5000):
-        w.submit("Hello")
+    w = _window(make_window, sessions)
+    _send(qtbot, w, "Hello")
     _regenerate(qtbot, w)
     w.show_branch(1, -1)
     conv = w.current_conversation
     w.close()
-    again = make_window(worker=EngineWorker(load_fn=fake_load, session_fn=_Counting()))
+    again = _window(make_window, _Counting())
     assert again.current_conversation == conv
     m = again.messages.message(1)
     assert (m["content"], m["version"], m["versions"]) == ("Reply 1.", 1, 2)
@@ -105,9 +111,8 @@ def test_branches_survive_a_restart(qtbot, make_window):
 
 def test_a_reply_seed_can_be_used_again(qtbot, make_window):
     sessions = _Counting()
-    w = make_window(worker=EngineWorker(load_fn=fake_load, session_fn=sessions))
-    with qtbot.waitSignal(w.reply_finished, timeout=5000):
-        w.submit("Hello")
+    w = _window(make_window, sessions)
+    _send(qtbot, w, "Hello")
     seed = sessions.settings[-1].sampling.seed
     stats = w.store.messages(w.current_conversation)[1].stats
     assert stats["settings"]["seed"] == -1 and stats["settings"]["reply_seed"] == seed   # the setting, and the draw

@@ -32,7 +32,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 import runtime
 
-__all__ = ["AttentionClient", "AttentionProbe", "LIVE_INTERVAL_S", "MAX_SNAPSHOT_TOKENS"]
+__all__ = ["AttentionClient", "AttentionProbe", "LIVE_INTERVAL_S", "MAX_SNAPSHOT_TOKENS", "run_reported"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,22 @@ LIVE_INTERVAL_S = 0.1
 MAX_SNAPSHOT_TOKENS = 4096
 #: Conversations whose last context (token ids the cache held) is remembered.
 MAX_CONTEXTS = 8
+
+
+def run_reported(fn, request: int, failed, what: str) -> None:
+    """Run a probe's request ``fn`` on the engine thread; a failure goes to ``failed`` (a
+    ``Signal(int, str)``) as one line for the user naming ``what`` failed, with an unexpected
+    error's traceback in the log. Explain's cancel is said as such."""
+    try:
+        fn()
+    except runtime.ExplainCancelled:
+        failed.emit(request, "Explain cancelled.")
+    except (runtime.AttnchatError, ValueError) as e:
+        log.info("%s request failed: %s", what, e)
+        failed.emit(request, str(e))
+    except Exception as e:  # noqa: BLE001 - one line for the user, traceback to the log
+        log.exception("%s request failed", what)
+        failed.emit(request, f"{what} failed ({type(e).__name__}: {e}); see the log for details")
 
 
 class AttentionProbe(QObject):
@@ -199,14 +215,7 @@ class AttentionProbe(QObject):
         return self._layer[1]
 
     def _run(self, request: int, fn) -> None:
-        try:
-            fn()
-        except (runtime.AttnchatError, ValueError) as e:
-            log.info("attention view request failed: %s", e)
-            self.failed.emit(request, str(e))
-        except Exception as e:  # noqa: BLE001 - one line for the user, traceback to the log
-            log.exception("attention view request failed")
-            self.failed.emit(request, f"the attention view failed ({type(e).__name__}: {e}); see the log for details")
+        run_reported(fn, request, self.failed, "the attention view")
 
     @Slot(int, int, object, str, int, object)
     def snapshot(self, request: int, conv_id: int, history: list, system: str, layer: int, head) -> None:

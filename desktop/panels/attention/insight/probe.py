@@ -10,17 +10,16 @@ torch or widgets.
 """
 from __future__ import annotations
 
-import logging
 import time
 
 import numpy as np
 from PySide6.QtCore import QObject, Signal, Slot
 
 import runtime
+from desktop.panels.attention.probe import run_reported
 
 __all__ = ["InsightClient", "InsightProbe", "MAX_EXPLAIN_TOKENS", "MAX_KNOCKOUT_TOKENS"]
 
-log = logging.getLogger(__name__)
 
 #: Explain looks at most this many context tokens before the chosen token (the last ones):
 #: integrated gradients run a forward and a backward per step over all of them.
@@ -90,16 +89,7 @@ class InsightProbe(QObject):
         return [ids[p] for p in positions] + [ids[t]], t, positions, dropped
 
     def _run(self, request: int, fn) -> None:
-        try:
-            fn()
-        except runtime.ExplainCancelled:
-            self.failed.emit(request, "Explain cancelled.")
-        except (runtime.AttnchatError, ValueError) as e:
-            log.info("insight request failed: %s", e)
-            self.failed.emit(request, str(e))
-        except Exception as e:  # noqa: BLE001 - one line for the user, traceback to the log
-            log.exception("insight request failed")
-            self.failed.emit(request, f"the insight view failed ({type(e).__name__}: {e}); see the log for details")
+        run_reported(fn, request, self.failed, "the insight view")
 
     def _plan(self, model, window: list[int], ig_steps: int, permutations: int, ig_positions: int) -> dict:
         """What Explain will take for the token ending ``window``: ``tokens``, ``passes``,
