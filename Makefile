@@ -29,13 +29,14 @@ lint: venv
 # Two workers (pytest-xdist), a test file on one worker: the suite is mostly one-core work
 # (imports, subprocesses, Qt, small models), so on 2 cores it takes about half the time
 # (measured: 11.7 against 24 min at load 3-5). The default model is fetched first, once: the
-# workers would otherwise download it side by side into the same part file.
+# workers would otherwise download it side by side into the same part file. Files go out in the
+# order tests/conftest.py sorts them (those with slow tests first), not xdist's most-tests-first.
 TEST_WORKERS ?= 2
 
 test: venv
 	$(VENV)/bin/lint-imports
 	$(PY) -c "from models import fetch; fetch.ensure_default()"
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --loadscope-no-reorder --durations=25
 
 # The packaged app: PyInstaller's one folder (dist/attnchat/, the default model inside),
 # then dist/attnchat_<version>_<arch>.deb and dist/attnchat-<version>-linux-<arch>.tar.gz.

@@ -48,7 +48,14 @@ def server(default_model_file):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` need CUDA; CI has none, so they are skipped there."""
+    """Files with slow tests (the real models') run first, each file's tests in their order, so
+    ``make test``'s two workers (``--dist loadfile --loadscope-no-reorder``) start on the longest
+    files and end on short ones: pytest-xdist's own order (most tests first) left the slow files,
+    which have few tests, for last, and one worker ran them alone for minutes at the end.
+
+    Tests marked ``gpu`` need CUDA; CI has none, so they are skipped there."""
+    slow_files = {item.path for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: files stay whole, in order
     import torch
 
     if torch.cuda.is_available():

@@ -3,10 +3,15 @@
 A helper for tests (not a test file). ``make_tiny_model(tmp_dir, family)`` writes
 ``config.json``, ``model.safetensors`` and a small byte-level BPE tokenizer with a chat
 template into ``tmp_dir / family`` and returns that folder. The weights come from
-``torch.manual_seed(0)``, so every call builds the same model.
+``torch.manual_seed(0)``, so every call builds the same model: each distinct model is built
+once per test process and copied into each caller's folder (building one through transformers
+costs ~0.3 s, copying its few files ~1 ms), so a test may change its copy freely.
 """
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from pathlib import Path
 
 FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
@@ -181,6 +186,33 @@ def make_tiny_model(tmp_dir, family: str, *, max_positions: int = 128, overrides
     Returns:
         The folder: config.json, model.safetensors and tokenizer files.
     """
+    import torch
+
+    key = repr((family, max_positions, sorted((overrides or {}).items())))
+    if key not in _BUILT:
+        folder = _build(_built_dir() / str(len(_BUILT)), family, max_positions, overrides)
+        _BUILT[key] = folder, torch.get_rng_state()
+    folder, rng = _BUILT[key]
+    torch.set_rng_state(rng)  # torch's generator as a build leaves it: draws after a call stay the same
+    out = Path(tmp_dir) / family
+    shutil.copytree(folder, out, copy_function=shutil.copy, dirs_exist_ok=True)  # fresh mtimes, as a save
+    return out
+
+
+#: Model key -> its folder, built once in this process (:func:`make_tiny_model` copies it), and
+#: torch's generator state after the build.
+_BUILT: dict[str, tuple[Path, object]] = {}
+_ROOT: list[Path] = []
+
+
+def _built_dir() -> Path:
+    if not _ROOT:
+        _ROOT.append(Path(tempfile.mkdtemp(prefix="attnchat-tiny-models-")))
+        atexit.register(shutil.rmtree, _ROOT[0], ignore_errors=True)
+    return _ROOT[0]
+
+
+def _build(tmp_dir: Path, family: str, max_positions: int, overrides: dict | None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
