@@ -49,7 +49,7 @@ def server(default_model_file):
 
 def pytest_collection_modifyitems(config, items):
     """Files with slow tests (the real models') run first, each file's tests in their order, so
-    ``make test``'s two workers (``--dist loadfile --loadscope-no-reorder``) start on the longest
+    ``make test``'s two workers (``--dist loadfile --no-loadscope-reorder``) start on the longest
     files and end on short ones: pytest-xdist's own order (most tests first) left the slow files,
     which have few tests, for last, and one worker ran them alone for minutes at the end.
 
