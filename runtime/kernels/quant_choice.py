@@ -49,6 +49,8 @@ def kernel_pairs(btype: BlockType, device: str | torch.device = "cpu") -> list[t
     pairs = []
     if QUANT_KERNELS["ggml"].available():
         pairs += [("ggml", "widen"), ("ggml", "ggml-exact")]
+        if QUANT_KERNELS["widen-bf16"].available():
+            pairs.append(("ggml", "widen-bf16"))
         if four:   # the ggml decode step reads the blocks, int4pack's repack prefills
             pairs.append(("ggml", "int4pack-bf16"))
     if four:
@@ -116,6 +118,9 @@ def default_quant_choice(btypes, device: str | torch.device = "cpu") -> QuantCho
 #: running the file's own blocks.
 COPY_MARGIN = 0.9
 
+#: The kernels that read the file's blocks with no form beside them.
+COPY_FREE = ("ggml", "ggml-exact", "widen", "widen-bf16")
+
 
 def _fastest(us: dict[str, float], order: list[str]) -> str:
     """The fastest of ``us`` (the first of ``order`` when nothing was timed); a kernel with a
@@ -123,7 +128,7 @@ def _fastest(us: dict[str, float], order: list[str]) -> str:
     if not us:
         return order[0]
     best = min(us, key=us.get)
-    free = {k: t for k, t in us.items() if k in ("ggml", "ggml-exact", "widen")}
+    free = {k: t for k, t in us.items() if k in COPY_FREE}
     if best not in free and free and us[best] > COPY_MARGIN * min(free.values()):
         return min(free, key=free.get)
     return best

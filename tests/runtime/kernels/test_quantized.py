@@ -18,10 +18,12 @@ needs_ggml = pytest.mark.skipif(not ggml_ops.available(), reason="ggml-python no
 #: errors on the real models' matrices and these tiny ones (Intel Xeon): ggml
 #: quantizes activations per block of 32 (0.3-0.9 %); int4pack rounds them and the
 #: scales to bfloat16 (0.3 %); int8pack requantizes the weights per row (0.8-1.4 %);
-#: f16 rounds activations and weights to float16 (0.04 %); widen is float32 (1e-7); ggml-exact
+#: f16 rounds activations and weights to float16 (0.04 %); widen is float32 (1e-7); widen-bf16
+#: rounds activations, weights and results to bfloat16 (0.3-0.4 %); ggml-exact
 #: leaves ggml about 1/200 of its rounding (0.0024 % on the default model's Q8_0 head, 0.02-0.05 %
 #: on its Q4_1 layers: their Q8_1 activations are not rebuilt bit for bit).
-BOUNDS = {"ggml": 0.02, "ggml-exact": 2e-3, "ggml-head": 0.02, "int4pack-bf16": 0.01, "int4pack-f16": 2e-3, "int8pack": 0.03, "f16": 2e-3, "widen": 1e-5}
+BOUNDS = {"ggml": 0.02, "ggml-exact": 2e-3, "ggml-head": 0.02, "int4pack-bf16": 0.01, "int4pack-f16": 2e-3, "int8pack": 0.03, "f16": 2e-3, "widen": 1e-5,
+          "widen-bf16": 0.01}
 
 
 @pytest.fixture(scope="module")
@@ -217,7 +219,7 @@ def test_a_fixed_decode_kernel_chooses_only_prefill(weights, tmp_path, monkeypat
 
     from runtime.kernels import machine
     from runtime.kernels.chooser import load_or_measure
-    from runtime.kernels.quant_choice import BlockKernels, measure_quant
+    from runtime.kernels.quant_choice import COPY_FREE, BlockKernels, measure_quant
 
     ws = list(weights.values())
     choice = measure_quant(ws, reps=1, prefill_rows=4, decode="ggml")
@@ -228,10 +230,10 @@ def test_a_fixed_decode_kernel_chooses_only_prefill(weights, tmp_path, monkeypat
         us = choice.timings_us[name]["prefill"]
         assert not choice.timings_us[name]["decode"]   # decode is not timed: it is fixed
         if prefill == "int4pack-bf16":   # a repack beside the blocks only when 10 % faster
-            assert us[prefill] <= 0.9 * min(t for k, t in us.items() if k in ("widen", "ggml-exact"))
+            assert us[prefill] <= 0.9 * min(t for k, t in us.items() if k in COPY_FREE)
             assert w.extra_bytes > 0
         else:
-            assert prefill in ("widen", "ggml-exact") and w.extra_bytes == 0
+            assert prefill in COPY_FREE and w.extra_bytes == 0
     monkeypatch.setattr(machine, "busy", lambda: False)
     btypes = {w.btype for w in ws}
     kept = load_or_measure(tmp_path, BlockKernels(btypes, "cpu", lambda: choice, decode="ggml"))
@@ -306,3 +308,18 @@ def test_the_head_kernel_gives_the_top_logits_without_ggmls_rounding(tmp_path):
         others[t] = False
         assert torch.equal(head[i, others], plain[i, others])
         assert int(head[i].argmax()) == int(ref[i].argmax())
+
+
+@needs_ggml
+def test_the_bfloat16_prefill_is_offered_only_where_onednn_multiplies_bfloat16(monkeypatch):
+    """An AMD Zen 3 (AVX2, no AVX512-BF16) has no oneDNN bfloat16 product: there the pair is not
+    offered; where it runs, it is offered for every quantized type, never for a float matrix."""
+    from runtime.kernels import onednn, quant_choice
+
+    q4, f32 = BLOCK_TYPES["Q4_1"], BLOCK_TYPES["F32"]
+    monkeypatch.setattr(onednn, "takes_bfloat16", lambda: False)
+    assert ("ggml", "widen-bf16") not in quant_choice.kernel_pairs(q4, "cpu")
+    monkeypatch.setattr(onednn, "takes_bfloat16", lambda: True)
+    assert ("ggml", "widen-bf16") in quant_choice.kernel_pairs(q4, "cpu")
+    assert all("widen-bf16" not in pair for pair in quant_choice.kernel_pairs(f32, "cpu"))
+    assert quant_choice.kernel_pairs(q4, "cpu")[0] == ("ggml", "widen")   # the unmeasured default stays float32
