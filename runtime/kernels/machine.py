@@ -24,7 +24,9 @@ log = logging.getLogger(__name__)
 #: machine are no longer kept (some version-2 files held such choices).
 #: 4: decode kernels timed streaming every matrix of a token from memory (version 3
 #: timed each shape again and again from the CPU's cache, which hid a 1.5x difference).
-CHOICE_VERSION = 4
+#: 5: the bfloat16 prefill kernel (widen-bf16) is a candidate: choices kept without it are
+#: measured again.
+CHOICE_VERSION = 5
 
 #: The CPU flags that decide between kernels (shown by ``attnchat bench``).
 NOTABLE_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni",
