@@ -154,7 +154,9 @@ def _ggml_head_run(x: torch.Tensor, m, w: QuantWeight) -> torch.Tensor:
     rest = x - ggml_ops.as_ggml_sees(x, w.btype.ggml_type)   # (M, cols): what the rounding lost
     top = y.topk(HEAD_EXACT_TOP, dim=-1).indices                # (M, K)
     rows = lookup(w, top)                                       # (M, K, cols) float32
-    y.scatter_add_(-1, top, torch.bmm(rows, rest.unsqueeze(-1)).squeeze(-1))
+    # one matrix-vector product per row, not a bmm over the rows: a row's correction then does
+    # not depend on how many rows share the call (a batched reply equals it alone, bit for bit)
+    y.scatter_add_(-1, top, torch.stack([rows[i] @ rest[i] for i in range(rows.shape[0])]))
     return y
 
 

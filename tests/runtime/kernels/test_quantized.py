@@ -308,6 +308,10 @@ def test_the_head_kernel_gives_the_top_logits_without_ggmls_rounding(tmp_path):
         others[t] = False
         assert torch.equal(head[i, others], plain[i, others])
         assert int(head[i].argmax()) == int(ref[i].argmax())
+    x4 = torch.cat([x, torch.randn(2, cols) * 3])   # rows batched together equal each row alone
+    together = quant_linear(x4, w, "ggml-head")
+    for i in range(4):
+        assert torch.equal(together[i], quant_linear(x4[i : i + 1], w, "ggml-head")[0]), i
 
 
 @needs_ggml
