@@ -47,7 +47,8 @@ def test_a_model_not_downloaded_shows_size_and_license_first_then_downloads_and_
     d = _switcher(w, folder, fetched).open()
     assert [a.text() for a in w.file_menu.actions()].index("&Models…") == 3  # after Open model folder…
     rows = [d.list.item(i).text() for i in range(d.list.count())]
-    assert rows[:2] == ["SmolLM2-135M-Instruct\nloaded · Apache-2.0", "Gemma 3 270M\n241.4 MiB to download · Gemma Terms of Use"]
+    assert rows[:2] == ["SmolLM2-135M-Instruct\nloaded · Apache-2.0",
+                        "Gemma 3 270M\n241.4 MiB to download · Gemma Terms of Use"]
     assert len(rows) == len(models.CATALOG) and rows[2] == "Qwen2.5-0.5B-Instruct\n379.6 MiB to download · Apache-2.0"
     assert d.list.currentRow() == 0 and not d.load_button.isEnabled() and d.load_button.text() == "Loaded"
     assert d.download_button.isHidden()
@@ -134,7 +135,8 @@ def test_a_usable_first_model_is_recommended_for_this_machine(qtbot, tmp_path, m
     assert r is not None and r.entry.parameters == max(e.parameters for e in chat)
     assert "fits this machine" in r.reason and "usable speed" in r.reason
     # "of 21,845 MB free on the CPU" read oddly, in MB beside the window's MiB.
-    assert f"({size_text(r.fit['total_bytes'])} with its KV cache at 8,192 tokens, of 5.6 GiB of free memory)" in r.reason
+    total = size_text(r.fit["total_bytes"])
+    assert f"({total} with its KV cache at 8,192 tokens, of 5.6 GiB of free memory)" in r.reason
     small = recommend(fit=fit, device="cpu", free_disk=500_000_000)   # the disk counts too
     assert small is not None and small.entry.size_bytes * 1.1 <= 500_000_000 < r.entry.size_bytes * 1.1
     big = recommend(fit=lambda *a: fit(*a, free=100_000_000_000), device="cuda:0", free_disk=10**12)

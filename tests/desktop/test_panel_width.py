@@ -115,7 +115,8 @@ def test_three_panels_tabbed_at_1100_px_show_their_titles_whole(qtbot, make_wind
     qtbot.wait(50)
     titles = {w.panels["kvCachePanel"].windowTitle(), w.panels["attentionPanel"].windowTitle(), server.windowTitle()}
     assert titles == {"KV cache", "Attention", "Server"}
-    bars = [b for b in w.findChildren(QTabBar) if b.parent() is w and {b.tabText(i) for i in range(b.count())} == titles]
+    bars = [b for b in w.findChildren(QTabBar)
+            if b.parent() is w and {b.tabText(i) for i in range(b.count())} == titles]
     assert len(bars) == 1, [[b.tabText(i) for i in range(b.count())] for b in w.findChildren(QTabBar)]
     bar = bars[0]
     for i in range(bar.count()):   # an elided tab is drawn narrower than its text needs

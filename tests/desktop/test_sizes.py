@@ -22,7 +22,8 @@ def test_sizes_read_in_binary_units_as_the_command_line_says_them():
 def test_the_fit_line_says_free_memory_in_the_windows_units():
     from desktop.model_switcher.dialog import fit_line
 
-    fit = {"verdict": "fits", "total_bytes": 1_344_600_000, "context": 8192, "device": "cpu", "free_bytes": 21_644_300_000}
+    fit = {"verdict": "fits", "total_bytes": 1_344_600_000, "context": 8192, "device": "cpu",
+           "free_bytes": 21_644_300_000}
     assert fit_line(fit) == ("<p><b>Fits this machine:</b> fits (1.3 GiB: the file and the KV cache at 8,192 tokens; "
                              "20.2 GiB of free memory)</p>")
     assert "93.1 GiB free on cuda:0)" in fit_line(dict(fit, device="cuda:0", free_bytes=100_000_000_000))
