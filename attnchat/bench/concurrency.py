@@ -155,6 +155,7 @@ def _level(model_path: str, device: str, dtype: str, requests: int, prefill: int
     finishes: list = []
     batcher = Batcher(model, pool, max_batch=requests, prefill_chunk=256,
                       on_events=lambda r, evs: finishes.extend(e for e in evs if isinstance(e, Finish)))
+    batcher.prepare()  # as the server's engine does when it starts
     limit = prefill + decode + 1
     prompts = _prompts(model.tokenizer, requests, prefill)
     for prompt in prompts:

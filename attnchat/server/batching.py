@@ -220,6 +220,10 @@ class BatchEngine(Engine):
 
     # ---- the worker --------------------------------------------------------------------
     def _work(self) -> None:
+        try:
+            self.batcher.prepare()  # the batched graphs, before any request waits for them
+        except Exception:  # the rows then decode as the first step decides
+            log.exception("preparing the batched decode failed")
         while True:
             with self._lock:
                 idle = False

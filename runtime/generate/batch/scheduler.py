@@ -162,6 +162,11 @@ class Batcher:
             gov = self._governors[len(rows)] = ThreadGovernor(base.options, torch.set_num_threads, torch.get_num_threads)
         return gov.run(call, units=len(rows))
 
+    def prepare(self) -> None:
+        """Build what the decode steps need before the first reply (the batched graphs of every
+        size up to ``max_batch``), so no reply's first token waits for it."""
+        self._graphs()
+
     def _graphs(self) -> BatchGraphs | None:
         """The batched ggml graphs of this model and pool (None, said once in the log, when
         they do not take them, or ``decode_mode`` is not ggml: the rows then run eagerly)."""
