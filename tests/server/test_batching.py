@@ -303,3 +303,31 @@ def test_default_gguf_replies_batched_equal_each_alone(default_blocks):
         assert together == alone and min(len(t) for t in alone) >= 5
     finally:
         engine.close()
+
+
+@pytest.mark.slow
+def test_default_gguf_replies_are_the_same_one_at_a_time_and_batched(default_blocks):
+    """The one-at-a-time engine (the one-sequence ggml token over a contiguous cache) and the
+    batching engine (rows as one ggml graph over pages) give the same greedy token ids: each
+    row's hidden state is the one-sequence graph's, only the LM head's exact top logits can
+    differ (by ~1e-8)."""
+    settings = GenerationSettings(context_limit=1024, overflow="stop")
+    serial = Engine(default_blocks, settings=settings, sessions=1)
+    batched = BatchEngine(default_blocks, settings=settings, parallel=4)
+    try:
+        want = []
+        for ask in DEFAULT_ASKS:
+            job, items, done = _job(ask, max_tokens=24)
+            serial.submit(job)
+            assert done.wait(120)
+            want.append(_done(items).token_ids)
+        jobs = [_job(ask, max_tokens=24) for ask in DEFAULT_ASKS]
+        for job, _, _ in jobs:
+            batched.submit(job)
+        for (job, items, done), w in zip(jobs, want):
+            assert done.wait(120)
+            assert _done(items).token_ids == w
+        assert batched.batcher._ggml, "the batched rows did not run as one graph"
+    finally:
+        serial.close()
+        batched.close()
