@@ -153,3 +153,18 @@ def test_models_fetch_of_a_misspelt_id_names_the_nearest(monkeypatch, capsys, tm
     err = capsys.readouterr().err
     assert err.startswith("attnchat: error: unknown model 'qwen2.5-0.5b-instruct-typo'; did you mean "
                           "qwen2.5-0.5b-instruct? known models: smollm2-135m-instruct, ") and err.count("\n") == 1
+
+
+def test_the_readme_names_the_options_serve_takes():
+    """The README said most of chat's options apply to serve; serve takes a few (--max-new-tokens
+    there is unrecognized: its requests give max_tokens)."""
+    from pathlib import Path
+
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8").split())
+    said = re.search(r"`serve` takes (.*?): `attnchat serve --help`\)", readme).group(1)
+    named = re.findall(r"`(--[a-z-]+)`", said)
+    serve = {o for a in cli.build_parser().commands["serve"]._actions for o in a.option_strings}
+    assert named == ["--model", "--temperature", "--context", "--cache-dtype", "--overflow", "--device", "--dtype",
+                     "--reproducible", "--max-tokens"]
+    assert set(named) <= serve and {"--cache-policy", "--cache-budget"} <= serve
+    assert "--max-new-tokens" not in serve and "--system" not in serve
