@@ -115,3 +115,19 @@ def test_ctrl_c_ends_an_open_stream_with_a_finish_chunk_and_done(default_model_f
     assert "attnchat: stopping; 2 replies in progress end here\n" in out, out
     assert out.endswith("attnchat: stopped\n"), out
     assert "Traceback" not in out and status == 0, (status, out)
+
+
+def test_sigterm_on_an_idle_server_says_it_stopped(default_model_file):
+    """uvicorn raises a SIGTERM again once it has shut down (the exit status says the signal): the
+    lines come first. It printed nothing before."""
+    server = start_server("--model", str(default_model_file), "--parallel", "1")
+    try:
+        server.proc.send_signal(signal.SIGTERM)
+        status = server.proc.wait(timeout=60)
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+    time.sleep(0.2)  # the pump thread reads the last lines
+    out = "".join(server.output)
+    assert status == -signal.SIGTERM and out.endswith("attnchat: stopping\nattnchat: stopped\n"), (status, out)
