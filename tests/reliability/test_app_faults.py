@@ -15,6 +15,7 @@ import runtime
 import runtime.model.decoder
 from desktop.chat import store as store_mod
 from desktop.chat.store import Store
+from desktop.main_window.window import sentence
 from desktop.worker import EngineWorker
 from runtime import Finish, Message, PrefillProgress, TextPiece, TurnStats
 from tests.desktop.fakes import REPLY, FakeSession, fake_load, fake_session_factory
@@ -232,7 +233,7 @@ def test_out_of_memory_is_one_clear_line_and_the_app_runs_on(qtbot, make_window,
     assert result["reason"] == "error" and len(errors) == 1, errors
     msg = errors[0]
     assert "out of memory" in msg and "context length" in msg and "\n" not in msg and "Traceback" not in msg
-    assert w.notice.isVisible() and w.notice.text() == msg
+    assert w.notice.isVisible() and w.notice.text() == sentence(msg)   # a capital first letter in the window
     assert w.messages.rowCount() == 1 and not w.replying   # the message stays; no empty reply
     result = send(qtbot, w, "the a and", timeout=30_000)   # and the app runs on
     assert result["reason"] in ("stop", "length") and result["stats"]["completion_tokens"] > 0
@@ -245,7 +246,7 @@ def test_an_unexpected_error_in_the_worker_is_one_line(qtbot, make_window):
     result = send(qtbot, w, "hello")
     assert result["reason"] == "error"
     assert errors == ["the reply failed (RuntimeError: boom: the first line); see the log for details"]
-    assert w.notice.text() == errors[0]
+    assert w.notice.text() == sentence(errors[0]) == "T" + errors[0][1:]
     assert not w.replying and w.send_button.isEnabled()
 
 
@@ -270,7 +271,7 @@ def test_a_100_kb_paste_is_refused_in_one_notice_and_not_lost(qtbot, make_window
     assert len(errors) == 1
     msg = errors[0]
     assert "the message needs" in msg and "context holds 128" in msg and "shorten the message" in msg
-    assert w.notice.isVisible() and w.notice.text() == msg and "\n" not in msg
+    assert w.notice.isVisible() and w.notice.text() == sentence(msg) and "\n" not in msg
     conv = w.current_conversation
     # The conversation is left as it was (nothing stored) and the paste is back in the box, intact.
     assert [(m.role, m.content) for m in w.store.messages(conv)] == []

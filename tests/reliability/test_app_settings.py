@@ -9,6 +9,7 @@ import pytest
 from PySide6.QtCore import QSettings, Qt
 
 import runtime
+from desktop.main_window.window import sentence
 from desktop.settings.values import DEFAULTS
 from desktop.settings.dialog import SettingsDialog
 from desktop.worker import EngineWorker
@@ -132,7 +133,7 @@ def test_a_cache_limit_below_one_token_through_the_real_session_is_one_line(qtbo
     result = send(qtbot, w, "the a and", timeout=30_000)
     assert result["reason"] == "error" and len(errors) == 1
     assert "smaller than one token" in errors[0] and "raise the limit" in errors[0]
-    assert w.notice.text().startswith(errors[0]) and "\n" not in w.notice.text()
+    assert w.notice.text().startswith(sentence(errors[0])) and "\n" not in w.notice.text()
     w.generation_overrides = {"max_new_tokens": 4}
     assert send(qtbot, w, "the a and", timeout=30_000)["reason"] in ("stop", "length")
 

@@ -54,7 +54,7 @@ def test_an_unexpected_worker_error_is_logged_with_its_traceback_and_shown_in_on
     with qtbot.waitSignal(w.reply_finished, timeout=5000):
         w.input.submit()
     shown = w.notice.text()
-    assert shown.startswith("the reply failed (KeyError") and "see the log" in shown and "\n" not in shown
+    assert shown.startswith("The reply failed (KeyError") and "see the log" in shown and "\n" not in shown
     assert "Traceback" not in shown
     text = logged.read_text()
     assert "generation failed" in text and "Traceback (most recent call last)" in text
