@@ -112,6 +112,8 @@ def test_kv_panel_draws_the_kept_line_against_the_full_one(qtbot, tmp_path):
     assert "full cache" in names and "kept" in names and "used" not in names
     text = p.readout.text()
     assert "keeps <b>256</b> of 1,000 tokens (744 evicted)" in text and "26\u00a0% of the full cache" in text
+    # "allocated 22.50 MiB" for a 256-token budget, said without a why, read as the policy passing its budget.
+    assert "Allocated stays at 22.50 MiB (512 tokens' room): the cache evicts after each forward pass" in text
     assert "<b>1,000</b> / 8,192 tokens" in text  # the context is the conversation's length
     assert not s.events  # evictions every few tokens are no markers
     _grab(p, tmp_path, "kv-panel-kept-vs-full.png")

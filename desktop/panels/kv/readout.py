@@ -93,5 +93,13 @@ def kept_line(s: KVSeries, policy: str) -> str:
     if not s.evicted:
         return f"Cache policy {policy}: nothing evicted yet ({tokens:,} tokens cached)."
     share = f", {100 * used / full:.0f}\u00a0% of the full cache" if full else ""
-    return (f"Cache policy {policy} keeps <b>{s.held:,}</b> of {tokens:,} tokens ({s.evicted:,} evicted): "
+    line = (f"Cache policy {policy} keeps <b>{s.held:,}</b> of {tokens:,} tokens ({s.evicted:,} evicted): "
             f"{used / MIB:,.2f} of {full / MIB:,.2f} MiB{share}; the model no longer sees the evicted ones.")
+    allocated = s.allocated[-1] if s.allocated else 0
+    if allocated > used and s.bytes_per_token:
+        # "allocated 22.50 MiB" beside a 256-token budget read as the policy not keeping it: the
+        # cache evicts after each forward, so it grew past the budget by the chunk it was reading.
+        line += (f" Allocated stays at {allocated / MIB:,.2f} MiB ({allocated // s.bytes_per_token:,} tokens' "
+                 "room): the cache evicts after each forward pass, so it grew past the budget while it read "
+                 "a chunk of the prompt, and keeps that room for the next one.")
+    return line
