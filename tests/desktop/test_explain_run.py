@@ -134,3 +134,29 @@ def test_cancel_keeps_the_views_scroll_position(qtbot):
     view.set_idle()   # "Explain cancelled."
     qtbot.wait(50)
     assert bar.value() == min(before, bar.maximum())
+
+
+def test_the_rate_is_timed_again_for_a_context_far_from_the_one_timed(monkeypatch):
+    """An 82-token chat was said to take longer than a 486-token one: the per-token rate timed on
+    one context was used for every other, a pass's fixed cost spread over its tokens."""
+    from types import SimpleNamespace
+
+    import runtime
+    from desktop.panels.attention.insight.probe import InsightProbe
+
+    timed = []
+    monkeypatch.setattr(runtime, "explain_rate", lambda model, window, n: timed.append(n) or 0.01 + 1.0 / n)
+    monkeypatch.setattr(runtime, "explain_cost", lambda model, n, **kw: {
+        "passes": 130, "token_passes": 100 * n, "typical_token_passes": 60 * n, "peak_bytes": 1 << 30})
+    probe = InsightProbe(attention_probe=None)
+    model = SimpleNamespace(path="/models/smol.gguf")
+    plan = lambda n: probe._plan(model, list(range(n + 1)), 97, 32, 64)   # noqa: E731 - n context tokens
+    first = plan(486)
+    assert timed == [486] and first["basis"] == "this machine: one gradient pass timed now"
+    assert first["seconds"] == pytest.approx(60 * 486 * (0.01 + 1 / 486))
+    plan(300)
+    assert timed == [486]   # near the timed context: the same rate
+    short = plan(82)
+    assert timed == [486, 82] and short["seconds"] == pytest.approx(60 * 82 * (0.01 + 1 / 82))
+    plan(150)
+    assert timed == [486, 82]

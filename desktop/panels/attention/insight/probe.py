@@ -60,6 +60,7 @@ class InsightProbe(QObject):
         self.cancel_upto = 0
         self._seconds_per_token: dict[str, float] = {}   # model path -> seconds per token pass (measured)
         self._timed_by_forward: set[str] = set()   # model paths whose rate is one gradient pass's, not a run's
+        self._timed_tokens: dict[str, int] = {}   # model path -> the context length its rate was timed at
 
     def _target(self, model, conv_id: int, history: list, system: str, position: int) -> tuple[list[int], int]:
         """The conversation's ids and the chosen token's position (``-1``: the newest reply token)."""
@@ -100,11 +101,15 @@ class InsightProbe(QObject):
         cost = runtime.explain_cost(model, n, ig_steps=ig_steps, permutations=permutations, ig_positions=ig_positions)
         key = str(model.path)
         basis = "this machine: measured by the last Explain"
-        if key not in self._seconds_per_token:
+        timed = self._timed_tokens.get(key, 0)
+        if key not in self._seconds_per_token or not timed / 2 <= n <= 2 * timed:
             # Timed from a gradient pass, the kind most of the time goes to (a forward through
-            # the quantized kernels said too little: runtime.explain_rate).
+            # the quantized kernels said too little: runtime.explain_rate). Again for a context
+            # far from the one timed: a pass's fixed cost spread over 82 tokens made a short
+            # chat's estimate longer than a 486-token one's, and a long chat's too short after it.
             self._seconds_per_token[key] = runtime.explain_rate(model, window, n)
             self._timed_by_forward.add(key)
+            self._timed_tokens[key] = n
         if key in self._timed_by_forward:
             basis = "this machine: one gradient pass timed now"
         rate = self._seconds_per_token[key]
@@ -151,6 +156,7 @@ class InsightProbe(QObject):
                                         ig_positions=ig_positions)   # the work the run did (steps it took)
             self._seconds_per_token[key] = (time.perf_counter() - t0) / max(1, done["token_passes"])
             self._timed_by_forward.discard(key)
+            self._timed_tokens[key] = n
             texts = self._ap._tokens(model, window)
             for k in ("attention", "input_x_gradient", "integrated_gradients"):
                 ex[k] = np.asarray(ex[k], dtype=np.float32)
