@@ -26,7 +26,7 @@ POLICY_TEXT = {
 }
 
 CACHE_POLICY_TEXT = {
-    "none": "none: keep every token (the context limit ends the conversation)",
+    "none": "none: keep every token",   # the overflow policy says what happens when the context is full
     "sinks-window": "sinks + window (StreamingLLM)",
     "h2o": "H2O: the most attended tokens + the newest",
     "snapkv": "SnapKV: what the newest 64 queries look at",

@@ -69,6 +69,20 @@ def test_settings_offer_each_policy_with_its_figures_and_a_budget(qtbot, tmp_pat
     _grab(d, tmp_path, "settings-cache-policy.png")
 
 
+def test_the_default_cache_policy_reads_whole_in_the_closed_box(qtbot, tmp_path):
+    """It read "none: keep every token (the context limit ends the conversation) —" (cut; and with
+    truncate-middle or rolling the context limit does not end the conversation)."""
+    d = SettingsDialog(Settings(tmp_path / "s.ini"), dict(SMOL), devices=DEVICES)
+    qtbot.addWidget(d)
+    d.show()
+    qtbot.waitExposed(d)
+    combo = d.fields["generation/cache_policy"].editor
+    text = combo.currentText()
+    assert text == cache_policy_label("none") and text.startswith("none: keep every token")
+    room = combo.width() - combo.iconSize().width() - 40   # the frame and the arrow
+    assert combo.fontMetrics().horizontalAdvance(text) <= room, (text, room)
+
+
 def test_policy_labels_carry_the_measured_figures():
     measured = {"model": "m", "machine": "x", "full": (9, 10),
                 "policies": {"tova": {0.25: (2, 10, 0.4), 0.5: (5, 10, 0.12)}}}
