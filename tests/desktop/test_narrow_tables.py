@@ -112,3 +112,17 @@ def test_the_formula_tables_tokens_show_whole_and_it_scrolls_sideways(qtbot):
         assert [head.sectionSize(c) for c in range(t.columnCount())] == [
             max(head.sectionSizeHint(c), t.sizeHintForColumn(c)) for c in range(t.columnCount())]   # none wider
     assert t.horizontalScrollBar().maximum() > 0
+
+
+def test_the_by_hand_table_fits_the_attention_dock(qtbot):
+    """Stretched into 261 px on X, "÷√d_k" (46 px) and "weight" (51 px) got 43 px each."""
+    from desktop.panels.attention.sandbox import SandboxView
+
+    view = SandboxView()
+    qtbot.addWidget(view)
+    view.load_example()
+    t = view.table
+    for width in _at_widths(qtbot, view, t):
+        if width == DOCK_VIEW:
+            assert t.horizontalHeader().length() <= t.viewport().width()
+    assert t.item(1, 5).text() == "0.768" and t.horizontalHeaderItem(4).text() == "÷√d"

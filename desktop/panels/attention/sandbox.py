@@ -20,7 +20,7 @@ import math
 import numpy as np
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
-    QAbstractItemView, QCheckBox, QComboBox, QFormLayout, QHeaderView, QLineEdit, QPushButton,
+    QAbstractItemView, QCheckBox, QComboBox, QFormLayout, QLineEdit, QPushButton,
     QSpinBox, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
@@ -94,7 +94,7 @@ def _vec(xs) -> str:
 class SandboxView(QWidget):
     """The formula by hand, with predict-then-reveal (see the module docstring)."""
 
-    COLUMNS = ("token", "k", "v", "q·k", "÷√d_k", "weight")
+    COLUMNS = ("token", "k", "v", "q·k", "÷√d", "weight")
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -118,7 +118,7 @@ class SandboxView(QWidget):
         self.table.setHorizontalHeaderLabels(list(self.COLUMNS))
         self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        whole_columns(self.table)   # stretched, "÷√d_k" and "weight" were cut in the 285 px dock
         self.output = rich_label("")
         self.verdict = rich_label("", small=True)
         form = QFormLayout()
@@ -196,7 +196,7 @@ class SandboxView(QWidget):
                 self.table.setItem(j, c, item)
         d = r["d_k"]
         how = f"÷ √{d} = × {r['scale']:.3f}" if self.scale.isChecked() else "not scaled"
-        self.table.horizontalHeaderItem(4).setText("÷√d_k" if self.scale.isChecked() else "(no scale)")
+        self.table.horizontalHeaderItem(4).setText("÷√d" if self.scale.isChecked() else "no ÷")
         out = "?" if hidden else _vec(round(x, 3) for x in r["output"])
         self.output.setText(f"d_k = {d}, scores {how}. Output = Σ<sub>j</sub> w<sub>j</sub> v<sub>j</sub> = <b>{out}</b>")
         self.reveal.setEnabled(hidden)
