@@ -14,8 +14,9 @@ of a step was that overhead, not the products. Here the whole step is one graph 
   (``set_rows``: slot = page x page_tokens + offset);
 - per row, its keys and values gathered in position order from its pages (``get_rows`` over the
   slots its page table names: the same keys, in the same order, as a contiguous cache holds),
-  then ``flash_attn_ext`` over them (one query row, online softmax in float32, grouped-query
-  heads, the layer's scale and soft-cap), as the one-sequence token graph does. (A sliding
+  (a 16-bit pool's cast back to its dtype, exactly), then ``flash_attn_ext`` over them (one
+  query row, online softmax in float32, grouped-query heads, the layer's scale and soft-cap),
+  as the one-sequence token graph does. (A sliding
   window's last keys are what :meth:`BatchGraph.bind` would list; :func:`unsupported` refuses
   sliding layers until a test checks them: the silu families with one are not in the catalog.)
 
@@ -77,13 +78,15 @@ def unsupported(decoder, pool) -> str | None:
 
 class Gather:
     """Row ``b``'s gather buffers, shared by the graphs of every batch size (one computes at a
-    time): its keys and values ``(Hkv, cap, D)`` float32 and per layer group its slot list
-    ``(Hkv, cap)`` int32. They grow (and move) by :data:`GROW_TOKENS`."""
+    time): its keys and values ``(Hkv, cap, D)`` float32 (``get_rows`` gives float32), for a
+    16-bit pool the same again in its dtype (what attention reads, as the one-sequence graph
+    reads a 16-bit cache), and per layer group its slot list ``(Hkv, cap)`` int32. They grow
+    (and move) by :data:`GROW_TOKENS`."""
 
-    def __init__(self, groups: int, Hkv: int, D: int):
-        self.groups, self.Hkv, self.D = groups, Hkv, D
+    def __init__(self, groups: int, Hkv: int, D: int, dtype: torch.dtype = torch.float32):
+        self.groups, self.Hkv, self.D, self.dtype = groups, Hkv, D, dtype
         self.cap = 0
-        self.k = self.v = None
+        self.k = self.v = self.k_typed = self.v_typed = None
         self.slot_lists: list[torch.Tensor] = []
         self.version = 0   # grown this many times (an address may come back; this count does not)
 
@@ -91,17 +94,21 @@ class Gather:
         """Room for ``need`` keys."""
         if need > self.cap:
             self.cap = -(-need // GROW_TOKENS) * GROW_TOKENS
-            self.k, self.v = torch.empty(self.Hkv, self.cap, self.D), torch.empty(self.Hkv, self.cap, self.D)
+            shape = (self.Hkv, self.cap, self.D)
+            self.k, self.v = torch.empty(shape), torch.empty(shape)
+            if self.dtype != torch.float32:
+                self.k_typed, self.v_typed = torch.empty(shape, dtype=self.dtype), torch.empty(shape, dtype=self.dtype)
             self.slot_lists = [torch.zeros(self.Hkv, self.cap, dtype=torch.int32) for _ in range(self.groups)]
             self.version += 1
 
 
 class _Row:
-    """One row's gather nodes: per layer group its slot list leaf, per layer its key and value gathers."""
+    """One row's gather nodes: per layer group its slot list leaf, per layer its key and value
+    gathers (and their casts to a 16-bit pool's dtype)."""
 
     def __init__(self, graph: Graph, groups: int, Hkv: int):
         self.slots = [graph.slot(_I32, (1, Hkv)) for _ in range(groups)]   # ne0 set per step
-        self.gathers: list = []     # (group, key node, value node) per layer
+        self.gathers: list = []     # (group, key node, value node, their casts or None) per layer
         self.bound = None           # the (Gather, version) the nodes point at
 
     def point(self, buf: Gather) -> None:
@@ -112,10 +119,13 @@ class _Row:
             c.data = lst.data_ptr()
             c.nb[1] = cap * 4
             c.nb[2] = c.nb[3] = cap * 4 * Hkv
-        for _, kg, vg in self.gathers:
-            for t, x in ((kg, buf.k), (vg, buf.v)):
+        for _, kg, vg, casts in self.gathers:
+            pairs = [(kg, buf.k), (vg, buf.v)] + ([(casts[0], buf.k_typed), (casts[1], buf.v_typed)] if casts else [])
+            for t, x in pairs:
+                es = x.element_size()
                 t.data = x.data_ptr()
-                t.nb[2], t.nb[3] = cap * D * 4, cap * D * 4 * Hkv
+                t.nb[1] = D * es
+                t.nb[2], t.nb[3] = cap * D * es, cap * D * es * Hkv
         self.bound = (buf, buf.version)
 
 
@@ -161,7 +171,7 @@ class BatchGraph:
         slot_leaves = [graph.leaf(self.new_slots[j], (B,), _I64) for j in range(groups)]
         self.rows = [_Row(graph, groups, Hkv) for _ in range(B)]
         self.gathers = gathers if gathers is not None else []
-        self.gathers += [Gather(groups, Hkv, D) for _ in range(B - len(self.gathers))]
+        self.gathers += [Gather(groups, Hkv, D, pool.dtype) for _ in range(B - len(self.gathers))]
         self.arenas: list[tuple] = []   # per layer (key leaf, value leaf, their set_rows views, bound)
         x = graph.leaf(self.x_in, (C, B))
         for layer, block in enumerate(decoder.blocks):
@@ -181,9 +191,16 @@ class BatchGraph:
             for b, row in enumerate(self.rows):
                 kg = g.ggml_get_rows(ctx, k_set, row.slots[grp])   # (D, keys, Hkv) float32
                 vg = g.ggml_get_rows(ctx, v_set, row.slots[grp])
-                row.gathers.append((grp, kg.contents, vg.contents))
+                casts = None
+                if gt != _CACHE_TYPES[torch.float32]:   # back to the pool's 16 bits (exact)
+                    kc, vc = g.ggml_cast(ctx, kg, gt), g.ggml_cast(ctx, vg, gt)
+                    casts = (kc.contents, vc.contents)
+                    kg_read, vg_read = kc, vc
+                else:
+                    kg_read, vg_read = kg, vg
+                row.gathers.append((grp, kg.contents, vg.contents, casts))
                 q = g.ggml_view_3d(ctx, qk, D, 1, H, D * 4, D * 4, b * n * D * 4)
-                o = g.ggml_flash_attn_ext(ctx, q, kg, vg, None, scale, 0.0, attn.softcap or 0.0)
+                o = g.ggml_flash_attn_ext(ctx, q, kg_read, vg_read, None, scale, 0.0, attn.softcap or 0.0)
                 g.ggml_flash_attn_ext_set_prec(o, _PREC_F32)
                 o = g.ggml_reshape_2d(ctx, o, H * D, 1)
                 ys = o if ys is None else g.ggml_concat(ctx, ys, o, 1)
@@ -241,8 +258,10 @@ class BatchGraph:
                 slots = (pages.view(-1, 1) * P + torch.arange(P, dtype=torch.int32)).view(-1)
                 buf.slot_lists[grp][:, :n] = slots[lo - first : lo - first + n]
                 row.slots[grp].contents.ne[0] = n
-            for grp, kg, vg in row.gathers:
+            for grp, kg, vg, casts in row.gathers:
                 kg.ne[1] = vg.ne[1] = row.slots[grp].contents.ne[0]
+                if casts:
+                    casts[0].ne[1] = casts[1].ne[1] = kg.ne[1]
 
     def run(self, tokens: Sequence[int], seqs: Sequence) -> torch.Tensor:
         """The rows' tokens through every layer into their sequences (each already reserved for

@@ -6,13 +6,18 @@ iteration-level scheduling; vLLM's scheduler without preemption):
 1. Admit waiting replies while fewer than ``max_batch`` run and the pool's memory holds the
    worst case of every admitted one (prompt plus its reply limit, :meth:`PagePool.bytes_for`):
    a running reply then never finds the pool full.
-2. Feed one prefill chunk of the oldest admitted reply still reading its prompt: a long
-   prompt is read over several steps while the others keep decoding. Before its first chunk
-   a reply takes what it can share: a live reply's prefix (:meth:`PagedSequence.fork`), else
-   the pool's cached pages of its prefix (:meth:`PagedSequence.adopt`); the replies before it
-   have read their prompts by then.
-3. Decode every reply with a pending token in one call over a batch of rows
-   (:func:`runtime.model.batch_step.decode_rows`); each picks its own next token. On the CPU
+2. Feed prompt chunks, oldest reply first, up to ``prefill_chunk`` tokens a step: a long
+   prompt is read over several steps while the others keep decoding, and several short ones
+   are read in one step (one prompt a step made four 64-token prompts sent at once wait 1, 2,
+   3 and 4 prefills with a decode step of the others between each). A reply's chunks are
+   always ``prefill_chunk`` tokens from where its own prefill starts (the last one shorter),
+   as alone, so its logits are the same: one that does not fit the step's remaining tokens waits for
+   the next step. Before its first chunk a reply takes what it can share: a live reply's
+   prefix (:meth:`PagedSequence.fork`), else the pool's cached pages of its prefix
+   (:meth:`PagedSequence.adopt`); the replies before it have read their prompts by then.
+3. Decode every reply with a pending token in one call over a batch of rows (one ggml graph,
+   :mod:`runtime.model.ggml_batch`, when the model and pool take it, else
+   :func:`runtime.model.batch_step.decode_rows`); each picks its own next token. On the CPU
    the call runs on the thread count a governor per batch size picks by timing (the model's
    decode counts, :class:`runtime.kernels.threads.ThreadGovernor`): with another program on
    a core, two threads made every step wait for the starved one (1.3 against 6.7 tok/s for
@@ -113,18 +118,23 @@ class Batcher:
     # ---- one step ----------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> None:
-        """Admit, feed one prefill chunk, decode every running reply once (see the module)."""
+        """Admit, feed prompt chunks, decode every running reply once (see the module)."""
         self.steps += 1
         self._admit()
-        reading = next((r for r in self.running if r.state in ("waiting", "prefill")), None)
-        if reading is not None:
+        budget = self.prefill_chunk
+        for reading in [r for r in self.running if r.state in ("waiting", "prefill")]:
             try:
                 if reading.state == "waiting":  # its turn to read: share what the others hold now
                     self._emit(reading, reading.start(self._donor(reading)))
                 if reading.state == "prefill":  # (a prompt held whole with its logits needs none)
                     ids = reading.next_chunk(self.prefill_chunk)
+                    if len(ids) > budget:
+                        break
+                    budget -= len(ids)
                     logits = self.model.logits(ids, reading.seq, last_only=True)[0, -1]
                     self._emit(reading, reading.fed(ids, logits))
+                    if reading.state == "prefill":  # more of its prompt next step; the later ones wait
+                        break
             except Exception as e:  # this reply's, not the others'
                 self._fail(reading, e)
         rows = [r for r in self.running if r.state == "decode" and r.pending is not None]

@@ -72,6 +72,28 @@ def test_greedy_replies_together_equal_each_alone(tiny):
     assert pool.stats()["pages_used"] == 0  # every reply gave its pages back
 
 
+def test_short_prompts_are_read_in_one_step_each_in_its_own_chunks(tiny, monkeypatch):
+    """Prompt tokens per step up to the chunk (12): prompts of 3 and 4 tokens are read in the
+    first step with the 5 of the third; the fourth's first chunk (12 of 30) waits for the next
+    step, alone, then its two later chunks. Each reply's chunks are cut as alone."""
+    requests = [ReplyRequest(_prompt(n, 50 + n), max_new_tokens=4, context_limit=64) for n in (3, 4, 5, 30)]
+    fed: list[tuple[int, int]] = []   # (step, tokens) of every chunk read
+    batcher = Batcher(tiny, _pool(tiny), max_batch=4, prefill_chunk=12)
+    logits = tiny.logits
+    monkeypatch.setattr(tiny, "logits", lambda ids, seq, **kw: (fed.append((batcher.steps, len(ids))),
+                                                              logits(ids, seq, **kw))[1])
+    replies = [batcher.add(r) for r in requests]
+    batcher.step()
+    assert [r.state in ("decode", "done") for r in replies] == [True, True, True, False]   # (done: a stop token first)
+    assert all(r.stats.ttft_s > 0 for r in replies[:3]) and replies[3].stats.ttft_s == 0
+    batcher.run()
+    monkeypatch.undo()
+    assert fed == [(1, 3), (1, 4), (1, 5), (2, 12), (3, 12), (4, 6)]
+    for req, reply in zip(requests, replies):
+        alone, _, _ = _serve(tiny, [req], max_batch=1, chunk=12)
+        assert reply.finish.token_ids == _finish(alone[0]).token_ids
+
+
 def test_reproducible_mode_gives_the_same_bits_together_and_alone(tmp_path):
     model = load_model(make_tiny_model(tmp_path, "llama"), device="cpu", dtype="float32", reproducible=True)
     recorders = [LogprobsRecorder(top=0) for _ in range(6)]
@@ -128,10 +150,8 @@ def test_a_shared_prompt_is_stored_once(tiny):
                       on_events=lambda r, evs: seen.extend((r, e) for e in evs if isinstance(e, Finish)))
     for req in reqs:
         batcher.add(req)
-    batcher.step()  # admits all four; the first reads its whole prompt
-    batcher.step()  # the second forks it, and so on
-    batcher.step()
-    batcher.step()
+    batcher.step()  # admits all four; the first reads its prompt, the others fork it and read 3 tokens each
+    assert [r.state for r in batcher.running] == ["decode"] * 4
     assert pool.stats()["pages_shared"] == 5  # the prompt's pages, once for all four
     batcher.run()
     finishes = [e for _, e in seen]
