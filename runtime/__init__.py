@@ -15,6 +15,7 @@ from runtime.device import (
     DeviceProfile,
     available_devices,
     compute_dtype,
+    default_cache_dtype,
     default_dtype,
     device_profile,
     free_memory_bytes,
@@ -92,7 +93,7 @@ from runtime.model.attention import (
 )
 
 __all__ = [
-    "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "resolve_device", "compute_dtype", "default_dtype", "DeviceProfile", "device_profile", "WEIGHT_DTYPE_QUALITY", "Message", "builtin_system_prompt", "ModelConfig", "KVCache", "CACHE_POLICIES", "CACHE_POLICY_FIGURES", "PolicyParams", "Evictor", "budget_for_bytes", "CACHE_DTYPES", "Model", "load_model",
+    "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "resolve_device", "compute_dtype", "default_cache_dtype", "default_dtype", "DeviceProfile", "device_profile", "WEIGHT_DTYPE_QUALITY", "Message", "builtin_system_prompt", "ModelConfig", "KVCache", "CACHE_POLICIES", "CACHE_POLICY_FIGURES", "PolicyParams", "Evictor", "budget_for_bytes", "CACHE_DTYPES", "Model", "load_model",
     "SamplingParams", "Fit", "fit", "MemoryPlan", "plan", "plan_for_config", "kv_bytes_per_token", "cache_bytes_per_token", "count_parameters", "element_bytes",
     "free_memory_bytes", "AttentionCapture", "HeadScores", "head_scores",
     "ABLATION_MODES", "InductionAblation", "ablated", "induction_ablation", "parse_heads", "top_and_probs",

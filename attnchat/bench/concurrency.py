@@ -141,7 +141,7 @@ def _level(model_path: str, device: str, dtype: str, requests: int, prefill: int
 
     model = load_model(model_path, device=device, dtype=None if dtype == "default" else dtype)
     c = model.config
-    pool = PagePool(c.n_layers, c.n_kv_heads, c.head_dim, dtype=model.compute_dtype, device=model.device,
+    pool = PagePool(c.n_layers, c.n_kv_heads, c.head_dim, dtype=getattr(model, "cache_dtype", None) or model.compute_dtype, device=model.device,
                     windows=c.windows)
     stops = torch.tensor(sorted(model.stop_token_ids), dtype=torch.long, device=model.device)
 

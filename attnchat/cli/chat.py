@@ -86,6 +86,7 @@ def _turn_json(model, finish) -> dict[str, Any]:
     out["device"] = str(model.device)
     out["dtype"] = str(model.dtype).removeprefix("torch.")
     out["compute_dtype"] = str(model.compute_dtype).removeprefix("torch.")
+    out["cache_dtype"] = str(getattr(model, "cache_dtype", None) or model.compute_dtype).removeprefix("torch.")
     out["model"] = model.name
     return out
 

@@ -134,7 +134,7 @@ def plan(model: Model, settings: GenerationSettings, *, parallel: int | None = N
 def _page_pool(model: Model, settings: GenerationSettings, limit: int | None, page_tokens: int = 16) -> PagePool:
     """The model's page pool in the settings' cache dtype (no arena until a page is taken)."""
     c = model.config
-    dtype = parse_cache_dtype(settings.cache_dtype) if settings.cache_dtype else model.compute_dtype
+    dtype = parse_cache_dtype(settings.cache_dtype) if settings.cache_dtype else (getattr(model, "cache_dtype", None) or model.compute_dtype)
     return PagePool(c.n_layers, c.n_kv_heads, c.head_dim, page_tokens=page_tokens, dtype=dtype,
                     device=model.device, windows=c.windows, limit_bytes=limit)
 

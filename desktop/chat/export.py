@@ -28,7 +28,7 @@ SETTING_NAMES = {
 }
 #: Values that mean "off" or "the default", said in words.
 _WORDS = {("seed", -1): "random", ("context", 0): "the model's maximum", ("cache_limit_mib", 0): "none",
-          ("top_k", 0): "off", ("cache_dtype", "auto"): "auto (the compute dtype)"}
+          ("top_k", 0): "off", ("cache_dtype", "auto"): "auto (the model's default)"}
 
 
 _FENCE = re.compile(r"(`{3,}|~{3,})(.*)")

@@ -384,7 +384,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 def describe_options(options: dict) -> str:
     """``"int8 KV cache, context 856 tokens"`` for :func:`serve_command`'s keywords."""
     cache = options.get("cache_dtype") or "auto"
-    parts = [f"{'the compute dtype' if cache == 'auto' else cache} KV cache"]
+    parts = [f"{'the default' if cache == 'auto' else cache} KV cache"]
     ctx = int(options.get("context") or 0)
     parts.append(f"context {ctx:,} tokens" if ctx else "the model's full context")
     weights = options.get("weight_dtype") or "auto"

@@ -57,8 +57,8 @@ def _cache_dtype(values: dict[str, Any], model: dict | None) -> str | None:
         dtype = values["model/weight_dtype"]
         if dtype == "auto":
             dtype = model.get("dtype") if model else None
-            if dtype not in runtime.CACHE_DTYPES and model:  # a GGUF's blocks ("Q4_K_M") cache in the compute dtype
-                dtype = model.get("compute_dtype")
+            if dtype not in runtime.CACHE_DTYPES and model:  # a GGUF's blocks ("Q4_K_M"): the model's default cache dtype
+                dtype = model.get("cache_dtype") or model.get("compute_dtype")
         if dtype == "int8":  # int8 weights compute, and so cache, in float32
             dtype = "float32"
     return dtype if dtype in runtime.CACHE_DTYPES else None
@@ -102,7 +102,7 @@ def effective_context(values: Mapping[str, Any], model: dict | None) -> int:
         return limit
     dtype = values.get("generation/cache_dtype") or "auto"
     if dtype == "auto":
-        dtype = model.get("compute_dtype") or model.get("dtype")
+        dtype = model.get("cache_dtype") or model.get("compute_dtype") or model.get("dtype")
     if dtype not in runtime.CACHE_DTYPES:
         return limit
     windows = list(model.get("layer_windows") or []) or None

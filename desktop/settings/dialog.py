@@ -191,8 +191,9 @@ class SettingsDialog(QDialog):
                   self._spin(0, 100_000_000, f"the model's maximum ({max_ctx:,})" if max_ctx else "the model's maximum",
                              " tokens", step=256),
                   f"At most {max_ctx:,} tokens for this model." if max_ctx else "Capped at the model's maximum.")
-        dtype = (self.model or {}).get("compute_dtype") or (self.model or {}).get("dtype")
-        auto = f"auto (the compute dtype, {dtype})" if dtype else "auto (the compute dtype)"
+        m = self.model or {}
+        dtype = m.get("cache_dtype") or m.get("compute_dtype") or m.get("dtype")
+        auto = f"auto ({dtype} for this model)" if dtype else "auto (the model's default)"
         self._add(form, "generation/cache_dtype", "Cache dtype",
                   self._combo([("auto", auto)] + [(d, d) for d in runtime.CACHE_DTYPES]))
         self._add(form, "generation/cache_limit_mib", "KV-cache memory limit",

@@ -161,7 +161,7 @@ class MemoryPlanner(QGroupBox):
                     weights_dtype: str, policy: str = "none", policy_tokens: int | None = None,
                     policy_bytes: int | None = None) -> runtime.MemoryPlan | None:
         """Recompute the figures. ``context`` 0 = the model's maximum; ``cache_dtype``
-        ``"auto"`` = the compute dtype (:func:`runtime.compute_dtype`), ``weights_dtype``
+        ``"auto"`` = the model's default (:func:`runtime.default_cache_dtype`), ``weights_dtype``
         ``"auto"`` = the loaded model's dtype or the device's default; ``device``
         already resolved (no ``"auto"``). ``policy`` other than ``"none"``: a cache policy keeping
         ``policy_tokens`` per full layer or ``policy_bytes`` of cache: the cache never holds more."""
@@ -171,8 +171,8 @@ class MemoryPlanner(QGroupBox):
             wdtype = m["dtype"] if m and str(m.get("device")) == device else DEFAULT_WEIGHT_DTYPE.get(device.split(":")[0], "float32")
         # a GGUF run from its own blocks names its quantization ("Q4_K_M"): it computes as float16 weights do
         blocks = wdtype not in ("float32", "bfloat16", "float16", "int8")
-        if cache_dtype == "auto":  # the compute dtype (CPU: float16 weights compute in float32)
-            cdtype = str(runtime.compute_dtype(device, "float16" if blocks else wdtype)).removeprefix("torch.")
+        if cache_dtype == "auto":  # float16 for a GGUF's blocks on the CPU, else the compute dtype
+            cdtype = str(runtime.default_cache_dtype(device, "float16" if blocks else wdtype, blocks=blocks)).removeprefix("torch.")
         else:
             cdtype = cache_dtype
         windows, n_heads = None, None

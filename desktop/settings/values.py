@@ -48,7 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "model/attention_backend": "fast",         # or "reference"
     "model/reproducible": "off",               # or "on": runtime.load_model(reproducible=True), CPU only
     "generation/seed": -1,                     # -1 = a fresh random seed per reply
-    "generation/cache_dtype": "auto",          # auto = the compute dtype (runtime.compute_dtype)
+    "generation/cache_dtype": "auto",          # auto = the model's default (runtime.default_cache_dtype)
     "generation/cache_limit_mib": 0.0,         # 0 = no limit
     "generation/overflow": "truncate-middle",  # stop | truncate-middle | rolling
     "generation/sink_tokens": 4,               # tokens the rolling policy always keeps

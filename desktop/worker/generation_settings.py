@@ -15,8 +15,8 @@ __all__ = ["generation_settings"]
 def generation_settings(s: dict[str, Any], max_context: int | None = None) -> "runtime.GenerationSettings":
     """The runtime's settings from the desktop's plain dict (keys as in ``desktop.settings.values``).
 
-    ``seed`` < 0 or None: a fresh seed per reply; ``cache_dtype`` ``"auto"``: the compute
-    dtype (:func:`runtime.compute_dtype`); ``cache_limit_mib`` 0: no limit; ``context`` 0: the model's maximum, and a
+    ``seed`` < 0 or None: a fresh seed per reply; ``cache_dtype`` ``"auto"``: the model's
+    default (:func:`runtime.default_cache_dtype`); ``cache_limit_mib`` 0: no limit; ``context`` 0: the model's maximum, and a
     context past ``max_context`` (a model loaded after it was set) is capped there. ``cache_policy`` other than
     ``"none"``: ``cache_budget`` in ``cache_budget_unit`` (``"tokens"`` or ``"MiB"``) is what it keeps.
 

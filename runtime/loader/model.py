@@ -31,8 +31,9 @@ class Model:
         device: where the weights live.
         dtype: the weights' dtype; for a GGUF run from its own blocks, the file's
             quantization as llama.cpp names it (``"Q4_K_M"``), a string.
-        compute_dtype: the activations' dtype (also the default KV-cache dtype);
-            :func:`runtime.device.compute_dtype`.
+        compute_dtype: the activations' dtype; :func:`runtime.device.compute_dtype`.
+        cache_dtype: the KV cache's dtype when none is asked for
+            (:func:`runtime.device.default_cache_dtype`; None: ``compute_dtype``).
         decoder: our :class:`runtime.model.decoder.Decoder`.
         load_seconds: wall time of :func:`load_model` (seconds).
         decode_mode: how :meth:`decode_next` runs one token (:data:`runtime.model.decode_step.DECODE_MODES`).
@@ -45,6 +46,7 @@ class Model:
     dtype: torch.dtype | str
     decoder: Decoder
     compute_dtype: torch.dtype = torch.float32
+    cache_dtype: torch.dtype | None = None
     load_seconds: float = 0.0
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)
     decode_mode: str = "eager"
@@ -110,7 +112,8 @@ class Model:
 
         Args:
             max_tokens: capacity in tokens (default and cap: the model's maximum context).
-            dtype: cache dtype (``float32``, ``bfloat16``, ``float16``, ``int8``); default the compute dtype.
+            dtype: cache dtype (``float32``, ``bfloat16``, ``float16``, ``int8``); default
+                :attr:`cache_dtype` (float16 for a GGUF's blocks on the CPU), else the compute dtype.
             limit_bytes: optional cap on the cache's allocated bytes.
 
         Raises:
@@ -124,7 +127,7 @@ class Model:
         c = self.config
         return KVCache(
             c.n_layers, c.n_kv_heads, c.head_dim, max_tokens,
-            dtype=parse_cache_dtype(dtype) if dtype is not None else self.compute_dtype,
+            dtype=parse_cache_dtype(dtype) if dtype is not None else self.cache_dtype or self.compute_dtype,
             device=self.device, limit_bytes=limit_bytes, windows=c.windows,
         )
 

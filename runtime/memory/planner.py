@@ -30,7 +30,7 @@ import torch
 from models.kv_bytes import bytes_at, longest_context, policy_tokens
 from runtime import device as devices
 from runtime.config.model import ModelConfig
-from runtime.device import compute_dtype, profile_of
+from runtime.device import compute_dtype, default_cache_dtype, profile_of
 from runtime.dtypes import cache_number_bytes, dtype_name, parse_cache_dtype, parse_weight_dtype
 from runtime.memory.sizes import attention_variants, cache_bytes_per_token, layer_type_figures
 
@@ -213,8 +213,9 @@ def plan(
     Args:
         layers, kv_heads, head_dim: the model's shape (from ``config`` when given).
         cache_dtype: KV-cache dtype name (default: what the cache takes on ``device`` with
-            those weights, :func:`runtime.device.compute_dtype`: float32 on the CPU,
-            float16 on CUDA and MPS for their default float16 weights).
+            those weights, :func:`runtime.device.default_cache_dtype`: float16 for a GGUF's
+            blocks on the CPU, else the compute dtype: float32 on the CPU, float16 on CUDA and
+            MPS for their default float16 weights).
         context: context length in tokens (> 0).
         budget_bytes: optional KV budget in bytes: reports the longest context that fits.
         config: a model config: adds weights bytes and parameters.
@@ -242,7 +243,9 @@ def plan(
     if budget_bytes is not None and budget_bytes < 0:
         raise ValueError(f"the budget must not be negative; got {budget_bytes} bytes")
     as_blocks = blocks is not None and weights_dtype is None
-    if cache_dtype is None:
+    if cache_dtype is None and as_blocks:
+        cache_dtype = default_cache_dtype(device, torch.float16, blocks=True)
+    elif cache_dtype is None:
         profile = profile_of(device)
         try:
             cache_dtype = profile.compute_dtypes[profile.weight_dtype if weights_dtype is None

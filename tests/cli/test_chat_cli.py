@@ -74,10 +74,10 @@ def test_two_prompts_print_two_json_lines_and_reuse_the_cache(results, default_t
     for t in turns:
         assert t["finish_reason"] in ("stop", "length") and t["text"]
         assert t["prefilled_tokens"] == t["prompt_tokens"] - t["reused_tokens"]
-        assert t["kv_cache"]["bytes_per_token"] == 46_080 and t["model"].startswith("SmolLM2-135M-Instruct")
+        assert t["kv_cache"]["bytes_per_token"] == 23_040 and t["model"].startswith("SmolLM2-135M-Instruct")
         # The default for a quantized GGUF: its own blocks (named as llama.cpp names the file's
-        # type), computing (and caching) in float32 on the CPU.
-        assert (t["device"], t["dtype"], t["compute_dtype"], t["kv_cache"]["dtype"]) == ("cpu", "Q4_1", "float32", "float32")
+        # type), computing in float32 on the CPU, caching keys and values in float16.
+        assert (t["device"], t["dtype"], t["compute_dtype"], t["kv_cache"]["dtype"]) == ("cpu", "Q4_1", "float32", "float16")
     assert t1["reused_tokens"] == 0
     # Turn 2 reuses turn 1's prompt and whole reply from the cache (a length stop feeds its
     # last token too), and prefills only the template's end-of-turn and the new message.

@@ -375,10 +375,11 @@ class KVPanel(QWidget):
                                policy_line=policy_line, event_color=COLORS["event"])
 
     def _next_dtype(self) -> str:
-        """The cache dtype the next reply gets: the setting (``auto``: the model's compute dtype)."""
+        """The cache dtype the next reply gets: the setting (``auto``: the model's default cache dtype)."""
         dtype = str(self._setting("generation/cache_dtype", "auto") or "auto")
         if dtype == "auto":
-            dtype = str((self.model or {}).get("compute_dtype") or (self.model or {}).get("dtype") or "auto")
+            m = self.model or {}
+            dtype = str(m.get("cache_dtype") or m.get("compute_dtype") or m.get("dtype") or "auto")
         return dtype
 
     # ---- palette ------------------------------------------------------------------------------

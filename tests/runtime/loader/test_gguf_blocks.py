@@ -11,6 +11,7 @@ import os
 import pytest
 import torch
 
+import runtime
 from runtime import load_model
 from runtime.kernels import ggml_ops
 from runtime.model import quant_layers
@@ -53,6 +54,9 @@ def _decode(model, ids, n: int) -> torch.Tensor:
 def test_default_is_the_files_blocks(tiny, tiny_file, cache_dir):
     q, f = tiny
     assert q.dtype == "Q4_K_M" and q.compute_dtype == torch.float32 and f.dtype == torch.float32
+    # the blocks' KV cache is float16 by default (ggml's attention reads it in place), float weights' float32
+    assert (q.new_cache(8).dtype, f.new_cache(8).dtype) == (torch.float16, torch.float32)
+    assert q.new_cache(8, dtype="float32").dtype == torch.float32   # asked for, given
     assert isinstance(q.decoder.embed, QuantEmbedding) and q.decoder.lm_head is None
     layers = quant_layers.quant_layers(q.decoder)
     assert len(layers) == 2 * 4 + 1 and all(isinstance(m, QuantLinear) for m in layers)
@@ -201,6 +205,11 @@ def test_default_model_from_its_blocks(default_model_file, default_model):
     ids = encode_messages(q.tokenizer, [Message("user", "What is the capital of France?")])
     with torch.inference_mode():
         cache = q.new_cache(64)
+        # the default float16 cache, as the planner plans it for this file
+        assert cache.dtype == torch.float16 and cache.bytes_per_token == 2 * 30 * 3 * 64 * 2 == 23_040
+        planned = runtime.plan(layers=30, kv_heads=3, head_dim=64, context=64,
+                               blocks=runtime.gguf_blocks_bytes(default_model_file))
+        assert (planned.cache_dtype, planned.kv_bytes_per_token) == ("float16", 23_040)
         logits, out = q.logits(ids, cache, last_only=True), []
         for _ in range(10):
             out.append(int(logits[0, -1].argmax()))
@@ -227,3 +236,13 @@ def test_float_copies_an_earlier_version_kept_are_deleted(tiny_file, cache_dir, 
     g = load_model(tiny_file, device="cpu")
     assert g.dtype == "Q4_K_M" and not any(f.exists() for f in stale)
     assert sorted(p.name for p in folder.iterdir()) == kept   # config and tokenizer stay
+
+
+def test_the_default_cache_dtype_per_device_and_weights():
+    """float16 for a GGUF's blocks on the CPU; elsewhere the compute dtype (a GPU's float16
+    weights: float16; bfloat16 weights: float32), so a device this machine lacks plans right."""
+    assert runtime.default_cache_dtype("cpu", "float16", blocks=True) == torch.float16
+    assert runtime.default_cache_dtype("cpu", "float16") == torch.float32
+    assert runtime.default_cache_dtype("cpu", "bfloat16") == torch.float32
+    assert runtime.default_cache_dtype("cuda", "float16", blocks=True) == torch.float16
+    assert runtime.default_cache_dtype("cuda", "bfloat16", blocks=True) == torch.float32
