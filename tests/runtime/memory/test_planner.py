@@ -207,8 +207,8 @@ def test_a_context_past_the_model_says_where_it_stops(capsys, default_model_file
     status, out, err = _memory(capsys, "--model", str(default_model_file), "--context", "100000", "--budget-mib", "10000")
     assert status == 0, err
     rows = _rows(out)
-    assert rows["KV bytes at 100,000 tokens"] == "4,608,000,000 (4,394.5 MiB) (the model stops at 8,192)"
-    assert rows["longest context in 10000 MiB"] == "227,555 tokens (the model stops at 8,192)"
+    assert rows["KV bytes at 100,000 tokens"] == "2,304,000,000 (2,197.3 MiB) (the model stops at 8,192)"
+    assert rows["longest context in 10000 MiB"] == "455,111 tokens (the model stops at 8,192)"
 
 
 def test_a_cache_policy_budget_bounds_the_planned_cache():
