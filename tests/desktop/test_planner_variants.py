@@ -77,7 +77,7 @@ def test_a_grouped_query_model_is_its_own_row(big_window):
 
 def test_a_gguf_run_from_its_blocks_is_planned_at_its_bytes(make_window, monkeypatch):
     """A quantized GGUF loaded from its own blocks names its quantization as its dtype:
-    the planner takes its weights as loaded and its cache in the compute dtype (float32 on the CPU)."""
+    the planner takes its weights as loaded and its cache in float16 (the blocks' default on the CPU)."""
     def load(source, device):
         m = gemma_load(source, device)
         m.dtype, m.compute_dtype, m.weights_bytes = "Q4_K_M", "float32", 253_000_000
@@ -88,7 +88,7 @@ def test_a_gguf_run_from_its_blocks_is_planned_at_its_bytes(make_window, monkeyp
     set_value(d, "generation/context", 4096)
     rows = d.planner.rows
     assert rows["weights"].text() == f"{253_000_000 / MIB:.1f} MiB (Q4_K_M)"
-    assert d.planner.last_plan.cache_dtype == "float32" and d.planner.last_plan.kv_bytes_per_token == 36_864
+    assert d.planner.last_plan.cache_dtype == "float16" and d.planner.last_plan.kv_bytes_per_token == 18_432
     set_value(d, "model/weight_dtype", "float16")  # widened: its bytes are not the blocks'
     assert rows["weights"].text().startswith("unknown")
 
