@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 #: 4: decode kernels timed streaming every matrix of a token from memory (version 3
 #: timed each shape again and again from the CPU's cache, which hid a 1.5x difference).
 #: 5: the bfloat16 prefill kernel (widen-bf16) is a candidate: choices kept without it are
-#: measured again.
-CHOICE_VERSION = 5
+#: measured again. 6: prefill timed at 256 rows (a prompt chunk), not 64.
+CHOICE_VERSION = 6
 
 #: The CPU flags that decide between kernels (shown by ``attnchat bench``).
 NOTABLE_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni",

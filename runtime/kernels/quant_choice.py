@@ -141,7 +141,16 @@ def _pairs_with(pairs: list[tuple[str, str]], decode: str | None) -> list[tuple[
     return [p for p in pairs if p[0] == decode] or pairs
 
 
-def measure_quant(weights: list[QuantWeight], device: str | torch.device = "cpu", *, prefill_rows: int = 64,
+#: Rows of the prefill timing: the app reads a prompt this many tokens a chunk
+#: (GenerationSettings.prefill_chunk). At 64 rows a widening kernel's fixed cost (each matrix
+#: widened once a call) dominated: on the default model (AMD EPYC Zen 4) int4pack-bf16 timed
+#: 1,432 us a token against widen-bf16's 2,328 and was chosen, its repack adding 1.2 s to every
+#: load and 66 MB; at 256 rows widen-bf16 takes 895 against 1,480, and the bench's first
+#: 512-token prompt read at 326 tok/s against 297.
+PREFILL_ROWS = 256
+
+
+def measure_quant(weights: list[QuantWeight], device: str | torch.device = "cpu", *, prefill_rows: int = PREFILL_ROWS,
                   reps: int = 3, prefill_weights: list[QuantWeight] | None = None,
                   decode: str | None = None) -> QuantChoice:
     """Time each block type's kernel pairs on the model's own matrices and keep the fastest.

@@ -20,7 +20,7 @@ def test_the_machine_key_is_the_one_older_choice_files_are_named_by(monkeypatch)
     for name in machine.ISA_ENV:
         monkeypatch.delenv(name, raising=False)
     info = machine.cpu_info()
-    raw = json.dumps([4, info["model"], info["flags"], torch.__version__, max_threads()])
+    raw = json.dumps([machine.CHOICE_VERSION, info["model"], info["flags"], torch.__version__, max_threads()])
     assert machine.machine_key() == hashlib.sha1(raw.encode()).hexdigest()[:16]
     assert machine.kernel_file(None) is None
 
