@@ -14,9 +14,8 @@ from typing import Callable
 
 from PySide6.QtCore import QCoreApplication, QEvent, QRect, Qt, Signal
 from PySide6.QtGui import QAction, QGuiApplication
-from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox, QSplitter, QStackedWidget, QWidget
+from PySide6.QtWidgets import QDockWidget, QMainWindow, QMessageBox, QSplitter, QStackedWidget, QWidget
 
-import models
 from desktop.chat.conversations import ConversationListModel, ConversationPanel
 from desktop.chat.pages import ASK, ChatPage, EmptyState
 from desktop.chat.status_bar import ChatStatusBar
@@ -27,6 +26,8 @@ from desktop.main_window.conversations import ConversationActions
 from desktop.main_window.menus import build_menus
 from desktop.main_window.panel_width import PanelWidthGuard
 from desktop.main_window.replies import ReplyActions
+from desktop.main_window import model_files
+from desktop.main_window.notices import sentence
 from desktop.main_window.token_count import TokenCounter
 from desktop.remote.client import source_label
 from desktop.settings.checks import CONTEXT_KEYS, effective_context
@@ -36,17 +37,6 @@ from desktop.worker import Engine, model_key
 __all__ = ["MainWindow", "PANEL_SLOTS"]
 
 log = logging.getLogger(__name__)
-
-def sentence(message: str) -> str:
-    """``message`` with a capital first letter when its first word is a plain lower-case word: the
-    runtime's messages start in lower case for the command line ("the message needs 231 tokens
-    …"), a notice in the window reads as a sentence. A first word with a dot, a slash, a digit or
-    an underscore (a file name, a path, a model id) is left as it is."""
-    first = message.split(" ", 1)[0]
-    if first.isalpha() and first.islower():
-        return message[:1].upper() + message[1:]
-    return message
-
 
 #: The panels other modules add with :meth:`MainWindow.add_panel` (object name -> title). Short
 #: titles: tabbed together with the Server panel in an 1100 px window, "KV-cache memory" was cut
@@ -316,26 +306,11 @@ class MainWindow(QMainWindow):
         self.engine.load(source, self.settings.get("model/device"))
         self._sync()
 
-    @staticmethod
-    def models_folder() -> str:
-        """Where File > Open model… starts: the models folder (:func:`models.models_dir`, where
-        downloads go); "" (the current folder) when it cannot be made."""
-        try:
-            return str(models.models_dir())
-        except OSError:
-            return ""
-
     def open_model_file(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open a model file", self.models_folder(),
-                                              "GGUF models (*.gguf);;All files (*)")
-        if path:
-            self.load_model(path)
+        model_files.open_file(self)
 
     def open_model_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Open a model folder (config.json + safetensors)",
-                                                self.models_folder())
-        if path:
-            self.load_model(path)
+        model_files.open_folder(self)
 
     def show_first_run(self) -> None:
         """The empty state: no model installed yet."""

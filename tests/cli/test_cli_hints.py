@@ -143,7 +143,7 @@ def test_memory_says_its_sizes_in_binary_units_only(monkeypatch, capsys, tmp_pat
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     assert cli.main(["memory"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^KV bytes at 8,192 tokens +377,487,360 \(360\.0 MiB\)$", out, re.M), out
+    assert re.search(r"^KV bytes at 8,192 tokens +188,743,680 \(180\.0 MiB\)$", out, re.M), out
     assert "~270 MiB RSS measured here" in out and " MB" not in out and " GB" not in out
 
 

@@ -310,9 +310,8 @@ def test_default_gguf_replies_are_the_same_one_at_a_time_and_batched(default_blo
     """The one-at-a-time engine (the one-sequence ggml token over a contiguous cache) and the
     batching engine (rows as one ggml graph over pages) give the same greedy token ids: each
     row's hidden state is the one-sequence graph's, only the LM head's exact top logits can
-    differ (by ~1e-8). In float32: with the blocks' default float16 cache the two paths round
-    keys, values and queries at different points and part after a dozen tokens."""
-    settings = GenerationSettings(context_limit=1024, overflow="stop", cache_dtype="float32")
+    differ (by ~1e-8); with the blocks' default float16 cache and pool."""
+    settings = GenerationSettings(context_limit=1024, overflow="stop")
     serial = Engine(default_blocks, settings=settings, sessions=1)
     batched = BatchEngine(default_blocks, settings=settings, parallel=4)
     try:

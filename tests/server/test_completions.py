@@ -77,9 +77,11 @@ def test_echo_with_logprobs_scores_the_prompt_too(client, model_id, paris, defau
         want = torch.log_softmax(default_model.logits(ids)[0].float(), dim=-1)
     # The server runs the file's blocks (ggml's kernels, or torch's int4 ones where ggml-python could
     # not be built), the reference float32 weights: measured without ggml-python, single tokens up to
-    # 0.06 nats apart, the mean well under 0.03; a prompt scored one position off is nats away.
+    # 0.06 nats apart, the mean well under 0.03; with the bfloat16 prefill (widen-bf16, where the CPU
+    # multiplies bfloat16) up to 0.08, the mean 0.036 (AMD EPYC Zen 4); a prompt scored one position
+    # off is nats away.
     gaps = [abs(lp.token_logprobs[i] - float(want[i - 1, ids[i]])) for i in range(1, len(ids))]
-    assert max(gaps) < 0.15 and sum(gaps) / len(gaps) < 0.03, gaps
+    assert max(gaps) < 0.15 and sum(gaps) / len(gaps) < 0.05, gaps
     for i in range(1, len(ids)):
         assert len(lp.top_logprobs[i]) == 2 and max(lp.top_logprobs[i].values()) >= lp.token_logprobs[i] - 1e-6
     # the reply's part is what it is without echo

@@ -34,7 +34,9 @@ def test_streamed_logprobs_cover_every_token(client, model_id):
 
 def test_penalties_change_a_repetitive_reply(client, model_id):
     ask = dict(model=model_id, temperature=0, max_tokens=16,
-               messages=[{"role": "user", "content": "Write the word cat ten times."}])
+               # a reply that repeats at any kernel choice and KV-cache dtype ("Write the word cat ten
+               # times." answered "Catten ten times." with the float16 cache: nothing to penalize)
+               messages=[{"role": "user", "content": "Write cat cat cat cat cat cat cat cat cat cat."}])
     plain = client.chat.completions.create(**ask).choices[0].message.content
     penalized = client.chat.completions.create(**ask, frequency_penalty=2.0, presence_penalty=2.0)
     text = penalized.choices[0].message.content
