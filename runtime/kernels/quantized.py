@@ -230,11 +230,14 @@ SCRATCH_ELEMENTS = 1 << 22
 _scratch = threading.local()
 
 
-def _scratch_rows(n: int, cols: int) -> torch.Tensor:
-    buf = getattr(_scratch, "buf", None)
+def _scratch_rows(n: int, cols: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """This thread's scratch buffer of ``dtype`` as ``(n, cols)`` (grown when too small)."""
+    name = f"buf_{dtype}"
+    buf = getattr(_scratch, name, None)
     if buf is None or buf.numel() < n * cols:
         with torch.inference_mode(False):
-            buf = _scratch.buf = torch.empty(max(n * cols, SCRATCH_ELEMENTS), dtype=torch.float32)
+            buf = torch.empty(max(n * cols, SCRATCH_ELEMENTS), dtype=dtype)
+        setattr(_scratch, name, buf)
     return buf[: n * cols].view(n, cols)
 
 
@@ -262,17 +265,6 @@ def _widen_run(x: torch.Tensor, form, w: QuantWeight) -> torch.Tensor:
     return out
 
 
-_scratch_bf16 = threading.local()
-
-
-def _bf16_rows(n: int, cols: int) -> torch.Tensor:
-    buf = getattr(_scratch_bf16, "buf", None)
-    if buf is None or buf.numel() < n * cols:
-        with torch.inference_mode(False):
-            buf = _scratch_bf16.buf = torch.empty(max(n * cols, SCRATCH_ELEMENTS), dtype=torch.bfloat16)
-    return buf[: n * cols].view(n, cols)
-
-
 def _bf16_available() -> bool:
     from runtime.kernels import onednn
 
@@ -295,7 +287,7 @@ def _widen_bf16_run(x: torch.Tensor, form, w: QuantWeight) -> torch.Tensor:
     for r0 in range(0, w.rows, step):
         r = slice(r0, min(r0 + step, w.rows))
         n = r.stop - r0
-        wb = _bf16_rows(n, w.cols)
+        wb = _scratch_rows(n, w.cols, torch.bfloat16)
         wb.copy_(widen(w, rows=r if n < w.rows else None, out=_scratch_rows(n, w.cols)))
         out[:, r] = op(xb, wb, None, "none", [None], "")
     return out
