@@ -3,6 +3,7 @@ the very object it is given (no second load), a chat on the same model in this p
 answers gives the same greedy replies as each alone, and stopping it frees its port."""
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -100,3 +101,36 @@ def test_a_chat_while_it_serves_gets_the_replies_each_gets_alone(default_model_f
 def test_it_refuses_a_lan_address_without_a_key(tiny):
     with pytest.raises(ValueError, match="without an API key"):
         InProcessServer(tiny, host="0.0.0.0", settings=SETTINGS)
+
+
+def test_stopping_mid_stream_ends_the_stream_with_its_finish_chunk(tiny):
+    server = InProcessServer(tiny, settings=SETTINGS, parallel=1)
+    url = server.start()
+    # each piece sent 20 ms late, so the 100 tokens take 2 s and the stop lands mid-reply on a busy machine too
+    send = server.engine._send
+    server.engine._send = lambda job, item: (time.sleep(0.02), send(job, item))
+    lines: list[str] = []
+    first = threading.Event()
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{url}/chat/completions", timeout=60, json={
+                "model": tiny.name, "messages": [{"role": "user", "content": ASK_SERVER}], "max_tokens": 100,
+                "temperature": 0, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    lines.append(line[6:])
+                    first.set()
+
+    t = threading.Thread(target=stream)
+    t.start()
+    assert first.wait(60)
+    server.stop()
+    t.join(30)
+    assert not t.is_alive() and not server.serving
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(x) for x in lines[:-1]]
+    last = chunks[-1]
+    # cut by the stop, as `attnchat serve`'s Ctrl-C cuts one: OpenAI's "length", attnchat's "shutdown"
+    assert last["choices"][0]["finish_reason"] == "length" and last["attnchat"]["finish_reason"] == "shutdown"
+    assert last["attnchat"]["completion_tokens"] < 100
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
