@@ -69,7 +69,8 @@ class InProcessServer:
         try:
             self.app = create_app(model, api_key=api_key, settings=settings, parallel=how.parallel,
                                   max_queued=how.max_queued, pool_bytes=how.pool_bytes,
-                                  allowed_hosts=[host], **app_options)
+                                  allowed_hosts=[host, *app_options.pop("allowed_hosts", ())],
+                                  **app_options)
             self._server = uvicorn.Server(server_config(self.app, max_connections=max_connections, api_key=api_key))
         except BaseException:
             self._sock.close()

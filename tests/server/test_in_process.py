@@ -134,3 +134,13 @@ def test_stopping_mid_stream_ends_the_stream_with_its_finish_chunk(tiny):
     assert last["choices"][0]["finish_reason"] == "length" and last["attnchat"]["finish_reason"] == "shutdown"
     assert last["attnchat"]["completion_tokens"] < 100
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_more_host_names_are_answered_beside_the_bound_one(tiny):
+    server = InProcessServer(tiny, settings=SETTINGS, parallel=1, allowed_hosts=["chat.lan"])
+    url = server.start()
+    try:
+        assert httpx.get(f"{url}/models", headers={"Host": "chat.lan"}, timeout=30).status_code == 200
+        assert httpx.get(f"{url}/models", headers={"Host": "evil.example"}, timeout=30).status_code != 200
+    finally:
+        server.stop()
