@@ -10,6 +10,18 @@ MODEL_HELP = ("a .gguf file, a model folder, a catalog id or hf.co/OWNER/REPO:QU
               "(fetched first when missing; default: the default model)")
 
 
+#: --cache-dtype's help, as chat, serve and memory take it (runtime.device.default_cache_dtype):
+#: the help said float32 on the CPU after the cache of a GGUF's blocks went float16.
+CACHE_DTYPE_HELP = ("KV-cache dtype: float32, bfloat16, float16, int8 (8-bit, a scale per token and head); default: "
+                    "float16 for a GGUF run from its own blocks on the CPU (the default model), else the dtype the "
+                    "model computes in (float32 on the CPU)")
+
+
+def add_cache_dtype_arg(p: argparse.ArgumentParser) -> None:
+    """``--cache-dtype D`` (a dtype name, or None for the default)."""
+    p.add_argument("--cache-dtype", default=None, metavar="D", help=CACHE_DTYPE_HELP)
+
+
 def add_model_arg(p: argparse.ArgumentParser) -> None:
     """``--model SRC``."""
     p.add_argument("--model", metavar="SRC", help=MODEL_HELP)

@@ -36,7 +36,7 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R", help="1 = off")
     p.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed (same seed, same text)")
     p.add_argument("--context", type=int, default=None, metavar="N", help="context length in tokens (default: the model's maximum)")
-    p.add_argument("--cache-dtype", default=None, metavar="D", help="KV-cache dtype: float32, bfloat16, float16, int8 (8-bit, a scale per token and head)")
+    model_options.add_cache_dtype_arg(p)
     p.add_argument("--cache-limit-mib", type=float, default=None, metavar="M", help="KV-cache memory limit in MiB")
     p.add_argument("--overflow", choices=["stop", "truncate-middle", "rolling"], default="truncate-middle",
                    help="what happens when the conversation passes the context (default truncate-middle)")

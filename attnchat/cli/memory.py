@@ -17,7 +17,7 @@ import dataclasses
 import json
 from typing import Any
 
-from attnchat import cache_options
+from attnchat import cache_options, model_options
 
 from models.kv_bytes import UNBOUNDED
 
@@ -35,9 +35,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, metavar="N", help="decoder layers (with --kv-heads and --head-dim)")
     p.add_argument("--kv-heads", type=int, metavar="N", help="key/value heads per layer")
     p.add_argument("--head-dim", type=int, metavar="N", help="dimensions per head")
-    p.add_argument("--cache-dtype", default=None, metavar="D",
-                   help="float32, bfloat16, float16 or int8 (default: the dtype the device computes in, "
-                        "as the app's cache: float32 on the CPU, float16 on CUDA and MPS)")
+    model_options.add_cache_dtype_arg(p)
     p.add_argument("--weights-dtype", default=None, metavar="D", help="weights' dtype for weights_bytes (default: a quantized GGUF's own blocks at their size, "
                    "else the device's default, float16)")
     p.add_argument("--context", type=int, default=None, metavar="N", help="context length in tokens (default: the model's maximum)")

@@ -85,7 +85,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="for requests without temperature (default 0 = greedy)")
     p.add_argument("--context", type=_count, default=None, metavar="N", help="context length in tokens (default: the model's maximum)")
-    p.add_argument("--cache-dtype", default=None, metavar="D", help="KV-cache dtype: float32, bfloat16, float16, int8 (8-bit, a scale per token and head)")
+    model_options.add_cache_dtype_arg(p)
     p.add_argument("--overflow", choices=["stop", "truncate-middle", "rolling"], default="stop",
                    help="when a conversation passes the context (default stop: a 400 context_length_exceeded, as OpenAI; API clients manage their own context)")
     cache_options.add_args(p)

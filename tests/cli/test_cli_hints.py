@@ -9,6 +9,7 @@ load: a dispatch would otherwise cost a model load each.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +169,28 @@ def test_the_readme_names_the_options_serve_takes():
                      "--reproducible", "--max-tokens"]
     assert set(named) <= serve and {"--cache-policy", "--cache-budget"} <= serve
     assert "--max-new-tokens" not in serve and "--system" not in serve
+
+
+def test_the_cache_dtype_default_is_said_as_the_app_takes_it(monkeypatch, capsys, tmp_path):
+    """memory's --help said the CPU's default cache was float32 while memory (and chat, and the
+    server) gave the default GGUF a float16 one; chat's and serve's help named no default."""
+    from attnchat.model_options import CACHE_DTYPE_HELP
+    from runtime.device import default_cache_dtype
+    from runtime.memory.sizes import cache_bytes_per_token
+
+    commands = cli.build_parser().commands
+    for name in ("chat", "serve", "memory"):
+        assert {a.help for a in commands[name]._actions if "--cache-dtype" in a.option_strings} == {CACHE_DTYPE_HELP}
+    assert "default: float16 for a GGUF run from its own blocks on the CPU" in CACHE_DTYPE_HELP
+    assert str(default_cache_dtype("cpu", "float32", blocks=True)) == "torch.float16"
+    assert str(default_cache_dtype("cpu", "float32")) == "torch.float32"  # "else ... float32 on the CPU"
+
+    per_token = cache_bytes_per_token(30, 3, 64, "float16")
+    assert per_token == 23_040 and cache_bytes_per_token(30, 3, 64, "float32") == 46_080
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert cli.main(["memory"]) == 0
+    assert re.search(r"^KV bytes per token +23,040 \(float16\)$", capsys.readouterr().out, re.M)
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8").split())
+    assert (f"The default model's cache takes 2 x 30 x 3 x 64 x 2 = {per_token:,} bytes per token in float16, "
+            "its default (a GGUF's blocks on the CPU; 46,080 in float32)") in readme
+    assert f"16 tokens a page, {16 * per_token:,} bytes for the default model in its float16 cache" in readme
