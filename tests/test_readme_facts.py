@@ -39,3 +39,15 @@ def test_the_default_models_size_is_the_one_models_list_prints():
 def test_size_text_units():
     assert [size_text(n) for n in (0, 1023, 1024, 100_000, 2**20, 1_060_000_000, 4_700_000_000)] == [
         "0 B", "1,023 B", "1.0 KiB", "97.7 KiB", "1.0 MiB", "1,010.9 MiB", "4.4 GiB"]
+
+
+def test_the_servers_example_startup_line_has_the_default_pool():
+    """docs/server.md's example startup line said a 360 MiB pool (the float32 cache's one
+    conversation) after the default model's cache went float16: serve prints 256 MiB."""
+    server_md = _flat((Path(__file__).resolve().parents[1] / "docs" / "server.md").read_text(encoding="utf-8"))
+    one_conversation = 8192 * 2 * 30 * 3 * 64 * 2  # float16, the default model's shape
+    pool_mib = max(256 << 20, one_conversation) >> 20  # batching.plan: max(POOL_BYTES, one whole conversation)
+    assert pool_mib == 256 and one_conversation >> 20 == 180
+    said = re.search(r"`attnchat: 4 replies decode together \(continuous batching over a (\d+) MiB paged KV cache: "
+                     r"room for (\d+) whole 8192-token conversation\)", server_md)
+    assert said and said.groups() == (str(pool_mib), str((256 << 20) // one_conversation))

@@ -41,7 +41,8 @@ log = logging.getLogger("attnchat.serve")
 #: Requests remembered for ``/v1/attnchat/stats``.
 HISTORY = 16
 #: Default KV-cache bytes the idle pooled sessions may keep (``attnchat serve --pool-mib``):
-#: 256 MiB holds ~5,800 tokens of the default model's float32 cache (46,080 bytes per token).
+#: 256 MiB holds 11,648 tokens (728 pages) of the default model's float16 cache (23,040 bytes a
+#: token; 5,824 in float32).
 POOL_BYTES = 256 << 20
 
 #: A reply whose prefill passed this many tokens left megabytes of freed activations in
