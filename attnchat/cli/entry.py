@@ -96,7 +96,8 @@ def _app_argv(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     if i == len(argv) or argv[i] in commands or not argv[i].startswith("-"):
         return argv  # a command, nothing more, or a stray word (argparse names it)
     if _takes_value(commands["chat"], argv[i]) is None:
-        parser.unknown([a for a in argv[i:] if a.startswith("-")])
+        # --terminal takes chat's options: name the nearest of those and chat's --help.
+        (commands["chat"] if "--terminal" in argv else parser).unknown([a for a in argv[i:] if a.startswith("-")])
     option = argv[i].split("=")[0]
     if "--self-test" in argv[:i] or any(a.split("=")[0] == "--screenshot" for a in argv[:i]):
         parser.error(f"{option} is an option of the terminal chat; --self-test and --screenshot take only "

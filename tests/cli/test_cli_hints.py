@@ -70,7 +70,7 @@ def test_a_chat_option_given_to_the_self_test_is_one_line(main):
     (["--bogus"], "attnchat: error: unrecognized arguments: --bogus (see attnchat --help)\n"),
     (["chat", "--terminal"], "attnchat: error: unrecognized arguments: --terminal; `attnchat chat` without --prompt "
                              "is the terminal chat (or `attnchat --terminal`) (see attnchat chat --help)\n"),
-    (["--terminal", "--bogus"], "attnchat: error: unrecognized arguments: --bogus (see attnchat --help)\n"),
+    (["--terminal", "--bogus"], "attnchat: error: unrecognized arguments: --bogus (see attnchat chat --help)\n"),
 ])
 def test_an_unknown_flag_points_at_its_commands_help(main, argv, line):
     status, out, err, args = main(*argv)
@@ -194,3 +194,14 @@ def test_the_cache_dtype_default_is_said_as_the_app_takes_it(monkeypatch, capsys
     assert (f"The default model's cache takes 2 x 30 x 3 x 64 x 2 = {per_token:,} bytes per token in float16, "
             "its default (a GGUF's blocks on the CPU; 46,080 in float32)") in readme
     assert f"16 tokens a page, {16 * per_token:,} bytes for the default model in its float16 cache" in readme
+
+
+def test_an_unknown_flag_after_terminal_is_named_by_chats_parser(main):
+    """``--terminal`` takes chat's options, but an unknown one pointed at ``attnchat --help`` (which
+    lists none of them) with no near option."""
+    status, _, err, args = main("--terminal", "--max-tokens", "5")
+    assert (status, args) == (2, None)
+    assert err == ("attnchat: error: unrecognized arguments: --max-tokens; did you mean --max-new-tokens? "
+                   "(see attnchat chat --help)\n")
+    status, _, err, _ = main("--bogus")
+    assert status == 2 and err == "attnchat: error: unrecognized arguments: --bogus (see attnchat --help)\n"
