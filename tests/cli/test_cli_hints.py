@@ -205,3 +205,41 @@ def test_an_unknown_flag_after_terminal_is_named_by_chats_parser(main):
                    "(see attnchat chat --help)\n")
     status, _, err, _ = main("--bogus")
     assert status == 2 and err == "attnchat: error: unrecognized arguments: --bogus (see attnchat --help)\n"
+
+
+def _named_fields(text: str) -> dict:
+    """``a, b{c, d{e}}`` -> ``{"a": {}, "b": {"c": {}, "d": {"e": {}}}}`` (the README's field lists)."""
+    root: dict = {}
+    stack, name = [root], ""
+    for ch in text + ",":
+        if ch not in ",{}":
+            name += ch
+            continue
+        if name.strip():
+            stack[-1][name.strip()] = {}
+        if ch == "{":
+            stack.append(stack[-1][name.strip()])
+        elif ch == "}":
+            stack.pop()
+        name = ""
+    return root
+
+
+def _keys(obj: dict) -> dict:
+    return {k: _keys(v) if isinstance(v, dict) else {} for k, v in obj.items()}
+
+
+@pytest.mark.slow
+def test_the_readme_names_every_field_chat_json_prints(monkeypatch, capsys, tmp_path):
+    """The README's list of `chat --json`'s fields had lost nine of them (evicted_tokens, the
+    thread counts, the rolling policy's, cache_dtype; kv_cache's positions, evicted_tokens, full_bytes)."""
+    import json
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert cli.main(["chat", "--json", "--max-new-tokens", "2", "--prompt", "Hi"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8").split())
+    said = re.search(r"`chat --json` prints one JSON object per turn: `([^`]+)`", readme)
+    assert said, "the README's chat --json sentence is gone or reworded: update this test with it"
+    assert _named_fields(said.group(1)) == _keys(printed)
+    assert printed["kv_cache"]["bytes_per_token"] == 23_040 and printed["cache_dtype"] == "float16"
