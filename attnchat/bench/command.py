@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from attnchat.bench import quiet
+from attnchat.bench import worker as worker_module
 from models.child import python_command
 
 #: The benchmark-only environment ``make bench-llamacpp`` builds llama-cpp-python into.
@@ -325,6 +326,8 @@ def _run_engines(args: argparse.Namespace, engines: list[str], common: list[str]
                     shutil.rmtree(cold, ignore_errors=True)
             if proc.returncode != 0:
                 tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+                if proc.returncode == worker_module.USER_ERROR:
+                    raise ValueError(f"the {engine} benchmark could not run: {tail}")
                 raise RuntimeError(f"the {engine} benchmark run failed: {tail}")
             run = quiet.mark(json.loads(proc.stdout.strip().splitlines()[-1]), before, quiet.load_average())
             raw[engine].append(run)

@@ -344,8 +344,30 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.random_weights:
         args.model = random_model_folder(None if args.model == "default" else args.model)
-    print(json.dumps(measure(args)))
+    try:
+        figures = measure(args)
+    except Exception as e:
+        if not _users_error(e):
+            raise
+        print((str(e).strip().splitlines() or [type(e).__name__])[0], file=sys.stderr)
+        return USER_ERROR
+    print(json.dumps(figures))
     return 0
+
+
+#: The worker's exit status when the model or its settings are at fault (one line on stderr, no
+#: traceback): ``attnchat bench`` then says that line as the user's error.
+USER_ERROR = 2
+
+
+def _users_error(e: Exception) -> bool:
+    """Whether ``e`` is one of attnchat's own errors about the input (a model that cannot load).
+    llama.cpp's worker runs in its own environment, where runtime may be absent."""
+    try:
+        from runtime.errors import AttnchatError
+    except ImportError:
+        return False
+    return isinstance(e, AttnchatError)
 
 
 if __name__ == "__main__":

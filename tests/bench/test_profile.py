@@ -43,3 +43,14 @@ def test_the_profile_times_every_part(model):
     assert e["aten_ms_by_kind"]["attention"] > 0 and e["step_ms"] > 0
     assert set(p["prefill_ms_per_token"]) == {"16", "64", "256"}  # 512 is past the tiny model's context
     assert all(v > 0 for v in p["prefill_ms_per_token"].values())
+
+
+def test_a_model_that_cannot_load_is_the_workers_one_line_not_a_traceback(tmp_path, capsys):
+    """The worker says a model it cannot load in one line and exits with USER_ERROR, which
+    ``attnchat bench`` turns into the user's error (before: a traceback, then 'internal error')."""
+    from attnchat.bench import worker
+
+    missing = tmp_path / "gone.gguf"
+    assert worker.main(["--engine", "ours", "--model", str(missing)]) == worker.USER_ERROR
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "gone.gguf" in err[0] and "Traceback" not in err[0]
