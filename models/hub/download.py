@@ -28,6 +28,7 @@ removed when the turn ends).
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import logging
@@ -149,6 +150,17 @@ def download_file(repo_id: str, revision: str, file: HubFile, *, progress: Progr
     if final.is_file() and final.stat().st_size == size and manifest and manifest.get("sha256") == expected:
         return final
     part = part_path(expected)
+    try:
+        return _fetch_part(part, final, size, expected, where, repo_id, file, remote, progress, cancel, extra)
+    finally:
+        # an empty .partial folder is what a failed or finished download left (a kept part or
+        # another download's lock keeps it; part_lock makes it again for one that raced this)
+        with contextlib.suppress(OSError):
+            part.parent.rmdir()
+
+
+def _fetch_part(part, final, size, expected, where, repo_id, file, remote, progress, cancel, extra) -> Path:
+    """The download into ``part`` under its lock, checked and moved to ``final`` (:func:`fetch_file`'s)."""
     folder = models_dir()
     with part_lock(str(part) + ".lock"):
         have = part.stat().st_size if part.is_file() else 0

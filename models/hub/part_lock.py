@@ -38,7 +38,11 @@ def part_lock(path: str | Path) -> Iterator[None]:
             yield
         return
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o664)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o664)
+        except FileNotFoundError:   # its folder, left empty, was removed by a download that ended
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             held = os.fstat(fd)

@@ -112,6 +112,7 @@ def test_fetch_by_quant_tag(hub):
     assert manifest["size_bytes"] == size and manifest["license"] == "apache-2.0" and manifest["quant"] == "Q8_0"
     assert only_files(folder) == ["hf.co/owner/Tiny-Instruct-GGUF/.Tiny-Instruct-Q8_0.gguf.json",
                                   "hf.co/owner/Tiny-Instruct-GGUF/Tiny-Instruct-Q8_0.gguf"]
+    assert not (folder / ".partial").exists()   # the part moved out: no empty folder left
     # Resolved at the revision listed (main); the token-free CDN sent the bytes.
     assert hub.hits("hub", "HEAD", f"/{REPO}/resolve/main/Tiny-Instruct-Q8_0.gguf")
     assert [r.range for r in hub.hits("cdn", "GET")] == [None]
@@ -191,6 +192,7 @@ def test_sha_mismatch_is_refused_with_nothing_stored(hub):
     assert str(err) == (f"checksum mismatch for hf.co/{REPO}/{name}: the bytes downloaded have sha256 {got[:12]}..., "
                         f"the Hub's LFS metadata say {repo.sha(name)[:12]}...; nothing was kept; try again")
     assert only_files(models.models_dir()) == []
+    assert not (models.models_dir() / ".partial").exists()   # not even an empty folder for the part
 
 
 def test_missing_repo_and_file_are_404s(hub):
