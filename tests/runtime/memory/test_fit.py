@@ -37,18 +37,3 @@ def test_free_memory_from_the_device_when_not_given():
     assert f.free_bytes == pytest.approx(runtime.free_memory_bytes("cpu"), rel=0.2)
     assert f.verdict in ("fits", "tight", "does not fit")
     assert f.to_dict()["total_bytes"] == FILE + KV_8K // 8
-
-
-@pytest.mark.parametrize("block_type, architecture, dtype", [
-    ("Q4_K", "llama", "float16"),    # runs from its blocks: the runtime's float16 cache on the CPU
-    ("Q8_0", "qwen2", "float16"),
-    ("F16", "llama", "float32"),     # a float file loads as float16 weights computing in float32
-    ("Q4_K", "mamba", "float32"),    # a family not run from its blocks
-    ("", "", "float32"),             # unknown
-])
-def test_the_cache_dtype_is_the_runtimes_default_for_the_file(block_type, architecture, dtype):
-    f = runtime.fit(FILE, **SHAPE, context=8192, device="cpu", free_bytes=2_000_000_000,
-                    block_type=block_type, architecture=architecture)
-    assert (f.cache_dtype, f.kv_bytes) == (dtype, KV_8K // (2 if dtype == "float16" else 1))
-    if dtype == "float16":
-        assert dtype == str(runtime.default_cache_dtype("cpu", "float16", blocks=True)).removeprefix("torch.")
