@@ -58,21 +58,14 @@ def _where_from(e: models.CatalogEntry) -> str:
     return f"the Hugging Face Hub ({html.escape(e.ref)})" if e.source == "hub" else "the Python package index"
 
 
-#: Bytes of one cached number in the cache dtypes a model gets by default.
-CACHE_NUMBER_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-
-
-def details_html(e: models.CatalogEntry, state: str, path: Path | None, cache_dtype: str = "float16") -> str:
-    """The details pane of entry ``e``: ``state`` is ``"loaded"``, ``"installed"`` or ``"missing"``;
-    ``cache_dtype``: the KV cache's dtype this file gets here (the fit's: float16 for a quantized
-    GGUF run from its blocks, every catalog file)."""
+def details_html(e: models.CatalogEntry, state: str, path: Path | None) -> str:
+    """The details pane of entry ``e``: ``state`` is ``"loaded"``, ``"installed"`` or ``"missing"``."""
     lic = html.escape(e.license)
     if e.license_url:
         lic = f'<a href="{html.escape(e.license_url)}">{lic}</a>'
     ctx = min(QUOTED_CONTEXT, e.context_length)
-    nb = CACHE_NUMBER_BYTES.get(cache_dtype, 4)
-    kv = (f"{e.kv_bytes_per_token(nb):,} bytes per token in {html.escape(cache_dtype)}; "
-          f"{e.kv_bytes_at(ctx, nb) / MIB:,.1f} MiB at {ctx:,} tokens")
+    kv = (f"{e.kv_bytes_per_token():,} bytes per token in float32; {e.kv_bytes_at(ctx) / MIB:,.1f} MiB "
+          f"at {ctx:,} tokens")
     mode = ("chats with its own template" if e.chat_template
             else "a base model without a chat template: it continues the text you write (plain completion)")
     where = {"loaded": "Loaded now.", "installed": f"Installed: <code>{html.escape(str(path))}</code>",
@@ -267,12 +260,10 @@ class ModelsDialog(QDialog):
         state = self.state(row)
         kind, item = self.rows[row]
         if kind == "catalog":
-            fit = self._fit(item)
-            extra = fit_line(fit) if state == "missing" else ""
+            extra = fit_line(self._fit(item)) if state == "missing" else ""
             if self.recommended is not None and self.recommended.entry.id == item.id:
                 extra += f"<p><b>Recommended:</b> {html.escape(self.recommended.reason)}.</p>"
-            dtype = (fit or {}).get("cache_dtype") or "float16"
-            self.details.setText(details_html(item, state, self.path(row), dtype) + extra)
+            self.details.setText(details_html(item, state, self.path(row)) + extra)
         else:
             self.details.setText(hub_details_html(item, state))
         self.load_button.setEnabled(state == "installed")

@@ -339,22 +339,15 @@ class Fit:
 
 def fit(file_bytes: int, *, layers: int, kv_heads: int, head_dim: int, context: int,
         windows: Sequence[int | None] | None = None, device: str | torch.device = "cpu",
-        cache_dtype: str | torch.dtype | None = None, free_bytes: int | None = None,
-        block_type: str = "", architecture: str = "") -> Fit:
+        cache_dtype: str | torch.dtype | None = None, free_bytes: int | None = None) -> Fit:
     """:class:`Fit` of a model file of ``file_bytes`` with that shape at ``context`` tokens on
     ``device`` (its free memory from :func:`runtime.device.free_memory_bytes` unless ``free_bytes`` is given).
-
-    ``block_type`` (``"Q4_K"``) and ``architecture`` (``"llama"``) name a GGUF's matrices and
-    family: a quantized type of a family the decoder runs from its blocks plans the cache the
-    runtime gives that run (:func:`runtime.device.default_cache_dtype`: float16 on the CPU,
-    half the float32 of a float file there); "" for a float file or when unknown.
 
     Raises:
         ValueError: as :func:`plan`.
     """
     p = plan(layers=layers, kv_heads=kv_heads, head_dim=head_dim, context=context, windows=windows,
-             device=device, cache_dtype=cache_dtype,
-             blocks=(file_bytes, block_type) if runs_from_blocks(block_type, architecture) else None)
+             device=device, cache_dtype=cache_dtype)
     free = p.free_device_bytes if free_bytes is None else free_bytes
     total = file_bytes + p.kv_bytes
     if free is None:
@@ -362,17 +355,6 @@ def fit(file_bytes: int, *, layers: int, kv_heads: int, head_dim: int, context: 
     else:
         verdict = "fits" if total <= TIGHT_SHARE * free else "tight" if total <= free else "does not fit"
     return Fit(verdict, file_bytes, p.kv_bytes, total, free, context, p.device, p.cache_dtype)
-
-
-def runs_from_blocks(block_type: str, architecture: str) -> bool:
-    """Whether a GGUF whose matrices are mostly ``block_type`` and whose family is
-    ``architecture`` loads from its own blocks (:func:`runtime.weights.gguf.open.runs_from_blocks`
-    on the file itself): a quantized type of a family :mod:`runtime.weights.gguf.names` maps."""
-    from runtime.weights.gguf.names import ARCHITECTURES
-    from runtime.weights.quant_types import BLOCK_TYPES
-
-    t = BLOCK_TYPES.get(block_type.upper())
-    return t is not None and t.quantized and architecture in ARCHITECTURES
 
 
 def plan_for_config(config: ModelConfig, **kwargs) -> MemoryPlan:
