@@ -33,9 +33,16 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("TQDM_DISABLE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def _quiet_libraries() -> None:
+    """No progress bars, library warnings or hub requests in the worker's process. Called by
+    :func:`main`, not at import: ``attnchat bench`` imports this module into the command line's
+    process, whose own switch (``models.hub.api.libraries_offline``) must see the user's
+    environment, not one this module changed."""
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def random_ids(vocab_size: int, special: set[int], n: int, seed: int) -> list[int]:
@@ -328,6 +335,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def main(argv=None) -> int:
+    _quiet_libraries()
     p = argparse.ArgumentParser(prog="attnchat.bench.worker")
     p.add_argument("--engine", choices=sorted(ENGINES), required=True)
     p.add_argument("--model", required=True)

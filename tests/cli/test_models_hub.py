@@ -144,6 +144,21 @@ def test_errors_are_one_line_and_exit_2(hub, capsys, argv, kind_words):
     assert err.startswith("attnchat: error: ") and err.count("\n") == 1 and kind_words in err, err
 
 
+def test_importing_the_command_line_leaves_the_hub_switch_to_it():
+    """Importing the command line (every command's module, the benchmark's worker among them)
+    changes no hub variable: otherwise the entry point's switch reads a HF_HUB_OFFLINE a module
+    set and takes it for the user's, and every Hub command says the Hub is switched off."""
+    code = ("import json, os; before = dict(os.environ); import attnchat.cli.entry; "
+            "print(json.dumps({k: os.environ.get(k) for k in set(os.environ) ^ set(before)}))")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "ATTNCHAT_HUB_OFFLINE_BY_APP")}
+    out = subprocess.run([sys.executable, "-I", "-c", code], cwd="/", env=env, capture_output=True, text=True,
+                         timeout=HANG_S)
+    assert out.returncode == 0, out.stderr
+    changed = json.loads(out.stdout)
+    assert not {"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"} & set(changed), changed
+
+
 def test_fetch_in_a_real_process_resumes_after_ctrl_c(hub, tmp_path):
     """The installed command, its own process: the libraries are switched offline by the command
     line itself, the Hub still answers; SIGINT mid-download exits 130 and keeps the part; the
