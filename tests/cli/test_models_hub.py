@@ -168,9 +168,10 @@ def test_fetch_in_a_real_process_resumes_after_ctrl_c(hub, tmp_path):
 
     name = "Tiny-Instruct-Q6_K.gguf"
     repo = hub.add_repo(REPO, {name: gguf_bytes(payload=3_000_000, seed=7, **SHAPE)})
-    # 64 KiB every 100 ms: the 3 MB in ~5 s, handed over in 1 MiB chunks; the 3 s after the first
-    # chunk leave the signal time to land on a loaded machine (at 20 ms the whole file arrived first)
-    hub.throttle_s = 0.1
+    # 64 KiB every 250 ms: the 3 MB in ~12 s, handed over in 1 MiB chunks; the 8 s after the first
+    # chunk leave the signal time to land on a loaded machine (at 20 ms the whole file arrived first;
+    # at 100 ms, 3 s, it did too once at load 6)
+    hub.throttle_s = 0.25
     env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "ATTNCHAT_MODELS_DIR": os.environ["ATTNCHAT_MODELS_DIR"],
            "HF_TOKEN_PATH": str(tmp_path / "none"), "XDG_STATE_HOME": str(tmp_path / "state")}
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "ATTNCHAT_HUB_OFFLINE_BY_APP", "HF_TOKEN"):

@@ -291,7 +291,7 @@ def test_default_gguf_replies_batched_equal_each_alone(default_blocks):
             engine.submit(job)
             assert done.wait(120)
             alone.append(_done(items).token_ids)
-        rows_before = engine.stats()["decoded_rows"]
+        before = engine.stats()
         jobs = [_job(ask, max_tokens=24) for ask in DEFAULT_ASKS]
         for job, _, _ in jobs:
             engine.submit(job)
@@ -299,7 +299,11 @@ def test_default_gguf_replies_batched_equal_each_alone(default_blocks):
         for job, items, done in jobs:
             assert done.wait(120)
             together.append(_done(items).token_ids)
-        assert engine.stats()["decoded_rows"] - rows_before > 3 * 24  # they did decode together
+        after = engine.stats()
+        rows, steps = (after[k] - before[k] for k in ("decoded_rows", "decode_steps"))
+        # they did decode together: more than 1.5 rows a step (one at a time: under one, the
+        # prompts' steps decode none; the replies' lengths depend on the kernels the load allowed)
+        assert rows > 1.5 * steps, (rows, steps)
         assert together == alone and min(len(t) for t in alone) >= 5
     finally:
         engine.close()
