@@ -73,6 +73,12 @@ class Graph:
         self._keep.append(t)
         return x
 
+    def keep(self, owner):
+        """Keep ``owner`` (what holds memory a node of the graph reads) alive as long as the graph;
+        returns it."""
+        self._keep.append(owner)
+        return owner
+
     def slot(self, ggml_type: int, ne: tuple[int, ...]):
         """A leaf without memory of its own (shape ``ne``, ggml's order): the caller points its
         ``data`` at memory it owns (and may reshape it, and views of it) before each

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from runtime.kernels import ggml_repack
 from runtime.kernels.ggml_graph import Graph
 from runtime.model.layers import Norm, Scale
 from runtime.model.quant_layers import QuantLinear
@@ -25,7 +26,12 @@ def norm(graph: Graph, x, module: Norm):
 
 
 def _blocks(graph: Graph, part):
-    """A ggml tensor over a part's raw blocks: ``ne0`` = its row length in weights."""
+    """A ggml tensor over a part's blocks: ``ne0`` = its row length in weights. ggml's repacked
+    form of them where it has one here (:mod:`runtime.kernels.ggml_repack`: its interleaved-row
+    kernels), else the file's blocks as they are."""
+    form = ggml_repack.repacked(part)
+    if form is not None:
+        return graph.keep(form).tensor
     x = graph.leaf(part.raw, (part.cols, part.rows), part.btype.ggml_type)
     if graph.g.ggml_nbytes(x) != part.raw.numel():
         raise ValueError(f"{part.btype.name} blocks of {part.rows} x {part.cols} do not match ggml's size")

@@ -49,6 +49,8 @@ class QuantWeight:
             for t in form if isinstance(form, tuple) else (form,):
                 if isinstance(t, torch.Tensor):
                     total += t.numel() * t.element_size()
+                elif isinstance(getattr(t, "nbytes", None), int):   # memory outside torch (ggml's)
+                    total += t.nbytes
         return total
 
     def dequantized(self, dtype: torch.dtype = torch.float32, rows: slice | None = None,

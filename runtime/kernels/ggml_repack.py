@@ -1,0 +1,143 @@
+"""ggml's repacked form of a weight's blocks: the rows interleaved for its faster CPU products.
+Must not import Qt.
+
+llama.cpp's CPU backend moves some weights into a buffer of type ``CPU_REPACK`` at load:
+the blocks of 4 or 8 rows interleaved (``block_q4_Kx8`` and the like), so one pass of its
+``gemv_*_8x8`` / ``gemm_*`` kernels computes 8 output rows from one read of the activations.
+ggml-python's ``libggml-cpu`` carries the same kernels and buffer type; a weight allocated in
+that buffer type gets them from plain ``mul_mat`` nodes (ggml's CPU compute asks the buffer's
+traits first), in every graph :mod:`runtime.model.ggml_layers` builds.
+
+Which weights get a form is ggml's choice, by block type, shape and this CPU's features
+(``ggml_repack_get_optimal_repack_type``): on an AMD EPYC Zen 4 (AVX-512) Q4_0, Q4_K and
+IQ4_NL do, Q6_K, Q8_0, Q5_K and Q2_K do not; :func:`repacked` asks per weight.
+Measured there (``mul_mat`` of random blocks, 2 threads, best of 5, under load 3.7):
+Q4_K 8192 x 2048, one row 20.4 -> 13.9 ms, 256 rows 389 -> 211 ms.
+
+Not row-invariant: Q4_K's 4-row ``gemm`` rounds differently from its one-row ``gemv`` (Q4_0's
+and IQ4_NL's forms gave equal rows at every count tried), and neither equals the plain
+``mul_mat`` bit for bit (relative difference ~3e-7): the reproducible mode, which runs no ggml
+graph, never sees these. ``ATTNCHAT_GGML_REPACK=0`` turns the forms off (the plain blocks).
+
+Memory: a form is as many bytes as the blocks, in ggml's own allocation beside them
+(:attr:`Repacked.nbytes`, counted in the weight's ``extra_bytes``).
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+
+from runtime.kernels import ggml_ops
+
+__all__ = ["Repacked", "enabled", "repacked"]
+
+log = logging.getLogger(__name__)
+
+#: The key a weight's form is kept under in its ``prepared`` (None kept too: no form here).
+FORM = "ggml-repack"
+
+_STATE: dict = {}   # "buft": the CPU_REPACK buffer type (0: none), "log": the log callback kept alive
+
+
+def enabled() -> bool:
+    """Whether repacked forms are made: ggml loads, ``ATTNCHAT_GGML_REPACK`` is not ``0``, and
+    this ggml has a ``CPU_REPACK`` buffer type."""
+    if os.environ.get("ATTNCHAT_GGML_REPACK", "1") == "0" or not ggml_ops.available():
+        return False
+    return bool(_buffer_type())
+
+
+def _buffer_type() -> int:
+    """The ``CPU_REPACK`` buffer type from the CPU backend's extra buffer types (0: none)."""
+    if "buft" in _STATE:
+        return _STATE["buft"]
+    g = ggml_ops._STATE["ggml"]
+    _STATE["buft"] = 0
+    try:
+        reg = g.ggml_backend_cpu_reg()
+        dev = g.ggml_backend_reg_dev_get(reg, 0)
+        fn = g.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
+        if not fn:
+            return 0
+        extra = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(fn)(dev)
+        i = 0
+        while extra and extra[i]:
+            if g.ggml_backend_buft_name(extra[i]) == b"CPU_REPACK":
+                _STATE["buft"] = extra[i]
+                break
+            i += 1
+    except (AttributeError, OSError, ValueError) as e:
+        log.info("ggml's repacked forms unavailable: %s", e)
+    if _STATE["buft"]:
+        _quiet_ggml(g)
+    return _STATE["buft"]
+
+
+def _quiet_ggml(g) -> None:
+    """ggml's log to Python's (warnings and errors only): its repack says a debug line on stderr
+    for every weight it repacks."""
+    def forward(level, text, _user):
+        if level >= g.GGML_LOG_LEVEL_WARN and text:
+            log.warning("ggml: %s", text.decode(errors="replace").rstrip())
+
+    _STATE["log"] = g.ggml_log_callback(forward)
+    g.ggml_log_set(_STATE["log"], None)
+
+
+class Repacked:
+    """One weight's blocks in ggml's ``CPU_REPACK`` buffer: :attr:`tensor` is the ``mul_mat``
+    operand (``ne0`` = the row length in weights), :attr:`nbytes` its memory."""
+
+    def __init__(self, g, ctx, tensor, buffer, nbytes: int, layout: str):
+        self._g, self._ctx, self._buffer = g, ctx, buffer
+        self.tensor, self.nbytes, self.layout = tensor, nbytes, layout
+
+    def __del__(self):
+        g = getattr(self, "_g", None)
+        if g is None:
+            return
+        try:
+            g.ggml_backend_buffer_free(self._buffer)
+            g.ggml_free(self._ctx)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def _make(raw, ggml_type: int, rows: int, cols: int) -> Repacked | None:
+    g = ggml_ops._STATE["ggml"]
+    buft = _buffer_type()
+    ctx = g.ggml_init(g.ggml_init_params(mem_size=g.ggml_tensor_overhead() * 2, mem_buffer=None, no_alloc=True))
+    W = g.ggml_new_tensor_2d(ctx, ggml_type, cols, rows)
+    if g.ggml_nbytes(W) != raw.numel():
+        g.ggml_free(ctx)
+        raise ValueError(f"blocks of {rows} x {cols} (type {ggml_type}) do not match ggml's size")
+    size = g.ggml_backend_buft_get_alloc_size(buft, W)
+    buffer = g.ggml_backend_buft_alloc_buffer(buft, size)
+    if not buffer:
+        g.ggml_free(ctx)
+        raise MemoryError(f"ggml could not allocate {size:,} bytes for a repacked weight")
+    g.ggml_backend_tensor_alloc(buffer, W, g.ggml_backend_buffer_get_base(buffer))
+    if not W.contents.extra:   # ggml has no form for this type and shape on this CPU
+        g.ggml_backend_buffer_free(buffer)
+        g.ggml_free(ctx)
+        return None
+    blocks = raw if raw.is_contiguous() else raw.contiguous()
+    g.ggml_backend_tensor_set(W, ctypes.c_void_p(blocks.data_ptr()), 0, blocks.numel())
+    return Repacked(g, ctx, W, buffer, int(size), f"type {ggml_type}")
+
+
+def repacked(w) -> Repacked | None:
+    """``w``'s repacked form (a :class:`runtime.weights.quant_weight.QuantWeight` on the CPU:
+    ``raw``, ``btype.ggml_type``, ``rows``, ``cols``, ``prepared``), made once and kept in
+    ``w.prepared``; None where ggml has none for it here or the forms are off (:func:`enabled`).
+
+    Raises:
+        ValueError: the blocks do not hold the shape; MemoryError: ggml's allocation failed.
+    """
+    if not enabled() or w.raw.device.type != "cpu" or not w.btype.quantized:
+        return None
+    if FORM not in w.prepared:
+        with ggml_ops._LOCK:
+            w.prepared[FORM] = _make(w.raw, w.btype.ggml_type, w.rows, w.cols)
+    return w.prepared[FORM]

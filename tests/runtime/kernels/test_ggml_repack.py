@@ -1,0 +1,118 @@
+"""ggml's repacked forms of a weight's blocks (runtime/kernels/ggml_repack.py): the product from
+a form equals the product from the plain blocks to float32 rounding, for one row and for a
+prompt's rows; a form is made once and counted in the weight's memory; off, or for a type ggml
+has no form of here, the plain blocks run; the one-graph token decodes through the forms."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from runtime import load_model
+from runtime.kernels import ggml_ops, ggml_repack
+from runtime.kernels.ggml_graph import Graph
+from runtime.model.ggml_layers import _blocks
+from runtime.weights.quant_make import quantize
+from runtime.weights.quant_types import BLOCK_TYPES
+from runtime.weights.quant_weight import QuantWeight
+from tests.runtime.tiny_gguf import make_tiny_gguf, tiny_tokenizer_metadata
+
+pytestmark = pytest.mark.skipif(not ggml_ops.available(), reason="ggml-python is not installed")
+
+#: The types llama.cpp repacks on x86 (which of them ggml repacks depends on the CPU's features).
+CANDIDATES = ("Q4_0", "Q4_K", "IQ4_NL", "Q8_0", "Q6_K", "Q5_K", "Q2_K")
+
+
+def _weight(name: str, rows: int = 64, cols: int = 512, seed: int = 0) -> QuantWeight:
+    w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    t = BLOCK_TYPES[name]
+    return QuantWeight(torch.from_numpy(quantize(w, t)), t, rows, cols)
+
+
+def _product(w: QuantWeight, x: torch.Tensor) -> torch.Tensor:
+    """``x (M, cols) @ W.T`` by one ggml graph over :func:`_blocks` (a form where there is one)."""
+    M = x.shape[0]
+    graph = Graph(result_bytes=4 * M * w.rows + (1 << 16), max_nodes=8)
+    y = graph.g.ggml_mul_mat(graph.ctx, _blocks(graph, w), graph.leaf(x, (w.cols, M)))
+    graph.output(y)
+    out = graph.torch_view(y, (M, w.rows))
+    graph.compute()
+    return out.clone()
+
+
+def _with_forms() -> list[str]:
+    return [n for n in CANDIDATES if ggml_repack.repacked(_weight(n)) is not None]
+
+
+def test_some_type_has_a_form_on_this_cpu():
+    """llama.cpp's x86 build repacks Q4_0 on any AVX2 CPU: every CPU CI runs on has one."""
+    assert ggml_repack.enabled()
+    assert "Q4_0" in _with_forms()
+
+
+@pytest.mark.parametrize("name", CANDIDATES)
+@pytest.mark.parametrize("M", [1, 3, 16])
+def test_the_forms_product_equals_the_plain_blocks(name, M, monkeypatch):
+    w = _weight(name)
+    x = torch.randn(M, w.cols, generator=torch.Generator().manual_seed(1))
+    form = ggml_repack.repacked(w)
+    got = _product(w, x)
+    monkeypatch.setenv("ATTNCHAT_GGML_REPACK", "0")
+    plain = QuantWeight(w.raw, w.btype, w.rows, w.cols)
+    want = _product(plain, x)
+    assert "ggml-repack" not in plain.prepared
+    if form is None:
+        assert torch.equal(got, want)
+    else:
+        assert form.tensor.contents.data
+        err = (got - want).abs().max().item() / want.abs().max().item()
+        assert err < 1e-5, err
+
+
+def test_a_form_is_made_once_and_counted():
+    names = _with_forms()
+    w = _weight(names[0])
+    before = w.extra_bytes
+    form = ggml_repack.repacked(w)
+    assert ggml_repack.repacked(w) is form
+    assert w.extra_bytes == before + form.nbytes
+    assert form.nbytes >= w.file_bytes
+
+
+def test_off_and_unquantized_mean_the_plain_blocks(monkeypatch):
+    f32 = BLOCK_TYPES["F32"]
+    w = QuantWeight(torch.zeros(8, 32 * 4, dtype=torch.uint8), f32, 8, 32)
+    assert ggml_repack.repacked(w) is None
+    monkeypatch.setenv("ATTNCHAT_GGML_REPACK", "0")
+    assert not ggml_repack.enabled()
+    assert ggml_repack.repacked(_weight("Q4_0")) is None
+
+
+def test_the_one_graph_token_decodes_through_the_forms(tmp_path, monkeypatch):
+    """A tiny Q4_0 file: the one-graph token's logits with the forms equal the same file's
+    without them to rounding, and pick the same tokens."""
+    monkeypatch.setenv("ATTNCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ATTNCHAT_KERNELS", "default")
+    path = make_tiny_gguf(tmp_path, tokenizer=tiny_tokenizer_metadata(), matrix_type="Q4_0", embed_type="Q8_0")
+
+    def run():
+        m = load_model(path, device="cpu", threads=1)
+        assert m.decode_mode == "ggml"
+        cache = m.new_cache(64, dtype="float32")
+        rows, tok = [], 5
+        with torch.inference_mode():
+            m.logits([5, 9, 33, 40], cache, last_only=True)
+            for _ in range(6):
+                logits = m.decode_next(tok, cache)[0, -1].clone()
+                rows.append(logits)
+                tok = int(logits.argmax())
+        parts = [p for layer in m.decoder.blocks for p in layer.mlp.down_proj.parts]
+        return torch.stack(rows), parts
+
+    with_forms, parts = run()
+    assert all(p.prepared.get("ggml-repack") is not None for p in parts)
+    monkeypatch.setenv("ATTNCHAT_GGML_REPACK", "0")
+    plain, parts = run()
+    assert all("ggml-repack" not in p.prepared for p in parts)
+    assert torch.equal(with_forms.argmax(-1), plain.argmax(-1))
+    assert (with_forms - plain).abs().max().item() <= 1e-4 * plain.abs().max().item()
