@@ -19,6 +19,12 @@ from tests.runtime.tiny_gguf import make_tiny_gguf, tiny_tokenizer_metadata
 
 pytestmark = pytest.mark.skipif(not ggml_ops.available(), reason="ggml-python is not installed")
 
+
+@pytest.fixture(autouse=True)
+def forms_on(monkeypatch):
+    """The forms are off by default (they cost their bytes beside the blocks): on here."""
+    monkeypatch.setenv("ATTNCHAT_GGML_REPACK", "1")
+
 #: The types llama.cpp repacks on x86 (which of them ggml repacks depends on the CPU's features).
 CANDIDATES = ("Q4_0", "Q4_K", "IQ4_NL", "Q8_0", "Q6_K", "Q5_K", "Q2_K")
 
@@ -80,6 +86,9 @@ def test_a_form_is_made_once_and_counted():
 
 
 def test_off_and_unquantized_mean_the_plain_blocks(monkeypatch):
+    monkeypatch.delenv("ATTNCHAT_GGML_REPACK")
+    assert not ggml_repack.enabled()   # the default
+    monkeypatch.setenv("ATTNCHAT_GGML_REPACK", "1")
     f32 = BLOCK_TYPES["F32"]
     w = QuantWeight(torch.zeros(8, 32 * 4, dtype=torch.uint8), f32, 8, 32)
     assert ggml_repack.repacked(w) is None
