@@ -9,7 +9,7 @@ that buffer type gets them from plain ``mul_mat`` nodes (ggml's CPU compute asks
 traits first), in every graph :mod:`runtime.model.ggml_layers` builds.
 
 Which weights get a form is ggml's choice, by block type, shape and this CPU's features
-(``ggml_repack_get_optimal_repack_type``): on an AMD EPYC Zen 4 (AVX-512) Q4_0, Q4_K and
+(``ggml_repack_get_optimal_repack_type``): on an AMD EPYC Zen 3 (AVX2, no AVX-512) Q4_0, Q4_K and
 IQ4_NL do, Q6_K, Q8_0, Q5_K and Q2_K do not; :func:`repacked` asks per weight.
 Measured there (``mul_mat`` of random blocks, 2 threads, best of 5, under load 3.7):
 Q4_K 8192 x 2048, one row 20.4 -> 13.9 ms, 256 rows 389 -> 211 ms.
@@ -24,7 +24,7 @@ ggml's own allocation beside them (:attr:`Repacked.nbytes`, counted in the weigh
 ``extra_bytes``), and the blocks stay (the prefill kernels, the widened views and the
 embedding read them). On the 1B shape (``scripts/make_gguf.py``, Q4_K) that is +520 MiB of
 peak RSS (977 -> 1,497 MiB) for 10 % faster decode (46.4 -> 41.8 ms a
-token); Gemma 3 270M Q4_K_M gets 12 MiB of forms. AMD EPYC Zen 4, 2 threads, load 1.4-2.5
+token); Gemma 3 270M Q4_K_M gets 12 MiB of forms. AMD EPYC Zen 3, 2 threads, load 1.4-2.5
 (docs/benchmarks.md, "ggml's repacked forms").
 """
 from __future__ import annotations
