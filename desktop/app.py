@@ -111,8 +111,11 @@ def apply_theme(app: QApplication, theme: str) -> None:
     app.setPalette(dark_palette() if theme == "dark" else light_palette(app))
 
 
-def build_window(store: Store, settings: Settings, engine: Engine | None = None, **kwargs) -> MainWindow:
+def build_window(store: Store, settings: Settings, engine: Engine | None = None, *, serve_factory=None,
+                 **kwargs) -> MainWindow:
     """The main window with its panels: the app, ``--self-test`` and ``--screenshot`` all use this.
+
+    ``serve_factory`` serves the window's own model from this process (:mod:`desktop.remote.serve_toggle`).
 
     Panels (KV-cache memory, attention) are added here with ``window.add_panel(...)``.
     """
@@ -120,7 +123,7 @@ def build_window(store: Store, settings: Settings, engine: Engine | None = None,
     # File > Connect to server… (remote engines) and Server > Serve the loaded model.
     window.connector = connect_dialog.install(window)
     window.model_switcher = model_switcher.install(window)   # File > Models… (desktop.model_switcher)
-    window.serve_toggle = serve_toggle.install(window)
+    window.serve_toggle = serve_toggle.install(window, serve_factory)
     window.server_panel = server_panel.install(window, window.serve_toggle)   # View > Server panel
     install_settings(window)   # Edit > Settings… (desktop.settings.controller)
     install_kv_panel(window)   # the KV-cache memory dock (desktop.panels.kv.panel)

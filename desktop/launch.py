@@ -50,8 +50,12 @@ def _no_display() -> bool:
     return not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run the desktop app; returns the exit status."""
+def main(args: argparse.Namespace, *, serve_factory=None) -> int:
+    """Run the desktop app; returns the exit status.
+
+    ``serve_factory``: ``(model, *, port, api_key, options) -> server`` for Server > Serve the loaded
+    model from this process (the command line hands in :func:`attnchat.server.in_process.for_window`;
+    without one the toggle runs ``attnchat serve`` as a child process, and says so)."""
     logfile.to_file()   # tracebacks go to the log file, never to the window or the terminal
     headless = getattr(args, "self_test", False) or getattr(args, "screenshot", None)
     problem = platform_problem(window=not headless)
@@ -65,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
     if getattr(args, "screenshot", None):
         from desktop.screenshots import run as screenshots
 
-        return screenshots(args)
+        return screenshots(args, serve_factory=serve_factory)
     if _no_display():
         print("attnchat: error: no display found (DISPLAY and WAYLAND_DISPLAY are unset); "
               "run `attnchat --terminal` to chat in the terminal", file=sys.stderr)
@@ -83,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
     settings = Settings()
     if getattr(args, "device", None) and args.device != "auto":
         settings.set("model/device", args.device)
-    window = build_window(store, settings)
+    window = build_window(store, settings, serve_factory=serve_factory)
     window.download_requested.connect(lambda: offer_download(window))
     previous_hook = sys.excepthook
     sys.excepthook = lambda *exc: report_unexpected(window, *exc)

@@ -117,7 +117,7 @@ def _settings_dialog(app: QApplication, window, out: Path, written: list[Path]) 
     dialog.close()
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, serve_factory=None) -> int:
     app = application(headless=True)
     out = Path(args.screenshot).expanduser()
     out.mkdir(parents=True, exist_ok=True)
@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         store = Store(tmp / "chat.sqlite3")
         settings = Settings(tmp / "chat.ini")
         settings.set("model/device", getattr(args, "device", "auto") or "auto")
-        window = build_window(store, settings, confirm=lambda q: True)
+        window = build_window(store, settings, confirm=lambda q: True, serve_factory=serve_factory)
         window.generation_overrides = {"max_new_tokens": 100, "temperature": 0.0}
         window.resize(1100, 720)
         window.show()

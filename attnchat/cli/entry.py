@@ -140,6 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _serve_in_process(model, **kwargs):
+    """:func:`attnchat.server.in_process.for_window`, imported when first used (it imports torch)."""
+    from attnchat.server.in_process import for_window
+
+    return for_window(model, **kwargs)
+
+
 def _app(args: argparse.Namespace) -> int:
     try:
         from desktop.launch import main as desktop_main  # the window, when installed
@@ -147,7 +154,9 @@ def _app(args: argparse.Namespace) -> int:
         log.warning("the desktop app is not available; using the terminal", exc_info=True)
         desktop_main = None
     if desktop_main is not None and not args.terminal:
-        return desktop_main(args)  # the window; --self-test and --screenshot run headless there
+        # the window; --self-test and --screenshot run headless there. Its Server > Serve serves the
+        # window's own model from this process: the desktop may not import attnchat, so it gets the maker
+        return desktop_main(args, serve_factory=_serve_in_process)
     if args.self_test:
         return chat_cmd.self_test(args)
     from models import fetch

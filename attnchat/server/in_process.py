@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from runtime import GenerationSettings, Model
 
-__all__ = ["InProcessServer"]
+__all__ = ["InProcessServer", "for_window"]
 
 log = logging.getLogger("attnchat.serve")
 
@@ -128,3 +128,29 @@ class InProcessServer:
             self._error = e
             log.exception("the in-process server failed")
 
+
+
+def for_window(model: Model, *, port: int = 0, api_key: str = "", options: dict | None = None) -> InProcessServer:
+    """The desktop's Server > Serve the loaded model: ``model`` (the window's own) served on loopback
+    ``port`` (0: a free one) with the window's settings, not yet started (:meth:`InProcessServer.start`).
+
+    ``options`` are the window's serve settings as :func:`desktop.remote.serve_toggle.serve_command`
+    takes them: ``context`` (tokens; 0: the model's maximum), ``cache_dtype`` (``"auto"``: the
+    model's), ``cache_policy`` and its ``cache_budget`` (``"512"`` tokens or ``"24MiB"``). The weight
+    dtype and the reproducible mode are the loaded model's own. The overflow policy is the server's
+    (stop: API clients manage their context), as for ``attnchat serve``.
+
+    Raises:
+        ValueError: settings the model cannot take, a budget that does not parse, or the port
+            taken (one line; "pick another --port" in it, as ``attnchat serve`` says).
+    """
+    from attnchat.cache_options import parse_budget
+
+    o = options or {}
+    policy = str(o.get("cache_policy") or "none")
+    tokens, nbytes = parse_budget(str(o["cache_budget"])) if policy != "none" and o.get("cache_budget") else (None, None)
+    cache = str(o.get("cache_dtype") or "auto")
+    settings = GenerationSettings(context_limit=int(o.get("context") or 0) or None,
+                                  cache_dtype=None if cache == "auto" else cache, overflow="stop",
+                                  cache_policy=policy, cache_budget=tokens, cache_budget_bytes=nbytes)
+    return InProcessServer(model, host="127.0.0.1", port=int(port or 0), api_key=api_key or None, settings=settings)

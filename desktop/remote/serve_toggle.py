@@ -1,40 +1,40 @@
-"""Server > Serve the loaded model: ``attnchat serve`` for the window's model, in its own process.
+"""Server > Serve the loaded model: the window's model over OpenAI's API, from this process when it can.
 
-Why a process: the HTTP server (``attnchat.server``) runs its own engine over its own
-copy of the weights. The window's worker keeps its model and KV caches to itself, so a
-client of the API never slows or disturbs the chat in the window, the window never
-blocks on the server, and stopping is ending a process. The price is memory: a second
-copy of the weights (about 0.5 GiB for the default model in float32 on the CPU).
+When the window has a model loaded in this process and the command line handed the window a
+server factory (:func:`attnchat.server.in_process.for_window`), the toggle serves that very
+model (:class:`desktop.remote.local_server.LocalServer`): the chat and the server share the
+weights, each with its own KV caches, so serving costs no second copy of them and no second
+load. Otherwise (no factory: the desktop started without the attnchat command) it runs
+``attnchat serve`` as a child process over a second copy of the weights (about 0.5 GiB for the
+default model in float32 on the CPU), and the menu and the status bar say why. With no model
+loaded, or the window connected to a remote server, there is nothing here to serve: the toggle
+is disabled and the line under it says why.
 
-:class:`ModelServer` starts ``attnchat serve --model PATH --host 127.0.0.1 --port 0``
-as a :class:`QProcess`, reads the address it prints ("... at http://127.0.0.1:PORT/v1")
-and stops it with SIGINT (as Ctrl-C; killed if it has not ended within
-:data:`STOP_GRACE_MS`). :class:`ServeToggle` puts it in the window: a checkable menu
-action with the settings it serves with beside it (the window's context, KV-cache dtype and
-weight dtype), "Serving at …" in the status bar, and a stop when the window closes.
+:class:`ServeToggle` puts it in the window: a checkable menu action with the settings it serves
+with beside it (the window's context, KV-cache dtype and cache policy; the process server also
+takes the weight dtype), "Serving at …" in the status bar, and a stop when the window closes.
+The child process itself is :mod:`desktop.remote.process_server`.
 Loopback only (nothing outside this machine can reach it), on a port chosen free once and kept
 in the settings (``server/port``), with an API key when the settings ask for one
 (``server/require_key``). The Server panel (:mod:`desktop.remote.server_panel`) shows all of it.
 
-Must not import torch, runtime or attnchat (it runs the command line, never imports it).
+Must not import torch, runtime or attnchat (it runs the command line or calls the factory it was given).
 """
 from __future__ import annotations
 
 import html
 import logging
 import os
-import re
 import secrets
-import signal
 import socket
-import sys
 
-from PySide6.QtCore import QCoreApplication, QEvent, QObject, QProcess, QProcessEnvironment, Qt, QTimer, Signal
+from PySide6.QtCore import QCoreApplication, QEvent, QObject, Qt, Signal
 from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import QLabel
 
+from desktop.remote.local_server import LocalServer
+from desktop.remote.process_server import ModelServer, serve_command
 from desktop.remote.secrets import KeyStore
-from models.child import attnchat_command
 
 __all__ = ["KEY_NAME", "ModelServer", "ServeToggle", "describe_options", "free_port", "install", "serve_command"]
 
@@ -43,196 +43,32 @@ KEY_NAME = "attnchat-serve://127.0.0.1"
 
 log = logging.getLogger(__name__)
 
-#: What ``attnchat serve`` prints once it listens.
-URL_LINE = re.compile(r"serving (?P<model>\S+) on (?P<device>\S+) at (?P<url>https?://\S+/v1)")
-#: How long a stopping server gets to finish its reply and close (ms); then it is killed.
-STOP_GRACE_MS = 5000
-#: Lines of the server's output kept to explain a failure.
-KEEP_LINES = 40
+#: The in-process server's parts in the window's serve settings (its weights are the loaded model's own).
+LOCAL_OPTIONS = ("context", "cache_dtype", "cache_policy", "cache_budget")
 
 
-def serve_command(model_path: str, device: str = "auto", *, context: int = 0, cache_dtype: str = "auto",
-                  weight_dtype: str = "auto", reproducible: bool = False, cache_policy: str = "none",
-                  cache_budget: str = "", port: int = 0) -> tuple[str, list[str]]:
-    """``(program, arguments)`` that serve ``model_path`` on loopback ``port`` (0: a free one), with the
-    window's ``context`` (tokens; 0: the model's maximum), KV ``cache_dtype``,
-    ``weight_dtype`` (``"auto"``: the server's own choice, the same rule as the window's),
-    ``reproducible`` greedy replies (on the CPU) and ``cache_policy`` with its ``cache_budget``
-    (``"512"`` tokens or ``"24MiB"``, as ``attnchat serve --cache-budget`` reads it). An API key
-    goes in the environment (:meth:`ModelServer.start`), never in the arguments (``ps`` shows them)."""
-    args = ["serve", "--model", model_path, "--host", "127.0.0.1", "--port", str(int(port or 0)),
-            "--device", device or "auto"]
-    if context and int(context) > 0:
-        args += ["--context", str(int(context))]
-    if cache_dtype and cache_dtype != "auto":
-        args += ["--cache-dtype", cache_dtype]
-    if weight_dtype and weight_dtype != "auto":
-        args += ["--dtype", weight_dtype]
-    if reproducible:
-        args += ["--reproducible"]
-    if cache_policy and cache_policy != "none":
-        args += ["--cache-policy", cache_policy, "--cache-budget", cache_budget]
-    program, *rest = attnchat_command(*args)  # never imports from the current folder (models.child)
-    return program, rest
+class ServeToggle(QObject):
+    """The window's side: Server > Serve the loaded model, Copy the address, and the status label.
 
-
-class ModelServer(QObject):
-    """One ``attnchat serve`` child process at a time.
-
-    :attr:`state` is ``"stopped"``, ``"starting"``, ``"serving"`` or ``"failed"``
-    (then :attr:`error` says why, in one line); :attr:`changed` fires on each change.
+    :attr:`server` is the server shown (the last started): :attr:`local` (in this process, when a
+    ``factory`` was given) or :attr:`process` (``attnchat serve``); :attr:`changed` forwards its state.
     """
 
     changed = Signal(str)
 
-    def __init__(self, parent: QObject | None = None, command_fn=serve_command):
-        super().__init__(parent)
-        self.command_fn = command_fn
-        self._proc: QProcess | None = None
-        self._lines: list[str] = []
-        self._partial = ""
-        self._stopping = False
-        self.state = "stopped"
-        self.url = ""
-        self.model_id = ""
-        self.device = ""
-        self.model_path = ""
-        self.error = ""
-        self.options: dict = {}   # what the running server was started with (serve_command's keywords)
-        self.api_key = ""         # what its clients must send ("" for none)
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None
-
-    @property
-    def pid(self) -> int:
-        return int(self._proc.processId()) if self._proc is not None else 0
-
-    def start(self, model_path: str, device: str = "auto", options: dict | None = None, api_key: str = "") -> None:
-        """Start serving ``model_path`` (a no-op while a server runs); ``options``: the
-        keyword arguments of :func:`serve_command` (context, cache_dtype, weight_dtype, port);
-        ``api_key``: the key clients must send ("" for none), given to the child in its environment."""
-        if self._proc is not None:
-            return
-        self.api_key = api_key
-        program, args = self.command_fn(model_path, device, **options) if options else self.command_fn(model_path, device)
-        self.options = dict(options or {})
-        proc = QProcess(self)
-        proc.setProcessChannelMode(QProcess.ProcessChannelMode.MergedChannels)
-        env = QProcessEnvironment.systemEnvironment()
-        env.remove("ATTNCHAT_API_KEY")  # the window's own key or none: never one the window would not know
-        if api_key:
-            env.insert("ATTNCHAT_API_KEY", api_key)
-        proc.setProcessEnvironment(env)
-        proc.readyReadStandardOutput.connect(self._read)
-        proc.finished.connect(self._on_finished)
-        proc.errorOccurred.connect(self._on_error)
-        self._proc, self._lines, self._partial, self._stopping = proc, [], "", False
-        self.url = self.model_id = self.device = self.error = ""
-        self.model_path = model_path
-        log.info("starting %s %s", program, " ".join(args))
-        proc.start(program, args)
-        self._set("starting")
-
-    def stop(self) -> None:
-        """Ask the server to stop (returns at once; :attr:`changed` says "stopped" when it has)."""
-        proc = self._proc
-        if proc is None or self._stopping:
-            return
-        self._stopping = True
-        self._interrupt(proc)
-        QTimer.singleShot(STOP_GRACE_MS, lambda p=proc: self._kill_if_running(p))
-
-    def shutdown(self, timeout_ms: int = STOP_GRACE_MS) -> None:
-        """Stop the server and wait for it (the window is closing)."""
-        proc = self._proc
-        if proc is None:
-            return
-        self._stopping = True
-        self._interrupt(proc)
-        if not proc.waitForFinished(timeout_ms):
-            proc.kill()
-            proc.waitForFinished(2000)
-        if self._proc is proc:  # finished was not delivered (no event loop): clean up here
-            self._on_finished(proc.exitCode(), proc.exitStatus())
-
-    def _interrupt(self, proc: QProcess) -> None:
-        pid = int(proc.processId())
-        if os.name == "posix" and pid > 0:
-            try:
-                os.kill(pid, signal.SIGINT)  # Ctrl-C: uvicorn ends the open replies and closes
-                return
-            except OSError:
-                pass
-        proc.terminate()
-
-    def _kill_if_running(self, proc: QProcess) -> None:
-        try:
-            if proc.state() != QProcess.ProcessState.NotRunning:
-                log.warning("attnchat serve did not stop within %d ms; killing it", STOP_GRACE_MS)
-                proc.kill()
-        except RuntimeError:  # already deleted
-            pass
-
-    def _read(self) -> None:
-        proc = self._proc
-        if proc is None:
-            return
-        text = self._partial + bytes(proc.readAllStandardOutput().data()).decode("utf-8", "replace")
-        *lines, self._partial = text.split("\n")
-        for line in lines:
-            line = line.rstrip()
-            if not line:
-                continue
-            self._lines = (self._lines + [line])[-KEEP_LINES:]
-            m = URL_LINE.search(line)
-            if m and self.state == "starting":
-                self.url, self.model_id, self.device = m["url"], m["model"], m["device"]
-                log.info("serving at %s", self.url)
-                self._set("serving")
-
-    def _on_error(self, error: QProcess.ProcessError) -> None:
-        if error == QProcess.ProcessError.FailedToStart and self._proc is not None:
-            self._finish(f"could not run {self._proc.program()} ({self._proc.errorString()})")
-
-    def _on_finished(self, code: int, status: QProcess.ExitStatus) -> None:
-        if self._proc is None:
-            return
-        self._read()
-        if self._stopping:
-            self._finish("")
-            return
-        errors = [line.removeprefix("attnchat: error: ") for line in self._lines if line.startswith("attnchat: error:")]
-        why = errors[-1] if errors else (self._lines[-1] if self._lines else f"it exited with status {code}")
-        self._finish(f"the server {'stopped' if self.state == 'serving' else 'did not start'}: {why}")
-
-    def _finish(self, error: str) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            proc.deleteLater()
-        self.error = error
-        self.url = ""
-        self._set("failed" if error else "stopped")
-
-    def _set(self, state: str) -> None:
-        self.state = state
-        self.changed.emit(state)
-
-
-class ServeToggle(QObject):
-    """The window's side: Server > Serve the loaded model, Copy the address, and the status label."""
-
-    def __init__(self, window, server: ModelServer | None = None):
+    def __init__(self, window, server: ModelServer | None = None, factory=None):
         super().__init__(window)
         self.window = window
-        self.server = server or ModelServer(self)
+        self.process = server or ModelServer(self)
+        self.local = LocalServer(factory, self) if factory is not None else None
+        self.server: ModelServer | LocalServer = self.local or self.process
+        self.fallback = ""   # why the last start ran a second process ("" when it served from here)
         self.keys = getattr(window, "keys", None) or KeyStore()
         self.action = QAction("&Serve the loaded model over HTTP", self)
         self.action.setObjectName("serveAction")
         self.action.setCheckable(True)
-        self.action.setStatusTip("Serve the loaded model with OpenAI's API on this machine (a second copy of it, "
-                                "with this window's context and KV-cache settings)")
+        self.action.setStatusTip("Serve the loaded model with OpenAI's API on this machine (with this window's "
+                                 "context and KV-cache settings)")
         self.action.toggled.connect(self._toggled)
         self.copy_action = QAction("&Copy the server address", self)
         self.copy_action.triggered.connect(self.copy_url)
@@ -250,6 +86,11 @@ class ServeToggle(QObject):
         view = window.view_menu.menuAction()
         window.menuBar().insertMenu(view, menu)
         menu.addAction(self.action)
+        # Under the toggle: where it serves from (this process, or a second one and why), or why it cannot.
+        self.how_action = QAction("", self)
+        self.how_action.setObjectName("serveHow")
+        self.how_action.setEnabled(False)
+        menu.addAction(self.how_action)
         # Beside the toggle: the settings the server gets (the window's, read when it starts).
         self.settings_action = QAction("", self)
         self.settings_action.setObjectName("serveSettings")
@@ -258,28 +99,65 @@ class ServeToggle(QObject):
         menu.addAction(self.copy_action)
         menu.aboutToShow.connect(self._sync)
         self.menu = menu
-        self.server.changed.connect(self._on_changed)
+        for s in filter(None, (self.local, self.process)):
+            s.changed.connect(lambda state, s=s: self._on_changed(state) if s is self.server else None)
         window.model_changed.connect(lambda info: self._sync())
         window.engine.load_started.connect(lambda source: self._sync())
         window.settings.changed.connect(lambda *_: self._sync())
         window.installEventFilter(self)
         app = QCoreApplication.instance()
         if app is not None:
-            app.aboutToQuit.connect(self.server.shutdown)
+            app.aboutToQuit.connect(self.shutdown)
         self._sync()
+
+    def shutdown(self) -> None:
+        """Stop whichever server runs and wait for it (the window is closing)."""
+        for s in filter(None, (self.local, self.process)):
+            s.shutdown()
 
     def _local_model(self) -> dict | None:
         info = self.window.engine.model
         return info if info and not info.get("remote") and info.get("path") else None
+
+    def why_not(self) -> str:
+        """Why there is nothing to serve, in one line ("" when a model is loaded here)."""
+        info = self.window.engine.model
+        if info and info.get("remote"):
+            return "The window chats with a remote server: there is no model in this window to serve"
+        if info and info.get("path"):
+            return ""
+        if self.window.engine.loading:
+            return "A model is loading: it can be served once it has loaded"
+        return "No model is loaded: open one (File > Models…) to serve it"
+
+    def _in_process(self):
+        """``(the worker's loaded model, "")``, or ``(None, why it cannot be served from this process)``."""
+        if self.local is None:
+            return None, "this window was started without the attnchat command, which serves from this process"
+        model = getattr(self.window.engine.worker, "model", None)
+        if model is None or getattr(model, "remote", False):
+            return None, "the window's engine holds no model of its own"
+        return model, ""
 
     def _toggled(self, on: bool) -> None:
         if on and not self.server.running:
             info = self._local_model()
             if info is None:
                 self._set_checked(False)
+                self.window.status.showMessage(self.why_not(), 8000)
                 return
+            model, self.fallback = self._in_process()
             options = dict(self.options(), port=self.port())
-            self.server.start(info["path"], self.window.settings.get("model/device"), options, api_key=self.api_key())
+            if model is not None:
+                self.server = self.local
+                options = {k: v for k, v in options.items() if k in LOCAL_OPTIONS + ("port",)}
+                self.local.start(model, info["path"], str(info.get("device") or ""), options, api_key=self.api_key())
+            else:
+                self.server = self.process
+                self.window.show_note(f"Serving from a second process with its own copy of the weights: "
+                                      f"{self.fallback}")
+                self.process.start(info["path"], self.window.settings.get("model/device"), options,
+                                   api_key=self.api_key())
         elif not on and self.server.running:
             self.server.stop()
         self._sync()
@@ -287,13 +165,17 @@ class ServeToggle(QObject):
     def _on_changed(self, state: str) -> None:
         s = self.server
         name = s.model_id or os.path.basename(s.model_path)
+        where = (f"{name} on {s.device}, from this window's own model (no second copy of its weights)"
+                 if s.in_process else f"attnchat serve: {name} on {s.device} (a second process with its own "
+                                      f"copy of the weights: {self.fallback or 'see the log'})")
         if state == "starting":
             self.label.setText(f"Starting the server for {html.escape(os.path.basename(s.model_path))}…")
-            self.label.setToolTip("attnchat serve is loading its own copy of the model")
+            self.label.setToolTip("The server starts on this window's model" if s.in_process
+                                  else "attnchat serve is loading its own copy of the model")
         elif state == "serving":
             # The dot tells "serving" apart from the figures beside it, in light and dark palettes.
             self.label.setText(f'<span style="color:#43a047">&#9679;</span> Serving at {s.url}')
-            self.label.setToolTip(f"attnchat serve: {name} on {s.device}, loopback only, "
+            self.label.setToolTip(f"{where}, loopback only, "
                                   f"{'API key required (View > Server panel shows it)' if s.api_key else 'no API key'}.\n"
                                   f"{describe_options(s.options)} (this window's settings when it started).\n"
                                   f"Any OpenAI client can use it: base_url={s.url}, model={name}.\n"
@@ -309,6 +191,7 @@ class ServeToggle(QObject):
             self.label.show()
             self._set_checked(True)
         self._sync()
+        self.changed.emit(state)
 
     def _set_checked(self, on: bool) -> None:
         self.action.blockSignals(True)
@@ -357,11 +240,29 @@ class ServeToggle(QObject):
     def _sync(self) -> None:
         running = self.server.running
         self.action.setEnabled(running or self._local_model() is not None)
+        self.how_action.setText(self._how(running))
         self.copy_action.setEnabled(self.server.state == "serving")
         if running:
             self.settings_action.setText(f"Serving with {describe_options(self.server.options)}")
         else:
             self.settings_action.setText(f"Uses this window's settings: {describe_options(self.options())}")
+
+    def _how(self, running: bool) -> str:
+        """The menu's line under the toggle: where it serves from, or why it cannot serve."""
+        s = self.server
+        if running and s.in_process:
+            info = self.window.engine.model or {}
+            if info.get("path") != s.model_path:   # the window moved on; the server keeps its model
+                return f"Serves {s.model_id}, the model loaded when it started (held in memory until it stops)"
+            return "From this window's model: no second copy of the weights"
+        if running:
+            return f"From a second process with its own copy of the weights: {self.fallback or 'see the log'}"
+        why = self.why_not()
+        if why:
+            return why
+        model, fallback = self._in_process()
+        return ("From this window's model: no second copy of the weights" if model is not None
+                else f"Would run a second process with its own copy of the weights: {fallback}")
 
     def copy_url(self) -> None:
         if self.server.url:
@@ -370,7 +271,7 @@ class ServeToggle(QObject):
 
     def eventFilter(self, obj, event) -> bool:  # noqa: N802
         if obj is self.window and event.type() == QEvent.Type.Close:
-            self.server.shutdown()
+            self.shutdown()
         return False
 
 
@@ -398,6 +299,7 @@ def describe_options(options: dict) -> str:
     return ", ".join(parts)
 
 
-def install(window) -> ServeToggle:
-    """Add the Server menu and the "Serving at …" label to ``window`` (a MainWindow)."""
-    return ServeToggle(window)
+def install(window, factory=None) -> ServeToggle:
+    """Add the Server menu and the "Serving at …" label to ``window`` (a MainWindow); ``factory``
+    (:func:`attnchat.server.in_process.for_window`'s signature) serves its model from this process."""
+    return ServeToggle(window, factory=factory)

@@ -8,7 +8,7 @@ API key when the settings ask for one (hidden until Show; Copy), and a request l
 the server finished, with its time, client, tokens and speed, read from the server's own
 ``GET /v1/attnchat/stats`` every :data:`POLL_MS` while it serves (loopback; with the key).
 
-Must not import torch, runtime or attnchat (the server is a child process: :mod:`.serve_toggle`).
+Must not import torch, runtime or attnchat (the toggle runs the server: :mod:`.serve_toggle`).
 """
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ class ServerPanel(QWidget):
         self._net = QNetworkAccessManager(self)
         self._poll = QTimer(self, interval=POLL_MS)
         self._poll.timeout.connect(self.refresh)
-        toggle.server.changed.connect(lambda *_: self.sync())
+        toggle.changed.connect(lambda *_: self.sync())
         self.settings.changed.connect(self._on_setting)
         self.sync()
 
@@ -134,12 +134,16 @@ class ServerPanel(QWidget):
         s = self.toggle.server
         port = int(self.settings.get("server/port") or 0)
         if s.state == "serving":
-            self.state.setText(f"Serving {s.model_id} on {s.device}: any OpenAI client can use the address "
+            where = (" from this window's model (no second copy of its weights)" if s.in_process
+                     else " in a second process (its own copy of the weights)")
+            self.state.setText(f"Serving {s.model_id} on {s.device}{where}: any OpenAI client can use the address "
                                + ("with the API key below." if s.api_key else "(loopback only, no key)."))
             self.address.setText(s.url)
             self._poll.start()
         else:
-            words = {"starting": "Starting: the server loads its own copy of the model…",
+            starting = ("Starting: the server shares this window's model…" if s.in_process
+                        else "Starting: the server loads its own copy of the model…")
+            words = {"starting": starting,
                      "failed": f"Not serving: {s.error}"}.get(s.state, "Not serving. Server > Serve the loaded model starts it.")
             self.state.setText(words)
             self.address.setText(f"http://127.0.0.1:{port}/v1" if port else "")

@@ -37,7 +37,8 @@ def make_window(qtbot, tmp_path):
     """``make(...)`` -> a MainWindow on a fake engine, with its database and settings in tmp_path.
 
     Keyword args: ``script`` (reply pieces), ``delay`` (s per piece), ``load`` (wait for the
-    fake model), ``fail`` (an exception the session raises), ``worker`` (a ready EngineWorker).
+    fake model), ``fail`` (an exception the session raises), ``worker`` (a ready EngineWorker),
+    ``serve_factory`` (Server > Serve from this process, as the command line hands it).
     """
     from desktop.app import build_window
     from desktop.settings.values import Settings
@@ -46,11 +47,11 @@ def make_window(qtbot, tmp_path):
 
     made = []
 
-    def make(*, script=None, delay=0.002, load=True, fail=None, worker=None, db="chat.sqlite3"):
+    def make(*, script=None, delay=0.002, load=True, fail=None, worker=None, db="chat.sqlite3", serve_factory=None):
         store = Store(tmp_path / db)
         settings = Settings(tmp_path / "settings.ini")
         worker = worker or EngineWorker(load_fn=fake_load, session_fn=fake_session_factory(script, delay, fail))
-        window = build_window(store, settings, Engine(worker), confirm=lambda q: True)
+        window = build_window(store, settings, Engine(worker), confirm=lambda q: True, serve_factory=serve_factory)
         made.append((window, store))
         window.show()
         if load:

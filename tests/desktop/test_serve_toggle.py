@@ -107,7 +107,7 @@ def test_a_server_that_cannot_start_says_why(qtbot, make_window):
 
 
 def test_stop_kills_a_server_that_ignores_it(qtbot, monkeypatch):
-    monkeypatch.setattr("desktop.remote.serve_toggle.STOP_GRACE_MS", 300)
+    monkeypatch.setattr("desktop.remote.process_server.STOP_GRACE_MS", 300)
     server = ModelServer(command_fn=_fake_command(
         "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
         "print('attnchat: serving m on cpu at http://127.0.0.1:1/v1', flush=True); time.sleep(600)"))
