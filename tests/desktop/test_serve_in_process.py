@@ -162,3 +162,16 @@ def test_without_the_factory_it_runs_the_process_server_and_says_so(qtbot, make_
     assert "second process" in w.server_panel.state.text() and "its own copy" in toggle.label.toolTip()
     w.close()
     assert toggle.server.state == "stopped"
+
+
+def test_a_taken_port_says_where_to_choose_another(qtbot, serving_window):
+    w = serving_window()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        w.settings.set("server/port", taken.getsockname()[1])
+        w.serve_toggle.action.trigger()
+        qtbot.waitUntil(lambda: w.serve_toggle.server.state != "starting", timeout=60_000)
+    assert w.serve_toggle.server.state == "failed" and not w.serve_toggle.action.isChecked()
+    assert w.notice.text().startswith("The server did not start: cannot listen on 127.0.0.1:")
+    assert w.notice.text().endswith("choose another port in View > Server panel or stop what uses it")
