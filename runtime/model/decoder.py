@@ -278,7 +278,7 @@ class Decoder(nn.Module):
             rows = self.pos_embed.weight[start : start + T] if input_pos is None else \
                 self.pos_embed.weight.index_select(0, input_pos)
             x = x + rows.to(self.compute_dtype)
-        hooks = self.hooks.for_cache(cache) if input_pos is None else self.hooks.active
+        hooks = self.hooks.for_cache(cache) if input_pos is None else self.hooks.here()
         ropes: dict[RopeSpec | None, tuple[torch.Tensor, torch.Tensor] | None] = {}
         for i, block in enumerate(self.blocks):
             spec = self.layer_ropes[i]

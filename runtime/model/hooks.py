@@ -19,10 +19,18 @@ not). Three kinds (:class:`Hook`), called in this order in a layer:
   (:attr:`runtime.model.attention.Attention.head_edit`).
 
 With nothing registered a layer pays one truth test of an empty tuple.
+
+A registered hook belongs to the thread that registered it: only forward passes on that
+thread run it (and :meth:`AttentionHooks.find` finds it there only). One model may serve
+several threads at once (the desktop's chat on its worker thread, the in-process HTTP
+server's engine on its own): the chat's attention capture or head knock-out must not run
+inside a server request's pass (it would record the request's rows as the chat's, knock
+out heads in its reply, and keep its step off the static path).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -33,13 +41,15 @@ HOOK_KINDS = ("queries", "weights", "heads")
 @dataclass(frozen=True)
 class Hook:
     """One entry of the list: its kind (:data:`HOOK_KINDS`), the callable, the layer it is
-    for (``"heads"`` only; None: every layer) and, for ``"weights"``, whether only the
-    newest query's row is wanted."""
+    for (``"heads"`` only; None: every layer), for ``"weights"``, whether only the
+    newest query's row is wanted, and the thread whose passes run it (``threading.get_ident()``;
+    the registering thread by default; None: every thread)."""
 
     kind: str
     fn: Callable
     layer: int | None = None
     last_row_only: bool = False
+    thread: int | None = field(default_factory=threading.get_ident)
 
     def __post_init__(self) -> None:
         if self.kind not in HOOK_KINDS:
@@ -63,9 +73,17 @@ class AttentionHooks:
         """Unregister ``hook`` (nothing when it is not registered)."""
         self.active = tuple(h for h in self.active if h is not hook)
 
+    def here(self) -> tuple[Hook, ...]:
+        """The registered hooks this thread's passes run (its own and those of every thread)."""
+        active = self.active
+        if not active:
+            return active
+        me = threading.get_ident()
+        return tuple(h for h in active if h.thread is None or h.thread == me)
+
     def find(self, kind: str, layer: int | None = None) -> Hook | None:
-        """The first registered hook of ``kind`` for ``layer``, or None."""
-        return next((h for h in self.active if h.kind == kind and h.layer == layer), None)
+        """The first hook of ``kind`` for ``layer`` this thread runs (:meth:`here`), or None."""
+        return next((h for h in self.here() if h.kind == kind and h.layer == layer), None)
 
     def replace(self, kind: str, fn: Callable | None, layer: int | None = None, **kw) -> None:
         """Set the one hook of ``kind`` for ``layer`` to ``fn`` (None: remove it)."""
@@ -81,8 +99,8 @@ class AttentionHooks:
         layer (the static decode step may run)."""
         evictor = None if cache is None else cache.evictor
         if evictor is None:
-            return self.active
-        return (*self.active, Hook("queries", evictor.observe))
+            return self.here()
+        return (*self.here(), Hook("queries", evictor.observe, thread=None))
 
 
 def run_hooked(hooks: tuple[Hook, ...], layer: int, cache, q: torch.Tensor, keys: torch.Tensor, *,

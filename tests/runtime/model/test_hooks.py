@@ -59,3 +59,37 @@ def test_a_head_edit_is_its_layers_hook_only(model):
 def test_an_unknown_hook_kind_is_refused():
     with pytest.raises(ValueError, match="unknown attention hook kind 'keys'"):
         Hook("keys", print)
+
+
+def test_a_hook_runs_in_the_passes_of_the_thread_that_registered_it_only(model):
+    """One model serves the desktop's chat (the worker thread) and the in-process server (its
+    own threads): the chat's capture and knock-outs must not reach a server request's pass."""
+    import threading
+
+    seen: list[int] = []
+    hooks = model.decoder.hooks
+    hook = hooks.add(Hook("weights", lambda layer, w: seen.append(threading.get_ident())))
+    attn = model.decoder.blocks[1].attn
+    attn.head_edit = lambda layer, y: y * 0
+    other: dict = {}
+
+    def elsewhere() -> None:
+        other["hooks"] = hooks.for_cache(None)
+        other["edit"] = attn.head_edit
+        other["static"] = DecodeStep(model.decoder, "static").static_ok(model.new_cache(64))
+        other["logits"] = model.logits(PROMPT, model.new_cache(64))
+
+    try:
+        t = threading.Thread(target=elsewhere)
+        t.start()
+        t.join(60)
+        assert other["hooks"] == () and other["edit"] is None and other["static"]
+        assert seen == []                      # the other thread's pass ran no hook of this one
+        model.logits(PROMPT, model.new_cache(64))
+        assert set(seen) == {threading.get_ident()}   # this thread's passes run them
+    finally:
+        hooks.remove(hook)
+        attn.head_edit = None
+    plain = model.logits(PROMPT, model.new_cache(64))
+    torch.testing.assert_close(other["logits"], plain)   # nor was a head knocked out there
+    assert hooks.active == ()
