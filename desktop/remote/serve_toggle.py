@@ -6,7 +6,7 @@ model (:class:`desktop.remote.local_server.LocalServer`): the chat and the serve
 weights, each with its own KV caches, so serving costs no second copy of them and no second
 load. Otherwise (no factory: the desktop started without the attnchat command) it runs
 ``attnchat serve`` as a child process over a second copy of the weights (about 0.5 GiB for the
-default model in float32 on the CPU), and the menu and the status bar say why. With no model
+default model in float32 on the CPU), and the menu and the window say why. With no model
 loaded, or the window connected to a remote server, there is nothing here to serve: the toggle
 is disabled and the line under it says why.
 
