@@ -152,16 +152,17 @@ def _table(rows: list[tuple[str, ...]], out: TextIO) -> None:
 
 
 def _planner_fit(device: str):
-    """``fit(size, shape, context)`` from the memory planner (:func:`runtime.fit`) on ``device``."""
+    """``fit(size, shape, context, block_type)`` from the memory planner (:func:`runtime.fit`) on ``device``."""
     import runtime
 
     if device == "auto":
         names = [name for name, _label in runtime.available_devices()]
         device = next((n for prefix in ("cuda", "mps") for n in names if n.startswith(prefix)), "cpu")
 
-    def fit(size_bytes, shape, context):
+    def fit(size_bytes, shape, context, block_type=""):
         return runtime.fit(size_bytes, layers=shape.n_layers, kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
-                           context=context, windows=shape.windows, device=device).to_dict()
+                           context=context, windows=shape.windows, device=device, block_type=block_type,
+                           architecture=shape.architecture).to_dict()
 
     return fit
 

@@ -58,14 +58,20 @@ def _where_from(e: models.CatalogEntry) -> str:
     return f"the Hugging Face Hub ({html.escape(e.ref)})" if e.source == "hub" else "the Python package index"
 
 
-def details_html(e: models.CatalogEntry, state: str, path: Path | None) -> str:
-    """The details pane of entry ``e``: ``state`` is ``"loaded"``, ``"installed"`` or ``"missing"``."""
+def details_html(e: models.CatalogEntry, state: str, path: Path | None, fit: dict | None = None) -> str:
+    """The details pane of entry ``e``: ``state`` is ``"loaded"``, ``"installed"`` or ``"missing"``;
+    ``fit``: its :func:`runtime.fit` here (as a dict), whose KV figures (in the dtype the runtime
+    gives this file on this device) the card quotes; None: float16's and float32's both."""
     lic = html.escape(e.license)
     if e.license_url:
         lic = f'<a href="{html.escape(e.license_url)}">{lic}</a>'
     ctx = min(QUOTED_CONTEXT, e.context_length)
-    kv = (f"{e.kv_bytes_per_token():,} bytes per token in float32; {e.kv_bytes_at(ctx) / MIB:,.1f} MiB "
-          f"at {ctx:,} tokens")
+    if fit and fit.get("kv_bytes_per_token") and fit.get("context") == ctx:
+        kv = (f"{fit['kv_bytes_per_token']:,} bytes per token in {html.escape(str(fit['cache_dtype']))}; "
+              f"{fit['kv_bytes'] / MIB:,.1f} MiB at {ctx:,} tokens")
+    else:   # no fit to say which dtype this device gives it
+        kv = (f"{e.kv_bytes_per_token(2):,} bytes per token in float16 ({e.kv_bytes_per_token(4):,} in float32); "
+              f"{e.kv_bytes_at(ctx, 2) / MIB:,.1f} MiB at {ctx:,} tokens in float16")
     mode = ("chats with its own template" if e.chat_template
             else "a base model without a chat template: it continues the text you write (plain completion)")
     where = {"loaded": "Loaded now.", "installed": f"Installed: <code>{html.escape(str(path))}</code>",
@@ -260,10 +266,11 @@ class ModelsDialog(QDialog):
         state = self.state(row)
         kind, item = self.rows[row]
         if kind == "catalog":
-            extra = fit_line(self._fit(item)) if state == "missing" else ""
+            fit = self._fit(item)
+            extra = fit_line(fit) if state == "missing" else ""
             if self.recommended is not None and self.recommended.entry.id == item.id:
                 extra += f"<p><b>Recommended:</b> {html.escape(self.recommended.reason)}.</p>"
-            self.details.setText(details_html(item, state, self.path(row)) + extra)
+            self.details.setText(details_html(item, state, self.path(row), fit) + extra)
         else:
             self.details.setText(hub_details_html(item, state))
         self.load_button.setEnabled(state == "installed")

@@ -20,18 +20,34 @@ import models
 from desktop.worker import start_thread
 from models.hub.report import QUOTED_CONTEXT
 
-__all__ = ["HubService", "Job", "JobRunner", "QUOTED_CONTEXT", "default_fit", "default_runs", "layer_windows", "open_repo"]
+__all__ = ["HubService", "Job", "JobRunner", "QUOTED_CONTEXT", "default_fit", "default_runs", "entry_block_type",
+           "layer_windows", "open_repo"]
 
 log = logging.getLogger(__name__)
 
 
-def default_fit(size_bytes: int, shape: Any, context: int, device: str) -> dict:
+def default_fit(size_bytes: int, shape: Any, context: int, device: str, block_type: str | None = None) -> dict:
     """:func:`runtime.fit` of a file of ``size_bytes`` with ``shape`` (a GGUFShape or a catalog
-    entry's numbers) at ``context`` tokens on ``device``, as a dict."""
+    entry's numbers) at ``context`` tokens on ``device``, as a dict. ``block_type``: the file's
+    (``"Q4_K"``, :func:`models.hub.ref.tag_block_type`; None: from a catalog entry's file name),
+    so the cache is planned in the dtype the runtime gives that file (float16 for quantized
+    blocks on the CPU, where a float32 plan was twice the cache)."""
     import runtime
 
+    if block_type is None:
+        block_type = entry_block_type(shape)
     return runtime.fit(size_bytes, layers=shape.n_layers, kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
-                       context=context, windows=layer_windows(shape), device=device).to_dict()
+                       context=context, windows=layer_windows(shape), device=device, block_type=block_type,
+                       architecture=getattr(shape, "architecture", "")).to_dict()
+
+
+def entry_block_type(entry: Any) -> str:
+    """The block type of a catalog entry's file from its quant tag (``"Q4_K"`` for a
+    ``...-q4_k_m.gguf``), "" for anything else."""
+    from models.hub.ref import quant_tag, tag_block_type
+
+    name = getattr(entry, "filename", "")
+    return tag_block_type(quant_tag(name) or getattr(entry, "hub_quant", "")) if name else ""
 
 
 def default_runs(block_type: str, device: str) -> dict:
@@ -88,7 +104,8 @@ def open_repo(service: HubService, repo_id: str) -> dict:
 
     device = service.device()
     return files_report(repo_id, listing=service.listing, shape=service.shape,
-                        fit=lambda size, shape, context: service.fit(size, shape, context, device),
+                        fit=lambda size, shape, context, block_type: service.fit(size, shape, context, device,
+                                                                                 block_type=block_type),
                         runs=lambda block_type: service.runs(block_type, device))
 
 

@@ -2,7 +2,7 @@
 browser show them: each file's size, quant, whether it is here, and its fit on this machine.
 
 The fit itself comes from the caller (:func:`runtime.fit`, the memory planner, which this
-package may not import): ``fit(size_bytes, shape, context) -> dict``; so does whether each
+package may not import): ``fit(size_bytes, shape, context, block_type) -> dict``; so does whether each
 quant runs here (:func:`runtime.quant_support`): ``runs(block_type) -> dict`` for the block
 type its tag names (:func:`.ref.tag_block_type`), and a quant that runs widened is fitted
 with the float16 copies' bytes added. The model's shape is
@@ -17,6 +17,7 @@ from typing import Any, Callable
 from models.errors import HubError
 
 from . import api
+from .ref import tag_block_type
 from .local import installed_files, partial_bytes
 
 __all__ = ["QUOTED_CONTEXT", "files_report"]
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 QUOTED_CONTEXT = 8192
 """The context a fit is quoted at by default (tokens; capped by the model's own)."""
 
-FitFn = Callable[[int, Any, int], dict]
+FitFn = Callable[[int, Any, int, str], dict]
 RunsFn = Callable[[str], dict]
 
 
@@ -52,7 +53,9 @@ def files_report(repo_id: str, *, revision: str = "main", fit: FitFn | None = No
     """``repo_id``'s GGUF models with sizes, quants, whether each runs here, and fits.
 
     Args:
-        fit: ``fit(size_bytes, shape, context) -> dict`` (None: no fits).
+        fit: ``fit(size_bytes, shape, context, block_type) -> dict`` (None: no fits); the
+            file's block type (:func:`.ref.tag_block_type`, "" when its tag names none) sets the
+            cache dtype a run from its blocks takes.
         runs: ``runs(block_type) -> dict`` with ``runs`` ("blocks", "widened", "no"), ``kernel``,
             ``bits_per_weight`` and ``why`` (:meth:`runtime.QuantSupport.to_dict`; None: not marked).
         context: tokens to quote the KV cache at (default: :data:`QUOTED_CONTEXT`, capped by
@@ -87,7 +90,7 @@ def files_report(repo_id: str, *, revision: str = "main", fit: FitFn | None = No
         f_runs = _runs(runs, g.quant, g.size_bytes)
         if fit is not None and shp is not None and not g.split and (f_runs is None or f_runs["runs"] != "no"):
             try:
-                f_fit = fit(g.size_bytes + (f_runs or {}).get("extra_bytes", 0), shp, quoted)
+                f_fit = fit(g.size_bytes + (f_runs or {}).get("extra_bytes", 0), shp, quoted, tag_block_type(g.quant))
             except Exception:  # noqa: BLE001 - a fit that cannot be computed is shown as unknown
                 log.warning("fit of %s failed", g.name, exc_info=True)
         sha = g.parts[0].sha256

@@ -24,6 +24,7 @@ from runtime.errors import ModelLoadError, UnsupportedModelError
 from runtime.loader.choose import choose_kernels
 from runtime.loader.model import Model
 from runtime.loader.read import ReadWeights, read_weights
+from runtime.loader.support import widens
 from runtime.model import quant_layers
 from runtime.model.attention import AttentionKernels, attention_kernels
 from runtime.model.decode_step import DECODE_MODES
@@ -109,7 +110,7 @@ def load_model(
     except ValueError as e:
         raise ValueError(f"{e}, or gguf (a GGUF's own quantized blocks)") from None
     # 1. read the weights
-    widen = (dtype is not None and not blocks_wanted) or reproducible  # a GGUF's blocks as float weights
+    widen = widens(dtype, reproducible)  # a GGUF's blocks as float weights
     weights = read_weights(resolve_source(source), wdtype, widen=widen)
     if getattr(weights.tokenizer, "chat_template", None):
         template_sandbox.prestart()  # its child starts while the weights load, not at the first reply

@@ -1,5 +1,6 @@
 """Whether a block type runs on a device here, and how: what the Hub browser and ``attnchat
-models files`` mark each quant with before its download. Must not import Qt.
+models files`` mark each quant with before its download, and each file's fit on this machine
+with its KV cache in the dtype the loader will give it. Must not import Qt.
 
 The answer is the loader's own choice for that type (the default kernel pair of
 :func:`runtime.kernels.quant_choice.kernel_pairs`, the refusals of
@@ -8,14 +9,17 @@ The answer is the loader's own choice for that type (the default kernel pair of
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Sequence
 
 import torch
 
 from runtime.kernels import ggml_ops
 from runtime.kernels.quant_choice import kernel_pairs
+from runtime.memory import planner
+from runtime.weights.gguf.open import types_run_from_blocks
 from runtime.weights.quant_types import BLOCK_TYPES
 
-__all__ = ["QuantSupport", "quant_support"]
+__all__ = ["QuantSupport", "fit", "quant_support", "runs_from_blocks", "widens"]
 
 #: What each decode kernel is called where a quant is marked.
 KERNEL_NAMES = {"ggml": "ggml", "ggml-exact": "ggml", "ggml-head": "ggml", "int4pack-bf16": "torch int4pack",
@@ -73,3 +77,44 @@ def quant_support(block_type: str, device: str | torch.device = "cpu") -> QuantS
         why = (f"no {kind} kernel takes {t.name} blocks" if kind != "cpu" else f"ggml does not load here ({why_ggml})")
         return QuantSupport(t.name, "widened", KERNEL_NAMES[decode], bpw, why)
     return QuantSupport(t.name, "blocks", KERNEL_NAMES.get(decode, decode), bpw)
+
+
+def widens(dtype: str | torch.dtype | None, reproducible: bool) -> bool:
+    """Whether :func:`runtime.loader.load.load_model` widens a GGUF that could run from its
+    blocks to float weights: a float ``dtype`` asked for (not ``"gguf"``), or reproducible
+    replies (their row-invariant kernels take float weights)."""
+    blocks_wanted = isinstance(dtype, str) and dtype.lower() in ("gguf", "quantized")
+    return (dtype is not None and not blocks_wanted) or reproducible
+
+
+def runs_from_blocks(block_type: str, architecture: str, *, dtype: str | torch.dtype | None = None,
+                     reproducible: bool = False) -> bool:
+    """Whether a GGUF of family ``architecture`` whose matrices are mostly ``block_type``
+    (``"Q4_K"``, from its quant tag) loads from its own blocks with ``load_model``'s
+    ``dtype`` and ``reproducible``: the loader's rule for the file itself
+    (:func:`runtime.weights.gguf.open.types_run_from_blocks`), on the one type the tag names."""
+    if widens(dtype, reproducible):
+        return False
+    return types_run_from_blocks(architecture, [BLOCK_TYPES.get(block_type.upper())] if block_type else [])
+
+
+def fit(file_bytes: int, *, layers: int, kv_heads: int, head_dim: int, context: int,
+        windows: Sequence[int | None] | None = None, device: str | torch.device = "cpu",
+        cache_dtype: str | torch.dtype | None = None, free_bytes: int | None = None,
+        block_type: str = "", architecture: str = "", dtype: str | torch.dtype | None = None,
+        reproducible: bool = False) -> planner.Fit:
+    """:func:`runtime.memory.planner.fit` of a GGUF of ``file_bytes``, its KV cache planned in
+    the dtype the loader gives that file on ``device`` (unless ``cache_dtype`` is given):
+    float16 on the CPU for a quantized file of a family run from its blocks
+    (:func:`runs_from_blocks`; ``block_type`` and ``architecture`` name it, "" when unknown),
+    the compute dtype otherwise (float32 on the CPU: a float file, a widened one, reproducible
+    replies). ``dtype`` and ``reproducible``: as :func:`runtime.load_model` would be called.
+
+    Raises:
+        ValueError: as :func:`runtime.memory.planner.plan`.
+    """
+    blocks = runs_from_blocks(block_type, architecture, dtype=dtype, reproducible=reproducible)
+    widened = dtype if widens(dtype, False) else None   # a float dtype asked: the cache computes as it does
+    return planner.fit(file_bytes, layers=layers, kv_heads=kv_heads, head_dim=head_dim, context=context,
+                       windows=windows, device=device, cache_dtype=cache_dtype, free_bytes=free_bytes,
+                       blocks=blocks, weights_dtype=widened)

@@ -322,6 +322,8 @@ class Fit:
             (more, but within it), ``"does not fit"``, or ``"unknown"`` (free memory unknown).
         weights_bytes, kv_bytes, total_bytes, free_bytes: bytes (free None when unknown).
         context: tokens; device, cache_dtype: as planned.
+        kv_bytes_per_token: the cache's bytes per token before any sliding window fills
+            (:attr:`MemoryPlan.kv_bytes_per_token`), what a card quotes beside ``kv_bytes``.
     """
 
     verdict: str
@@ -332,6 +334,7 @@ class Fit:
     context: int
     device: str
     cache_dtype: str
+    kv_bytes_per_token: int
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -339,22 +342,30 @@ class Fit:
 
 def fit(file_bytes: int, *, layers: int, kv_heads: int, head_dim: int, context: int,
         windows: Sequence[int | None] | None = None, device: str | torch.device = "cpu",
-        cache_dtype: str | torch.dtype | None = None, free_bytes: int | None = None) -> Fit:
+        cache_dtype: str | torch.dtype | None = None, free_bytes: int | None = None,
+        blocks: bool = False, weights_dtype: str | torch.dtype | None = None) -> Fit:
     """:class:`Fit` of a model file of ``file_bytes`` with that shape at ``context`` tokens on
     ``device`` (its free memory from :func:`runtime.device.free_memory_bytes` unless ``free_bytes`` is given).
+
+    ``blocks``: the file runs from its own quantized blocks, so its cache is planned in the
+    dtype the loader gives that run (:func:`runtime.device.default_cache_dtype`: float16 on
+    the CPU); else in the compute dtype of ``weights_dtype`` (default: the device's weights),
+    float32 on the CPU. Which files run from their blocks is the loader's rule, not this
+    module's: :func:`runtime.loader.support.fit` decides it from a file's block type.
 
     Raises:
         ValueError: as :func:`plan`.
     """
     p = plan(layers=layers, kv_heads=kv_heads, head_dim=head_dim, context=context, windows=windows,
-             device=device, cache_dtype=cache_dtype)
+             device=device, cache_dtype=cache_dtype, weights_dtype=None if blocks else weights_dtype,
+             blocks=(file_bytes, "") if blocks else None)
     free = p.free_device_bytes if free_bytes is None else free_bytes
     total = file_bytes + p.kv_bytes
     if free is None:
         verdict = "unknown"
     else:
         verdict = "fits" if total <= TIGHT_SHARE * free else "tight" if total <= free else "does not fit"
-    return Fit(verdict, file_bytes, p.kv_bytes, total, free, context, p.device, p.cache_dtype)
+    return Fit(verdict, file_bytes, p.kv_bytes, total, free, context, p.device, p.cache_dtype, p.kv_bytes_per_token)
 
 
 def plan_for_config(config: ModelConfig, **kwargs) -> MemoryPlan:

@@ -63,14 +63,15 @@ def test_files_with_fits_from_the_planner(hub, capsys, monkeypatch):
     assert status == 0 and err == ""
     lines = out.splitlines()
     assert lines[0] == f"hf.co/{REPO}  license apache-2.0  architecture llama"
-    assert lines[1] == "fit: the file + the KV cache at 2,048 tokens (float32) against 4.2 MiB free on cpu"
+    # float16: the cache the runtime gives a quantized GGUF run from its blocks on the CPU
+    assert lines[1] == "fit: the file + the KV cache at 2,048 tokens (float16) against 4.2 MiB free on cpu"
     assert lines[2].split() == ["FILE", "QUANT", "SIZE", "RUNS", "FIT", "NEEDS", "HERE"]
     q4, q8 = (len(repo.files[f"Tiny-Instruct-{q}.gguf"]) for q in ("Q4_K_M", "Q8_0"))
     kernel = "ggml" if ggml_ops.available() else "torch int4pack"
-    assert lines[3].split() == ["Tiny-Instruct-Q4_K_M.gguf", "Q4_K_M", "297.3", "KiB", *kernel.split(), "fits", "3.3",
+    assert lines[3].split() == ["Tiny-Instruct-Q4_K_M.gguf", "Q4_K_M", "297.3", "KiB", *kernel.split(), "fits", "1.8",
                                 "MiB", "-"]
     if ggml_ops.available():
-        assert lines[4].split() == ["*", "Tiny-Instruct-Q8_0.gguf", "Q8_0", "492.6", "KiB", "ggml", "tight", "3.5", "MiB",
+        assert lines[4].split() == ["*", "Tiny-Instruct-Q8_0.gguf", "Q8_0", "492.6", "KiB", "ggml", "fits", "2.0", "MiB",
                                     "-"]
     assert lines[5].split()[:2] == ["Tiny-Instruct-F16-00001-of-00002.gguf", "F16"]
     assert "split in 2 files (not supported)" in lines[5]
@@ -81,9 +82,11 @@ def test_files_with_fits_from_the_planner(hub, capsys, monkeypatch):
                                "context_length": 2048, "windows": [None, None, None]}
     f = report["files"][1]
     assert (f["name"], f["size_bytes"], f["installed"], f["split"]) == ("Tiny-Instruct-Q8_0.gguf", q8, False, False)
-    assert f["fit"] == {"verdict": "tight" if q8 + KV_AT_2048 // 2 > 0.8 * free else "fits", "weights_bytes": q8,
-                        "kv_bytes": KV_AT_2048 // 2, "total_bytes": q8 + KV_AT_2048 // 2, "free_bytes": free,
-                        "context": 1024, "device": "cpu", "cache_dtype": "float32"}
+    kv = KV_AT_2048 // 4   # 1,024 tokens in float16
+    assert f["fit"] == {"verdict": "tight" if q8 + kv > 0.8 * free else "fits", "weights_bytes": q8,
+                        "kv_bytes": kv, "total_bytes": q8 + kv, "free_bytes": free,
+                        "context": 1024, "device": "cpu", "cache_dtype": "float16",
+                        "kv_bytes_per_token": KV_AT_2048 // 4 // 1024}
     assert report["files"][2]["fit"] is None and report["files"][2]["parts"] == 2
     assert f["runs"]["block_type"] == "Q8_0" and f["runs"]["bits_per_weight"] == 8.5
 

@@ -12,6 +12,7 @@ import pytest
 import models
 import runtime
 from desktop.model_switcher import HubService, ModelsDialog
+from desktop.model_switcher.hub_jobs import entry_block_type
 from desktop.sizes import size_text
 from runtime.kernels import ggml_ops
 from tests.hub_stand_in import COMMIT, gguf_bytes, hub  # noqa: F401 - hub is a fixture
@@ -20,7 +21,9 @@ REPO = "owner/Tiny-Instruct-GGUF"
 SHAPE = dict(layers=3, heads=4, kv_heads=2, embd=128, context=2048)
 #: Its KV cache at 2,048 tokens in float32: 2 x 3 layers x 2 KV heads x 32 x 4 bytes x 2,048.
 KV_AT_2048 = 2 * 3 * 2 * 32 * 4 * 2048
-FREE = 4_400_000   # bytes "free": the Q4_K_M file fits (78 %), Q8_0 is tight (83 %), F32 does not fit
+#: In float16: the cache the runtime gives a quantized GGUF run from its blocks on the CPU.
+KV16_AT_2048 = KV_AT_2048 // 2
+FREE = 2_450_000   # bytes "free": the Q4_K_M file fits (77 %), Q8_0 is tight (85 %), F32 does not fit
 SHOTS = Path(os.environ.get("ATTNCHAT_SHOTS", "")) if os.environ.get("ATTNCHAT_SHOTS") else None
 
 
@@ -36,10 +39,12 @@ def files():
 
 def service(**kw) -> HubService:
     """The real Hub functions and planner, with the free memory fixed so the badges are known."""
-    def fit(size, shape, context, device):
+    def fit(size, shape, context, device, block_type=None):
+        if block_type is None:   # a catalog entry: its file name's
+            block_type = entry_block_type(shape)
         return runtime.fit(size, layers=shape.n_layers, kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
                            context=context, windows=getattr(shape, "windows", None), device="cpu",
-                           free_bytes=FREE).to_dict()
+                           free_bytes=FREE, block_type=block_type, architecture=shape.architecture).to_dict()
 
     return HubService(fit=fit, device=lambda: "cpu", **kw)
 
@@ -84,9 +89,11 @@ def test_search_fit_badges_license_download_and_load(qtbot, make_window, hub, tm
     q8 = sizes["Tiny-Instruct-Q8_0.gguf"]
     assert b.files.item(1, 2).toolTip() == (
         "Runs here from its Q8_0 blocks (ggml kernels)\n"
-        f"Weights {size_text(q8)} (as it loads) + KV cache {size_text(KV_AT_2048)} at 2,048 tokens (float32) = "
-        f"{size_text((q8 + KV_AT_2048))}\nFree memory on cpu: {size_text(FREE)}; this takes "
-        f"{100 * (q8 + KV_AT_2048) / FREE:.0f} % of it (over 80 % is tight)")
+        f"Weights {size_text(q8)} (as it loads) + KV cache {size_text(KV16_AT_2048)} at 2,048 tokens (float16) = "
+        f"{size_text((q8 + KV16_AT_2048))}\nFree memory on cpu: {size_text(FREE)}; this takes "
+        f"{100 * (q8 + KV16_AT_2048) / FREE:.0f} % of it (over 80 % is tight)")
+    f32 = next(f for f in b.repo["files"] if f["quant"] == "F32")["fit"]   # a float file: float32, as it loads
+    assert (f32["cache_dtype"], f32["kv_bytes"]) == ("float32", KV_AT_2048)
     assert "License: <b>apache-2.0</b>" in b.notice.text() and "By downloading a file you accept it" in b.notice.text()
     assert b.files.currentRow() == 0 and b.download_button.isEnabled() and not b.load_button.isEnabled()
     b.files.selectRow(2)   # the split one cannot be downloaded
@@ -131,8 +138,8 @@ def test_each_quant_says_whether_it_runs_here(qtbot, make_window, hub):
     assert b.files.item(rows["IQ4_XS"], 0).toolTip().splitlines()[1] == "Runs here from its IQ4_XS blocks (ggml kernels)"
     assert b.files.item(rows["Q2_K"], 2).toolTip().splitlines()[:2] == [
         f"Runs widened: float16 copies take {size_text(extra)} more (no cuda kernel takes Q2_K blocks)",
-        f"Weights {size_text((size + extra))} (as it loads) + KV cache {size_text(KV_AT_2048)} at 2,048 tokens "
-        f"(float32) = {size_text((size + extra + KV_AT_2048))}"]
+        f"Weights {size_text((size + extra))} (as it loads) + KV cache {size_text(KV16_AT_2048)} at 2,048 tokens "
+        f"(float16) = {size_text((size + extra + KV16_AT_2048))}"]
     assert b.files.item(rows["Q1_0"], 2).text() == "will not run"
     assert b.files.item(rows["Q1_0"], 2).toolTip() == ("Will not run here: only ggml decodes Q1_0 and ggml does not "
                                                        "load here (test)")

@@ -57,7 +57,7 @@ def test_a_model_not_downloaded_shows_size_and_license_first_then_downloads_and_
     text = d.details.text()
     for want in ("241.4 MiB (253,113,024 bytes)", '<a href="https://ai.google.dev/gemma/terms">Gemma Terms of Use</a>',
                  "18 layers, 1 KV head of 256 (multi-query); 15 of 18 layers slide over 512 tokens",
-                 "plain completion", "Not downloaded", "36,864 bytes per token"):
+                 "plain completion", "Not downloaded", "18,432 bytes per token in float16"):
         assert want in text, want
     assert not d.load_button.isEnabled() and not d.download_button.isHidden()
     d.show()
@@ -112,7 +112,31 @@ def test_a_catalog_models_fit_counts_its_sliding_windows():
     full = runtime.fit(gemma.size_bytes, layers=gemma.n_layers, kv_heads=gemma.n_kv_heads, head_dim=gemma.head_dim,
                        context=8192, device="cpu").to_dict()
     assert f["kv_bytes"] < full["kv_bytes"] / 3
-    assert abs(f["kv_bytes"] - gemma.kv_bytes_at(8192)) <= 0.05 * gemma.kv_bytes_at(8192)   # as its card says
+    assert abs(f["kv_bytes"] - gemma.kv_bytes_at(8192, 2)) <= 0.05 * gemma.kv_bytes_at(8192, 2)   # as its card says
+
+
+def test_a_catalog_models_fit_plans_the_cache_dtype_the_runtime_gives_it():
+    """The fit planned a float32 cache for a quantized GGUF on the CPU, where the runtime gives
+    it float16 (twice the cache); the catalog card said "bytes per token in float32"."""
+    import runtime
+
+    from desktop.model_switcher.dialog import details_html
+    from desktop.model_switcher.hub_jobs import default_fit
+
+    want = str(runtime.default_cache_dtype("cpu", "float16", blocks=True)).removeprefix("torch.")
+    assert want == "float16"
+    for e in models.CATALOG:
+        ctx = min(8192, e.context_length)
+        f = default_fit(e.size_bytes, e, ctx, "cpu")
+        assert (f["cache_dtype"], f["kv_bytes"]) == (want, e.kv_bytes_at(ctx, 2)), e.id
+        card = details_html(e, "missing", None, f)
+        assert f"{e.kv_bytes_per_token(2):,} bytes per token in float16; {e.kv_bytes_at(ctx, 2) / 2**20:,.1f} MiB" in card
+    float_file = runtime.fit(10**8, layers=30, kv_heads=3, head_dim=64, context=100, device="cpu",
+                             block_type="F16", architecture="llama")
+    unmapped = runtime.fit(10**8, layers=30, kv_heads=3, head_dim=64, context=100, device="cpu",
+                           block_type="Q4_K", architecture="mamba")
+    assert (float_file.cache_dtype, float_file.kv_bytes) == ("float32", 100 * 46_080)   # as they load: float32
+    assert (unmapped.cache_dtype, unmapped.kv_bytes) == ("float32", 100 * 46_080)
 
 
 def test_a_usable_first_model_is_recommended_for_this_machine(qtbot, tmp_path, monkeypatch):

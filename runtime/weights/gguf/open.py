@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -29,7 +29,7 @@ from runtime.weights.gguf.converted import (
 )
 from runtime.weights.gguf.mmap import GGUFTensors, UnknownBlockType, read_gguf_tensors
 from runtime.weights.gguf.names import ARCHITECTURES, GGUFWeights, MissingTensorError, gguf_weights
-from runtime.weights.quant_types import BLOCK_TYPES, BY_ID, type_name
+from runtime.weights.quant_types import BLOCK_TYPES, BY_ID, BlockType, type_name
 from runtime.weights.sources import check_gguf_file, check_gguf_metadata, model_config, one_line
 
 log = logging.getLogger(__name__)
@@ -100,15 +100,22 @@ def refuse_unrunnable_types(path: Path, g: GGUFTensors) -> None:
 
 
 def runs_from_blocks(g: GGUFTensors) -> bool:
-    """Whether our quantized layers take this file: an architecture :mod:`runtime.weights.gguf.names`
-    maps, and every layer matrix in a block type of :mod:`runtime.weights.quant_types`, at
-    least one of them quantized (an all-float16 file loads as float16 weights)."""
-    if str(g.metadata.get("general.architecture", "")) not in ARCHITECTURES:
+    """Whether our quantized layers take this file (:func:`types_run_from_blocks` on its
+    architecture and its matrices' block types)."""
+    matrices = [i for i in g.tensors.values() if len(i.shape) == 2]
+    return types_run_from_blocks(str(g.metadata.get("general.architecture", "")),
+                                 [BY_ID.get(i.ggml_type) for i in matrices])
+
+
+def types_run_from_blocks(architecture: str, types: Sequence[BlockType | None]) -> bool:
+    """Whether a GGUF of family ``architecture`` whose layer matrices are of ``types`` (None:
+    a type we do not know) runs from its own blocks: a family :mod:`runtime.weights.gguf.names`
+    maps, every matrix in a block type of :mod:`runtime.weights.quant_types`, at least one of
+    them quantized (an all-float16 file loads as float16 weights). The loader decides by it
+    for a file, the fit check for a file it only knows by its quant tag."""
+    if architecture not in ARCHITECTURES or not types or any(t is None for t in types):
         return False
-    matrices = [i for n, i in g.tensors.items() if len(i.shape) == 2]
-    if not matrices or any(i.ggml_type not in BY_ID for i in matrices):
-        return False
-    return any(BY_ID[i.ggml_type].quantized for i in matrices)
+    return any(t.quantized for t in types)
 
 
 def widened_here(g: GGUFTensors) -> bool:
