@@ -20,7 +20,7 @@ import math
 import numpy as np
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
-    QAbstractItemView, QCheckBox, QComboBox, QFormLayout, QLineEdit, QPushButton,
+    QAbstractItemView, QCheckBox, QComboBox, QFormLayout, QFrame, QLineEdit, QPushButton, QScrollArea,
     QSpinBox, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
@@ -95,6 +95,9 @@ class SandboxView(QWidget):
     """The formula by hand, with predict-then-reveal (see the module docstring)."""
 
     COLUMNS = ("token", "k", "v", "q·k", "÷√d", "weight")
+    #: Rows the table keeps in view before it scrolls inside; the view scrolls when the panel is
+    #: shorter than that (the texts above took the height: one row of three showed at 720 px).
+    TABLE_ROWS = 6
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -128,8 +131,18 @@ class SandboxView(QWidget):
         form.addRow("Values V", self.v)
         opts = flow_row(self.scale, self.causal, self.causal_at, self.reset)
         guess = flow_row(self.hide, labelled("My guess:", self.guess), self.reveal)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(6, 6, 6, 6)
+        self.scroll = QScrollArea()
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(self.scroll)
+        body = QWidget()
+        lay = QVBoxLayout(body)
+        # No right margin: the view's scroll bar takes that side, and beside it, at the dock's
+        # default width (1,100 px), the table's six columns were 8 px wider than its view.
+        lay.setContentsMargins(4, 6, 0, 6)
         lay.addWidget(rich_label("Type a query, keys and values (numbers separated by commas, vectors by spaces); "
                                  "work out the weights yourself, then compare.", small=True))
         lay.addLayout(form)
@@ -138,6 +151,7 @@ class SandboxView(QWidget):
         lay.addWidget(self.table, 1)
         lay.addWidget(self.output)
         lay.addWidget(self.verdict)
+        self.scroll.setWidget(body)
         for w in (self.tokens, self.q, self.k, self.v):
             w.textChanged.connect(self.recompute)
         for w in (self.scale, self.causal, self.hide):
@@ -194,6 +208,7 @@ class SandboxView(QWidget):
                 if c >= 3:
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.table.setItem(j, c, item)
+        self._keep_rows_in_view()
         d = r["d_k"]
         how = f"÷ √{d} = × {r['scale']:.3f}" if self.scale.isChecked() else "not scaled"
         self.table.horizontalHeaderItem(4).setText("÷√d" if self.scale.isChecked() else "no ÷")
@@ -201,6 +216,16 @@ class SandboxView(QWidget):
         self.output.setText(f"d_k = {d}, scores {how}. Output = Σ<sub>j</sub> w<sub>j</sub> v<sub>j</sub> = <b>{out}</b>")
         self.reveal.setEnabled(hidden)
         self.verdict.setText("" if hidden else "Hide the weights to guess the winner before you see them.")
+
+    def _keep_rows_in_view(self) -> None:
+        """The table at least as tall as its first :data:`TABLE_ROWS` rows (and its header, and
+        a sideways scroll bar's room), so a short panel scrolls the view rather than the rows;
+        at most as tall as all of them, so a tall one leaves no empty rows above the output."""
+        t = self.table
+        rest = t.horizontalHeader().sizeHint().height() + 2 * t.frameWidth() + t.horizontalScrollBar().sizeHint().height()
+        heights = [t.rowHeight(r) for r in range(t.rowCount())]
+        t.setMinimumHeight(rest + sum(heights[:self.TABLE_ROWS]))
+        t.setMaximumHeight(rest + sum(heights))
 
     def do_reveal(self) -> None:
         """Show the weights and say whether the guessed key is the heaviest."""
