@@ -390,6 +390,13 @@ class SettingsDialog(QDialog):
             self.loaded_with = {k: self.settings.get(k) for k in MODEL_OPTIONS}
             self._update_reload(self.values())
 
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt API
+        super().showEvent(event)
+        # Shown, the page is laid out at its real width (its tables fit their rows to it), and
+        # the form kept a row's height from before: a help text was cut on first opening
+        # ("The cache never grows past this..." to half its two lines, 1100 x 720).
+        QTimer.singleShot(0, self, self._refit)
+
     def changeEvent(self, event) -> None:  # noqa: N802 - re-colour the reasons for a new palette
         super().changeEvent(event)
         if event.type() == QEvent.Type.PaletteChange and self.fields:
