@@ -151,6 +151,7 @@ class SandboxView(QWidget):
         lay.addWidget(self.table, 1)
         lay.addWidget(self.output)
         lay.addWidget(self.verdict)
+        lay.addStretch(1)   # a tall panel's room goes below, not between the rows above
         self.scroll.setWidget(body)
         for w in (self.tokens, self.q, self.k, self.v):
             w.textChanged.connect(self.recompute)
