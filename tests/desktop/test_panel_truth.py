@@ -34,6 +34,8 @@ def test_new_chat_empties_the_panel_as_it_does_the_status_bar(qtbot, make_window
     w.new_conversation()
     # A new chat: no tokens in the panel either, as the status bar's 0 says.
     assert kv.series.tokens == [] and "No reply yet in this conversation" in kv.readout.text()
+    # and the cache dtype the next reply gets, the one Settings' "auto" names
+    assert f"Next reply: {w.engine.model['cache_dtype']} cache, context limit 8,192 tokens" in kv.readout.text()
     assert w.status.context_label.text() == "Context 0 / 8,192" and kv.context_limit() == 8192
     w.open_conversation(first)   # back: both show that conversation's last reply
     assert kv.series.tokens == [used] and f"<b>{used:,}</b> / 8,192 tokens" in kv.readout.text()
@@ -47,12 +49,12 @@ def test_one_context_limit_in_the_status_bar_and_the_panel(qtbot, make_window, t
     # It said "Context 0 / 8,192" (the model's maximum) while the panel said 160.
     assert w.status.context_label.text() == "Context 0 / 160"
     assert kv.context_limit() == 160 and kv.context_line.value() == 160
-    assert "Context limit 160 tokens" in kv.readout.text()
+    assert "context limit 160 tokens" in kv.readout.text()
     # A cache memory limit caps both alike: the fake model keeps 2 x 2 layers x 2 KV heads x
     # 8 dims x 4 bytes = 256 bytes per token, so 0.02 MiB (20,971 bytes) holds 81 tokens.
     w.settings.set("generation/cache_limit_mib", 0.02)
     assert w.status.context_label.text() == "Context 0 / 81"
-    assert kv.context_limit() == 81 and kv.context_line.value() == 81 and "Context limit 81 tokens" in kv.readout.text()
+    assert kv.context_limit() == 81 and kv.context_line.value() == 81 and "context limit 81 tokens" in kv.readout.text()
     w.settings.set("generation/cache_limit_mib", 0.0)
     w.settings.set("generation/context", 0)
     assert w.status.context_label.text() == "Context 0 / 8,192" and kv.context_limit() == 8192

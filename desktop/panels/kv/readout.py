@@ -53,7 +53,9 @@ def before_a_cache(*, model: dict | None, other_model: bool, last_reply: dict | 
                  f"{per_token['16-bit']:,} in 16-bit"
                  + (f", {per_token['int8']:,} in int8 (with its scales)." if per_token.get("int8") else "."))
     if limit:
-        what = f"Next reply: {next_dtype} cache, context" if last_reply else "Context"
+        # The dtype too before any reply: the float32 figure came first and the model's own
+        # (float16 for a GGUF's blocks on the CPU, as Settings' "auto" says) was nowhere.
+        what = f"Next reply: {next_dtype} cache, context" if next_dtype and next_dtype != "auto" else "Context"
         head += (f"<br>{what} limit {limit:,} tokens"
                  + (f"; memory limit {limit_bytes / MIB:,.1f} MiB." if limit_bytes else "."))
     return head
