@@ -256,7 +256,7 @@ class ModelsDialog(QDialog):
     def _fit(self, e: models.CatalogEntry) -> dict | None:
         try:
             device = self._device or self.service.device()
-            return self.service.fit(e.size_bytes, e, min(QUOTED_CONTEXT, e.context_length), device)
+            return self.service.fit_here(e.size_bytes, e, min(QUOTED_CONTEXT, e.context_length), device)
         except Exception:  # noqa: BLE001 - the details stay useful without it
             return None
 
@@ -322,7 +322,8 @@ class ModelSwitcher:
 
     def __init__(self, window, *, fetch_fn: Callable | None = None, installed_fn: Callable | None = None,
                  service: HubService | None = None):
-        self.window, self.fetch_fn, self.installed_fn, self.service = window, fetch_fn, installed_fn, service
+        self.window, self.fetch_fn, self.installed_fn = window, fetch_fn, installed_fn
+        self.service = service or HubService(load_options=lambda: load_options(window.settings))
         self.dialog: ModelsDialog | None = None
         self.action = QAction("&Models…", window)
         self.action.setObjectName("modelsAction")
@@ -339,7 +340,7 @@ class ModelSwitcher:
         if self.window.stack.currentWidget() is not self.window.empty or self.recommended is not None:
             return
         try:
-            self.recommended = recommend(fit=(self.service or HubService()).fit)
+            self.recommended = recommend(fit=self.service.fit_here)
         except Exception:  # noqa: BLE001 - the first run works without it
             log.warning("could not recommend a model", exc_info=True)
             return
@@ -362,7 +363,7 @@ class ModelSwitcher:
         device = "" if info.get("remote") else str(info.get("device") or "")
         if self.recommended is None:
             try:
-                self.recommended = recommend(fit=(self.service or HubService()).fit, device=device or None)
+                self.recommended = recommend(fit=self.service.fit_here, device=device or None)
             except Exception:  # noqa: BLE001 - the dialog works without it
                 log.warning("could not recommend a model", exc_info=True)
         self.dialog = ModelsDialog(self.window, loaded_path=loaded, fetch_fn=self.fetch_fn,
@@ -372,6 +373,14 @@ class ModelSwitcher:
         self.dialog.load_requested.connect(self.window.load_model)
         self.dialog.open()
         return self.dialog
+
+
+def load_options(settings) -> dict:
+    """The window's settings that change a fit (:func:`~.hub_jobs.default_fit`'s keywords): the
+    weight dtype, reproducible replies and the cache dtype the next load and reply run with."""
+    return {"weight_dtype": str(settings.get("model/weight_dtype") or "auto"),
+            "reproducible": settings.get("model/reproducible") == "on",
+            "cache_dtype": str(settings.get("generation/cache_dtype") or "auto")}
 
 
 def install(window, **kwargs) -> ModelSwitcher:

@@ -26,19 +26,26 @@ __all__ = ["HubService", "Job", "JobRunner", "QUOTED_CONTEXT", "default_fit", "d
 log = logging.getLogger(__name__)
 
 
-def default_fit(size_bytes: int, shape: Any, context: int, device: str, block_type: str | None = None) -> dict:
+def default_fit(size_bytes: int, shape: Any, context: int, device: str, block_type: str | None = None, *,
+                weight_dtype: str = "auto", reproducible: bool = False, cache_dtype: str = "auto") -> dict:
     """:func:`runtime.fit` of a file of ``size_bytes`` with ``shape`` (a GGUFShape or a catalog
     entry's numbers) at ``context`` tokens on ``device``, as a dict. ``block_type``: the file's
     (``"Q4_K"``, :func:`models.hub.ref.tag_block_type`; None: from a catalog entry's file name),
     so the cache is planned in the dtype the runtime gives that file (float16 for quantized
-    blocks on the CPU, where a float32 plan was twice the cache)."""
+    blocks on the CPU, where a float32 plan was twice the cache). ``weight_dtype``,
+    ``reproducible``, ``cache_dtype``: the settings the next load runs with ("auto": the
+    runtime's own choice), which change that dtype (a float weight dtype or reproducible
+    replies run a float32 cache on the CPU)."""
     import runtime
 
     if block_type is None:
         block_type = entry_block_type(shape)
     return runtime.fit(size_bytes, layers=shape.n_layers, kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
                        context=context, windows=layer_windows(shape), device=device, block_type=block_type,
-                       architecture=getattr(shape, "architecture", "")).to_dict()
+                       architecture=getattr(shape, "architecture", ""),
+                       dtype=None if weight_dtype in ("", "auto") else weight_dtype,
+                       reproducible=reproducible and device == "cpu",
+                       cache_dtype=None if cache_dtype in ("", "auto") else cache_dtype).to_dict()
 
 
 def entry_block_type(entry: Any) -> str:
@@ -92,6 +99,12 @@ class HubService:
     fit: Callable = default_fit
     runs: Callable = default_runs
     device: Callable[[], str] = default_device
+    #: The settings the next load runs with, as :func:`default_fit`'s keywords (``{}``: the defaults).
+    load_options: Callable[[], dict] = dict
+
+    def fit_here(self, size_bytes: int, shape: Any, context: int, device: str, block_type: str | None = None) -> dict:
+        """:attr:`fit` with the settings of :attr:`load_options`."""
+        return self.fit(size_bytes, shape, context, device, block_type=block_type, **self.load_options())
 
 
 def open_repo(service: HubService, repo_id: str) -> dict:
@@ -104,8 +117,8 @@ def open_repo(service: HubService, repo_id: str) -> dict:
 
     device = service.device()
     return files_report(repo_id, listing=service.listing, shape=service.shape,
-                        fit=lambda size, shape, context, block_type: service.fit(size, shape, context, device,
-                                                                                 block_type=block_type),
+                        fit=lambda size, shape, context, block_type: service.fit_here(size, shape, context, device,
+                                                                                      block_type=block_type),
                         runs=lambda block_type: service.runs(block_type, device))
 
 

@@ -207,3 +207,22 @@ def test_the_recommended_model_is_listed_first_and_chosen_when_none_is_loaded(qt
     assert again.list.currentRow() == 1 and again.load_button.text() == "Loaded"
     assert again.list.item(0).text().endswith("★ recommended for this machine")
     again.close()
+
+
+@pytest.mark.parametrize("setting, value", [("model/reproducible", "on"), ("model/weight_dtype", "float32"),
+                                            ("generation/cache_dtype", "float32")])
+def test_the_cards_fit_follows_the_settings_the_next_load_runs_with(qtbot, make_window, folder, setting, value):
+    """Reproducible replies, a float weight dtype or a float32 cache dtype give a quantized file a
+    float32 cache on the CPU; the card quoted float16's bytes whatever the settings said."""
+    w = make_window(load=False)
+    d = _switcher(w, folder, []).open()
+    d.list.setCurrentRow(0)
+    half = f"{SMOL.kv_bytes_per_token(2):,} bytes per token in float16"
+    assert half in d.details.text()
+    d.close()
+    w.settings.set(setting, value)
+    d = w.model_switcher.open()
+    d.list.setCurrentRow(0)
+    assert f"{SMOL.kv_bytes_per_token(4):,} bytes per token in float32" in d.details.text(), d.details.text()
+    assert half not in d.details.text()
+    d.close()
