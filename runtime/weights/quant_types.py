@@ -296,16 +296,24 @@ def centred(raw: torch.Tensor, t: BlockType) -> tuple[torch.Tensor, torch.Tensor
     Raises:
         ValueError: a type without linear codes (a float type, a codebook type).
     """
+    rows = raw.shape[0]
+    q, half, scale, offset = _groups(raw, t)
+    codes = (q.to(torch.int16) - half).to(torch.int8)  # fits: codes span 2^bits values around 0
+    return codes.view(rows, -1), scale, offset
+
+
+def _groups(raw: torch.Tensor, t: BlockType) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor | None]:
+    """``(q (groups, group) the unsigned codes, half, scale (rows, groups), offset (rows, groups)
+    or None)`` of :func:`centred`: ``w = scale * (q - half) + offset``."""
     if not t.linear_codes:
         raise ValueError(f"{t.name} has no linear codes")
     rows = raw.shape[0]
     f = t.fields(_blocks(raw, t))
     half = 0 if t.name == "Q8_0" else 1 << (t.bits - 1)
-    codes = (f.q.to(torch.int16) - half).to(torch.int8)  # fits: codes span 2^bits values around 0
     offset = None
     if half != f.z or f.m is not None:  # w = d (q - z) + m = d c + (m + d (half - z))
         offset = f.d * (half - f.z) + (f.m if f.m is not None else 0)
-    return codes.view(rows, -1), f.d.reshape(rows, -1), None if offset is None else offset.reshape(rows, -1)
+    return f.q, half, f.d.reshape(rows, -1), None if offset is None else offset.reshape(rows, -1)
 
 
 INT4_GROUP = 32  # weights per scale in torch's int4pack kernels (what Q4_0/Q4_1/Q4_K have)
@@ -326,11 +334,11 @@ def repack_int4(raw: torch.Tensor, t: BlockType, *, device: str = "cpu", dtype: 
     """
     if t.bits != 4 or t.group != INT4_GROUP or not t.linear_codes:
         raise ValueError(f"{t.name} is not a 4-bit type with linear codes in groups of {INT4_GROUP}")
-    codes, scale, offset = centred(raw, t)
-    rows, K = codes.shape
+    q, half, scale, offset = _groups(raw, t)   # half = 8: q4 = (q - 8) + 8, the file's own codes
+    rows = raw.shape[0]
     zero = torch.zeros_like(scale) if offset is None else offset
     scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)  # (K/32, rows, 2)
-    q4 = (codes.to(torch.int32) + 8)  # (rows, K) in 0..15
+    q4 = q.to(torch.int32).reshape(rows, -1)  # (rows, K) in 0..15
     if device == "cpu":
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4, inner_k_tiles)
     else:
