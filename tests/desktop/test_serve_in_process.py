@@ -26,18 +26,34 @@ from tests.desktop.test_serve_toggle import _fake_command
 ASK = "What is the capital of France?"
 
 
-def _serve_children() -> list[str]:
-    """The command lines of this process's live children that serve: ``attnchat serve`` (or the
-    stand-in that prints its line), not the chat template's sandbox."""
+#: Serving children this test process had before the test began: other test files' shared servers
+#: (a session fixture's ``attnchat serve`` in the same pytest worker), not this test's.
+_BEFORE: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _servers_before():
+    _BEFORE.clear()
+    _BEFORE.update(pid for pid, _ in _serving())
+    yield
+
+
+def _serving() -> list[tuple[int, str]]:
     out = []
     for p in psutil.Process().children(recursive=True):
         try:
             args = p.cmdline()
             if p.status() != psutil.STATUS_ZOMBIE and ("serve" in args or "attnchat: serving" in " ".join(args)):
-                out.append(" ".join(args))
+                out.append((p.pid, " ".join(args)))
         except psutil.Error:
             pass
     return out
+
+
+def _serve_children() -> list[str]:
+    """The command lines of this process's live children that serve, started since the test began:
+    ``attnchat serve`` (or the stand-in that prints its line), not the chat template's sandbox."""
+    return [args for pid, args in _serving() if pid not in _BEFORE]
 
 
 def _greedy(model, ask: str, tokens: int) -> str:
