@@ -140,7 +140,9 @@ def repacked(w) -> Repacked | None:
     Raises:
         ValueError: the blocks do not hold the shape; MemoryError: ggml's allocation failed.
     """
-    if not enabled() or w.raw.device.type != "cpu" or not w.btype.quantized:
+    from runtime.kernels.quantized import _cpu_branch
+
+    if not enabled() or not _cpu_branch(w.raw) or not w.btype.quantized:   # a device's blocks: ggml has no form there
         return None
     if FORM not in w.prepared:
         with ggml_ops._LOCK:

@@ -125,3 +125,12 @@ def test_the_one_graph_token_decodes_through_the_forms(tmp_path, monkeypatch):
     assert all("ggml-repack" not in p.prepared for p in parts)
     assert torch.equal(with_forms.argmax(-1), plain.argmax(-1))
     assert (with_forms - plain).abs().max().item() <= 1e-4 * plain.abs().max().item()
+
+
+def test_a_devices_blocks_get_no_form(monkeypatch):
+    """The device branch (blocks off the CPU), taken here on CPU tensors as the kernels' tests do."""
+    from runtime.kernels import quantized
+
+    monkeypatch.setattr(quantized, "torch_ops", True)
+    w = _weight("Q4_0")
+    assert ggml_repack.repacked(w) is None and "ggml-repack" not in w.prepared
