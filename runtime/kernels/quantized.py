@@ -319,12 +319,21 @@ def candidates(btype: BlockType, device: str | torch.device = "cpu") -> list[str
     return [k.name for k in QUANT_KERNELS.values() if kind in k.devices and k.takes(btype) and k.available()]
 
 
+#: One form made at a time: a load's background builder (:mod:`runtime.model.prefill_forms`)
+#: and a caller on another thread asking for the same form make it once.
+_FORMS_LOCK = threading.Lock()
+
+
 def prepared(w: QuantWeight, kernel: str, device: str | torch.device = "cpu"):
-    """``kernel``'s form of ``w`` (made and kept on first use)."""
-    form = w.prepared.get(kernel)
-    if form is None and kernel not in w.prepared:
-        form = w.prepared[kernel] = QUANT_KERNELS[kernel].prepare(w, torch.device(device))
-    return form
+    """``kernel``'s form of ``w`` (made and kept on first use). ``w.prepared`` is replaced by a
+    new dict, not changed in place: another thread may be reading it (``extra_bytes``)."""
+    if kernel in w.prepared:
+        return w.prepared[kernel]
+    with _FORMS_LOCK:
+        if kernel not in w.prepared:
+            form = QUANT_KERNELS[kernel].prepare(w, torch.device(device))
+            w.prepared = {**w.prepared, kernel: form}
+        return w.prepared[kernel]
 
 
 def quant_linear(x: torch.Tensor, w: QuantWeight, kernel: str, bias: torch.Tensor | None = None,

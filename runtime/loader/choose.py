@@ -21,6 +21,7 @@ from runtime.kernels.threads import SizedGovernors, cpu_governor
 from runtime.loader.read import ReadWeights
 from runtime.model import quant_layers
 from runtime.model.decoder import Decoder
+from runtime.model.prefill_forms import PrefillForms
 
 __all__ = ["Chosen", "choose_kernels"]
 
@@ -31,12 +32,14 @@ log = logging.getLogger(__name__)
 class Chosen:
     """What :func:`choose_kernels` chose: the decode mode, the float kernels (None for blocks or
     off the CPU), the block kernels (None for float weights), the thread governors (CPU only:
-    ``decode_threads`` and ``prefill_threads``, :class:`runtime.loader.model.Model`'s fields)."""
+    ``decode_threads`` and ``prefill_threads``, :class:`runtime.loader.model.Model`'s fields), the
+    builder of the prefill forms for a GGUF's blocks (:mod:`runtime.model.prefill_forms`)."""
 
     decode_mode: str
     kernels: KernelChoice | None = None
     quant_kernels: quant_choice.QuantChoice | None = None
     governors: dict = field(default_factory=dict)
+    prefill_forms: PrefillForms | None = None
 
 
 def choose_kernels(decoder: Decoder, weights: ReadWeights, profile: DeviceProfile, *,
@@ -59,8 +62,9 @@ def choose_kernels(decoder: Decoder, weights: ReadWeights, profile: DeviceProfil
         # repack beside the blocks, int4pack's, only where it prefills 10 % faster)
         chosen.quant_kernels = _choose_quant_kernels(decoder, dev, weights.cache_folder,
                                                      decode="ggml" if chosen.decode_mode == "ggml" else None)
-        quant_layers.set_choice(decoder, chosen.quant_kernels, dev)
-        _say_widened(weights.path, decoder)
+        # the prefill forms (int4pack's repacks: most of a warm load) are built after the load
+        chosen.prefill_forms = quant_layers.set_choice(decoder, chosen.quant_kernels, dev, background=True)
+        _say_widened(weights.path, decoder, chosen.prefill_forms)
     if dev.type != "cpu":
         return chosen
     decode_gov = cpu_governor(threads)
@@ -93,9 +97,13 @@ def _float_kernels(decoder: Decoder, weights: ReadWeights, profile: DeviceProfil
     return choice
 
 
-def _say_widened(path: Path, decoder: Decoder) -> None:
+def _say_widened(path: Path, decoder: Decoder, forms: PrefillForms | None = None) -> None:
     """Say once per load what the kernels' copies beside the file's blocks cost (float16 copies
-    where ggml does not load or a device has no kernel for a type; int4pack's repacks)."""
+    where ggml does not load or a device has no kernel for a type; int4pack's repacks), once
+    ``forms`` (the ones built in the background) are made."""
+    if forms is not None and not forms.ready.is_set():
+        forms.on_ready(lambda: _say_widened(path, decoder))
+        return
     token, _ = quant_layers.token_weights(decoder)
     parts = {id(p): p for p in token}.values()
     extra = [p for p in parts if p.extra_bytes]

@@ -125,7 +125,8 @@ def load_model(
         cache_dtype=default_cache_dtype(profile.device, decoder.compute_dtype, blocks=quant is not None),
         load_seconds=time.perf_counter() - t0, stop_token_ids=_stop_ids(weights.tokenizer, cfg),
         decode_mode=chosen.decode_mode, kernels=chosen.kernels, quant_kernels=chosen.quant_kernels,
-        file_identity=weights.identity, reproducible=profile.reproducible, **chosen.governors,
+        file_identity=weights.identity, reproducible=profile.reproducible, prefill_forms=chosen.prefill_forms,
+        **chosen.governors,
     )
     # What loading freed (a tokenizer's parsed JSON, a conversion's tensors, a kernel
     # timing's inputs) goes back to the operating system: ~30 MiB of a cached default load.

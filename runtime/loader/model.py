@@ -18,6 +18,7 @@ from runtime.kernels.quant_choice import QuantChoice
 from runtime.kernels.threads import SizedGovernors, ThreadGovernor
 from runtime.model.decode_step import DecodeStep
 from runtime.model.decoder import Decoder
+from runtime.model.prefill_forms import PrefillForms
 
 
 @dataclass
@@ -66,6 +67,9 @@ class Model:
     reproducible: bool = False
     #: The model file as loaded (:mod:`runtime.weights.file_guard`); None for a folder.
     file_identity: Any = None
+    #: For a GGUF's blocks, the prefill kernels' forms being built after the load
+    #: (:mod:`runtime.model.prefill_forms`: ``wait()``, ``state``); None otherwise.
+    prefill_forms: PrefillForms | None = field(default=None, repr=False)
 
     def check_file(self) -> None:
         """Raise :class:`runtime.errors.ModelFileChanged` when the model file changed on disk

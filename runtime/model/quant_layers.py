@@ -15,6 +15,7 @@ sees an ordinary linear layer.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Iterator
 
 import torch
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 
 from runtime.kernels import quant_choice as qc
 from runtime.kernels import quantized as qk
+from runtime.model.prefill_forms import PrefillForms
 
 __all__ = ["QuantLinear", "QuantEmbedding", "install", "quant_layers", "set_choice", "token_weights",
            "widened_for_gradients"]
@@ -63,18 +65,41 @@ class QuantLinear(nn.Module):
         """Bytes of the blocks and of the forms the chosen kernels made (tied parts counted here too)."""
         return sum(p.file_bytes + p.extra_bytes for p in self.parts) + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
 
-    def set_choice(self, choice: qc.QuantChoice, device: torch.device | str = "cpu") -> None:
+    def set_choice(self, choice: qc.QuantChoice, device: torch.device | str = "cpu",
+                   forms: PrefillForms | None = None) -> None:
         """Run the parts with ``choice``'s kernels on ``device``; each kernel's form of each
-        part is made now (a repack, or ggml's graph), not on the first token."""
+        part is made now (a repack, or ggml's graph), not on the first token. With ``forms``,
+        a prefill form not made yet is left to it (:mod:`runtime.model.prefill_forms`): until
+        it is built, prefill runs the part's copy-free default kernel."""
         self.choice, self.device = choice, torch.device(device)
-        runs: tuple[list, list] = ([], [])
-        for p in self.parts:
+        decode_runs, prefill_runs, deferred = [], [], []
+        for i, p in enumerate(self.parts):
             decode, prefill = choice.kernels[p.btype.name]
-            for phase, name in zip(runs, (decode, prefill)):
-                phase.append((qk.QUANT_KERNELS[name].run, qk.prepared(p, name, self.device), p, name))
-        self._runs = runs
+            decode_runs.append(self._run(p, decode))
+            fallback = _copy_free_default(p, self.device) if forms is not None and prefill not in p.prepared else None
+            if fallback is None or fallback == prefill:
+                prefill_runs.append(self._run(p, prefill))
+            else:
+                forms.add(p, prefill)
+                prefill_runs.append(self._run(p, fallback))
+                deferred.append((i, p, prefill))
+        self._runs = (decode_runs, prefill_runs)
         self._keys = [qk.weight_key(p) for p in self.parts]
         qk.compiled_linear()  # defined now: torch.compile cannot define an op while tracing
+        if deferred:
+            forms.on_ready(functools.partial(self._switch, self._runs, deferred))
+
+    def _switch(self, runs: tuple[list, list], deferred: list) -> None:
+        """Prefill with the forms ``deferred`` named, made now; unless another choice was set since."""
+        if self._runs is not runs:
+            return
+        prefill = list(runs[1])
+        for i, p, name in deferred:
+            prefill[i] = self._run(p, name)
+        self._runs = (runs[0], prefill)   # one assignment: a product running now reads either list
+
+    def _run(self, p, name: str) -> tuple:
+        return qk.QUANT_KERNELS[name].run, qk.prepared(p, name, self.device), p, name
 
     def _ensure_choice(self) -> None:
         if self.choice is None:
@@ -188,6 +213,15 @@ def install(decoder: nn.Module, matrices: dict[str, list], embed, head: list | N
     decoder.load_weights(floats, compute_dtype=compute_dtype)
 
 
+def _copy_free_default(part, device: torch.device) -> str | None:
+    """The prefill kernel of ``part``'s type's default pair when it needs no form beside the
+    blocks and runs fast on ``device`` (ggml's widening on the CPU), else None."""
+    if device.type != "cpu" or not qk.QUANT_KERNELS["ggml"].available():
+        return None
+    default = qc.kernel_pairs(part.btype, device)[0][1]
+    return default if default in qc.COPY_FREE else None
+
+
 def quant_layers(decoder: nn.Module) -> list[QuantLinear]:
     """Every :class:`QuantLinear` of ``decoder`` a token passes through, in order (each layer's
     projections, then the LM head: the embedding's when tied)."""
@@ -204,14 +238,24 @@ def token_weights(decoder: nn.Module) -> tuple[list, list]:
     return parts, [p for layer in layers[:-1] for p in layer.parts]
 
 
-def set_choice(decoder: nn.Module, choice: qc.QuantChoice, device: torch.device | str) -> None:
+def set_choice(decoder: nn.Module, choice: qc.QuantChoice, device: torch.device | str, *,
+               background: bool = False) -> PrefillForms | None:
     """Run every quantized layer of ``decoder`` with ``choice`` on ``device`` (forms made now);
-    the LM head without ggml's activation rounding (:func:`runtime.kernels.quant_choice.head_choice`)."""
+    the LM head without ggml's activation rounding (:func:`runtime.kernels.quant_choice.head_choice`).
+
+    ``background``: the prefill kernels' forms not made yet are built in a thread instead,
+    prefill running the copy-free default kernels until then (:mod:`runtime.model.prefill_forms`).
+
+    Returns:
+        with ``background``, the builder (started; ``ready`` at once when nothing was left to
+        build); else None.
+    """
     from runtime.device import trim_heap
 
+    forms = PrefillForms(device) if background else None
     layers = quant_layers(decoder)
     for layer in layers[:-1]:
-        layer.set_choice(choice, device)
+        layer.set_choice(choice, device, forms)
         # A repack's temporaries (int4pack decodes a matrix's codes to int32 first) are freed
         # in pieces the C heap keeps: trimmed per layer, the default model's load peaked at
         # 684 MB against 530 after it (its int4pack forms made at once, AMD EPYC Zen 4).
@@ -219,6 +263,7 @@ def set_choice(decoder: nn.Module, choice: qc.QuantChoice, device: torch.device 
     layers[-1].set_choice(qc.head_choice(choice), device)
     if isinstance(decoder.embed, QuantEmbedding):
         decoder.embed.to_device(device)
+    return None if forms is None else forms.start()
 
 
 @contextlib.contextmanager
