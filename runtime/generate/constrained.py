@@ -92,7 +92,10 @@ class GrammarCompiler:
             eos = stops[0]
         self.eos_token_id = int(eos)
         self._ll = llguidance
-        self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, eos_token=self.eos_token_id)
+        from runtime.weights.gguf.fast_tokenizer import transformers_tokenizer
+
+        # llguidance reads transformers' own class
+        self.tokenizer = llguidance.hf.from_tokenizer(transformers_tokenizer(tokenizer), eos_token=self.eos_token_id)
 
     def json_schema(self, schema: dict[str, Any] | None, *, close: bool = True, budget: int | None = None) -> Grammar:
         """The grammar of compact JSON values valid under ``schema`` (``None``: any JSON object,

@@ -87,7 +87,7 @@ class PrefillForms:
 
     def _build(self) -> None:
         try:
-            with torch.inference_mode():
+            with torch.no_grad():   # ordinary tensors, as forms made at a load are
                 for weight, kernel in self._todo:
                     if self._stop:
                         self._finish("failed")

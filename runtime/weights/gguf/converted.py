@@ -7,6 +7,7 @@ Must not import Qt. A GGUF's tokenizer is read from the file alone, never from i
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import hashlib
 import json
@@ -20,6 +21,7 @@ import torch
 from runtime.config.model import ModelConfig
 from runtime.errors import ModelLoadError, UnsupportedModelError
 from runtime.weights.convert import decoder_state
+from runtime.weights.gguf import fast_tokenizer
 from runtime.weights.sources import (
     check_gguf_file,
     check_gguf_metadata,
@@ -46,18 +48,24 @@ def gguf_cache_dir(path: Path) -> Path | None:
     """Where the GGUF's converted config and tokenizer are kept (None if unavailable).
 
     Keyed by the file's path, size, mtime and the transformers version, so a changed
-    file or library rebuilds it.
+    file or library rebuilds it. The version is read from the package's metadata: importing
+    transformers for it would cost a second of a load that needs nothing else of it.
     """
-    import transformers
-
     from models import paths
 
     try:
         st = path.stat()
-        key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+        key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{_transformers_version()}"
         return paths.cache_dir() / "gguf" / hashlib.sha1(key.encode()).hexdigest()[:16]
     except OSError:
         return None
+
+
+@functools.cache
+def _transformers_version() -> str:
+    import importlib.metadata
+
+    return importlib.metadata.version("transformers")
 
 
 #: Our own config, kept beside the converted tokenizer: reading it needs no transformers
@@ -129,6 +137,9 @@ def _read_cached_fast(cached: Path | None):
         template = cached / "chat_template.jinja"
         if "chat_template" not in kwargs and template.exists():
             kwargs["chat_template"] = template.read_text(encoding="utf-8")
+        fast = fast_tokenizer.read(cached / "tokenizer.json", {**kwargs, "name_or_path": str(cached)})
+        if fast is not None:  # no transformers import on a load (a second of the default model's)
+            return cfg, fast
         from transformers import PreTrainedTokenizerFast
 
         return cfg, PreTrainedTokenizerFast(tokenizer_file=str(cached / "tokenizer.json"), name_or_path=str(cached),

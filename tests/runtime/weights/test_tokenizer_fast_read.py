@@ -69,3 +69,55 @@ def test_stop_ids_are_every_end_of_turn_token_in_the_vocabulary(entry_name):
     # the turn ends each chat template writes are among them
     ends = {"DEFAULT_MODEL": "<|im_end|>", "GEMMA3_270M": "<end_of_turn>"}[entry_name]
     assert vocab[ends] in got
+
+
+@pytest.mark.parametrize("entry_name", ["DEFAULT_MODEL", "GEMMA3_270M"])
+def test_the_fast_read_needs_no_transformers_and_answers_as_it_does(entry_name):
+    """The cached tokenizer is read through ``tokenizers`` alone (no transformers import on a
+    load) and answers what attnchat asks of a tokenizer as transformers' own does."""
+    from transformers import AutoTokenizer
+
+    from models import catalog
+    from runtime.weights.gguf.converted import _read_cached_fast
+    from runtime.weights.gguf.fast_tokenizer import FastTokenizer, transformers_tokenizer
+
+    folder = _cached_folder(getattr(catalog, entry_name))
+    _, fast = _read_cached_fast(folder)
+    assert isinstance(fast, FastTokenizer)
+    own = AutoTokenizer.from_pretrained(str(folder))
+    for text in TEXTS:
+        for special in (False, True):
+            ids = fast.encode(text, add_special_tokens=special)
+            assert ids == own.encode(text, add_special_tokens=special), (text, special)
+            assert fast.tokenize(text) == own.tokenize(text), text
+        for skip in (False, True):
+            assert fast.decode(ids, skip_special_tokens=skip) == own.decode(ids, skip_special_tokens=skip), text
+        assert fast.convert_ids_to_tokens(ids) == own.convert_ids_to_tokens(ids)
+        assert fast.convert_ids_to_tokens(ids, skip_special_tokens=True) == \
+            own.convert_ids_to_tokens(ids, skip_special_tokens=True)
+    assert fast.decode(ids[0]) == own.decode(ids[0])
+    for name in (*SPECIAL, "bos_token", "eos_token", "pad_token", "unk_token", "mask_token", "special_tokens_map",
+                 "all_special_tokens", "vocab_size", "extra_special_tokens"):
+        assert getattr(fast, name) == getattr(own, name), name
+    assert {i: str(t) for i, t in fast.added_tokens_decoder.items()} == \
+        {i: str(t) for i, t in own.added_tokens_decoder.items()}
+    assert fast.convert_tokens_to_ids(["<unk>", "no-such-token-at-all"]) == own.convert_tokens_to_ids(["<unk>", "no-such-token-at-all"])
+    # what it does not answer itself, transformers' own tokenizer of the same files does
+    assert type(transformers_tokenizer(fast)).__name__ == "TokenizersBackend"
+    assert fast.save_pretrained.__self__ is transformers_tokenizer(fast)
+
+
+def test_a_load_with_its_cache_folder_kept_imports_no_transformers():
+    """Importing transformers was a second of the default model's load; with the cache folder
+    kept, a load of a GGUF's blocks reads everything without it."""
+    import subprocess
+    import sys
+
+    from models import catalog
+
+    _cached_folder(catalog.DEFAULT_MODEL)
+    code = ("import sys; from runtime import load_model; m = load_model(None, device='cpu'); "
+            "print('transformers' in sys.modules, type(m.tokenizer).__name__, m.encode('Paris')[:1] != [])")
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "FastTokenizer", "True"]
