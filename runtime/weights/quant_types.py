@@ -283,7 +283,7 @@ def _gguf_dequantize(raw: torch.Tensor, t: BlockType) -> torch.Tensor:
     blocks = _blocks(raw, t)
     host = blocks.cpu().contiguous().numpy()
     w = torch.from_numpy(quants.dequantize(host, GGMLQuantizationType(t.ggml_type)).reshape(blocks.shape[0], -1))
-    return w if raw.device.type == "cpu" else w.to(raw.device)
+    return w.to(raw.device)  # the same tensor when raw is on the CPU
 
 
 def centred(raw: torch.Tensor, t: BlockType) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

@@ -49,11 +49,9 @@ def test_llama_server_is_found_by_its_variable_or_the_path(tmp_path, monkeypatch
     assert find_server() is None
 
 
-def test_bad_levels_exit_2(tmp_path):
+def test_bad_levels_exit_2(tmp_path, attnchat_cli):
     folder = make_tiny_model(tmp_path / "tiny", "llama")
-    proc = subprocess.run([sys.executable, "-m", "attnchat", "bench", "--model", str(folder), "--concurrency", "1,x"],
-                          capture_output=True, text=True, timeout=HANG_S)
-    assert proc.returncode == 2 and "comma-separated request counts" in proc.stderr, proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "attnchat", "bench", "--model", str(folder), "--concurrency", "2",
-                           "--prefill-tokens", "200"], capture_output=True, text=True, timeout=HANG_S)
-    assert proc.returncode == 2 and "the model's context is 128" in proc.stderr, proc.stderr
+    status, _, err = attnchat_cli("bench", "--model", str(folder), "--concurrency", "1,x")
+    assert status == 2 and "comma-separated request counts" in err, err
+    status, _, err = attnchat_cli("bench", "--model", str(folder), "--concurrency", "2", "--prefill-tokens", "200")
+    assert status == 2 and "the model's context is 128" in err, err

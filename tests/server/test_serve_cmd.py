@@ -7,48 +7,25 @@ instead: the messages prove the address is checked first. The checks run in-proc
 """
 from __future__ import annotations
 
-import logging
 import socket
 import subprocess
 import sys
 
 import pytest
 
-from attnchat import cli
 from attnchat.server.command import API_KEY_ENV, is_loopback
 from tests.live_server import serve_env
 from tests.hang import HANG_S
 
 MISSING = "/nonexistent/model.gguf"
-LIBRARY_ENV = ("TQDM_DISABLE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TRANSFORMERS_VERBOSITY",
-               "TOKENIZERS_PARALLELISM")
 
 
 @pytest.fixture
-def serve(monkeypatch, tmp_path, capsys):
+def serve(attnchat_cli, monkeypatch):
     """``serve(*args) -> (status, stdout, stderr)`` of ``attnchat serve --model MISSING ARGS``
-    run in-process; the environment, log folder and log handlers it touches are put back."""
+    run in-process (tests/conftest.py)."""
     monkeypatch.delenv(API_KEY_ENV, raising=False)
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    for name in LIBRARY_ENV:
-        monkeypatch.setenv(name, "1" if name != "TRANSFORMERS_VERBOSITY" else "error")
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-
-    def call(*args: str) -> tuple[int, str, str]:
-        try:
-            status = cli.main(["serve", "--model", MISSING, *args])
-        except SystemExit as e:  # argparse's own errors
-            status = e.code
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    yield call
-    for h in list(root.handlers):
-        if h not in handlers:
-            root.removeHandler(h)
-            h.close()
-    root.setLevel(level)
+    return lambda *args: attnchat_cli("serve", "--model", MISSING, *args)
 
 
 @pytest.mark.parametrize("host, loopback", [

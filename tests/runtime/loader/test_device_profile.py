@@ -57,3 +57,13 @@ def test_the_reproducible_variant_is_the_same_profile_but_reproducible():
 def test_graph_decode_needs_cuda():
     with pytest.raises(ValueError, match="decode mode 'graph' needs CUDA"):
         device_profile("cpu", decode="graph")
+
+
+def test_a_cuda_profile_takes_the_graph_mode_on_any_machine():
+    """The check is the profile's device, not this machine's: a CUDA profile (the planner's,
+    for a GPU elsewhere) decodes eagerly or as a graph when asked, and says so."""
+    cuda = profile_of("cuda")
+    assert cuda.decode_mode == "graph" and cuda.with_decode(None) is cuda
+    eager = cuda.with_decode("eager")
+    assert eager.decode_mode == "eager" and eager.device == torch.device("cuda")
+    assert eager.with_decode("graph") == cuda
