@@ -39,45 +39,17 @@ def default_model(default_model_file):
     return load_model(default_model_file, device="cpu", dtype="float32")
 
 
-#: What ``attnchat``'s main sets in its own environment (``_quiet_libraries``): set back after each
-#: in-process run.
-LIBRARY_ENV = ("TQDM_DISABLE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TRANSFORMERS_VERBOSITY",
-               "TOKENIZERS_PARALLELISM")
-
-
 @pytest.fixture
-def attnchat_cli(monkeypatch, tmp_path, capsys):
-    """``attnchat_cli(*argv) -> (status, stdout, stderr)``: ``attnchat ARGV`` run in this process
-    by the command line's own ``main`` (what the entry point runs, without a second interpreter
-    importing torch: ~4 s a run on the 2-vCPU test machine). The environment, the log folder
-    (the test's own) and the log handlers it adds are put back; argparse's own errors give
-    their exit status. A test of the entry point itself still runs it as a process."""
-    import logging
-
-    from attnchat import cli
-
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    for name in LIBRARY_ENV:
-        monkeypatch.setenv(name, "1" if name != "TRANSFORMERS_VERBOSITY" else "error")
-    loggers = [logging.getLogger(), logging.getLogger("py.warnings")]
-    handlers = {lg.name: list(lg.handlers) for lg in loggers}
+def attnchat_cli(tmp_path):
+    """``attnchat_cli(*argv) -> (status, stdout, stderr)``: :func:`tests.in_process.cli_in_process` with the test's
+    own log folder."""
+    from tests.in_process import cli_in_process
 
     def call(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        try:
-            status = cli.main(list(argv))
-        except SystemExit as e:
-            status = e.code
-        out, err = capsys.readouterr()
-        return status, out, err
+        r = cli_in_process(list(argv), tmp_path / "state")
+        return r.returncode, r.stdout, r.stderr
 
-    yield call
-    logging.captureWarnings(False)  # main routes warnings to the log
-    for lg in loggers:
-        for h in list(lg.handlers):
-            if h not in handlers[lg.name]:
-                lg.removeHandler(h)
-                h.close()
+    return call
 
 
 @pytest.fixture(scope="session")

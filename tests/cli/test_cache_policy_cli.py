@@ -3,20 +3,14 @@ and on the server's engine: ``evicted_tokens`` in each reply's figures and the s
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 from attnchat.server.engine import Done, Engine, Job
 from runtime import GenerationSettings, Message, SamplingParams, load_model
 from tests.runtime.tiny_models import WORDS, make_tiny_model
-from tests.hang import HANG_S
 
-ENTRY = Path(sys.executable).parent / "attnchat"
 LONG = " ".join(WORDS * 2)  # ~150 tokens with the template
 
 
@@ -25,12 +19,12 @@ def folder(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("policy-cli"), "llama", max_positions=1024)
 
 
-def test_chat_json_reports_evicted_tokens(folder):
-    r = subprocess.run([str(ENTRY), "chat", "--model", str(folder), "--prompt", LONG, "--prompt", "who are you",
-                        "--json", "--max-new-tokens", "20", "--cache-policy", "tova", "--cache-budget", "40",
-                        "--overflow", "stop"], capture_output=True, text=True, timeout=HANG_S)
-    assert r.returncode == 0, r.stderr
-    t1, t2 = (json.loads(line) for line in r.stdout.splitlines())
+def test_chat_json_reports_evicted_tokens(folder, attnchat_cli):
+    status, out, err = attnchat_cli("chat", "--model", str(folder), "--prompt", LONG, "--prompt", "who are you",
+                                    "--json", "--max-new-tokens", "20", "--cache-policy", "tova", "--cache-budget", "40",
+                                    "--overflow", "stop")
+    assert status == 0, err
+    t1, t2 = (json.loads(line) for line in out.splitlines())
     for t in (t1, t2):
         kv = t["kv_cache"]
         assert kv["tokens"] < 40 + 16 and kv["positions"] == kv["tokens"] + kv["evicted_tokens"]
@@ -47,17 +41,12 @@ BAD_OPTIONS = [
 ]
 
 
-def test_bad_cache_options_exit_2_before_loading():
-    """Each with a model that does not exist: the option is refused first (the processes run
-    side by side: each spends its seconds importing torch)."""
-    def run(args):
-        return subprocess.run([str(ENTRY), "chat", "--model", "missing.gguf", "--prompt", "hi", *args],
-                              capture_output=True, text=True, timeout=HANG_S)
-
-    with ThreadPoolExecutor(len(BAD_OPTIONS)) as pool:
-        results = list(pool.map(run, [a for a, _ in BAD_OPTIONS]))
-    for (args, words), r in zip(BAD_OPTIONS, results):
-        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+@pytest.mark.parametrize("args, words", BAD_OPTIONS)
+def test_bad_cache_options_exit_2_before_loading(attnchat_cli, args, words):
+    """Each with a model that does not exist: the option is refused first (in-process:
+    tests/conftest.py ``attnchat_cli``)."""
+    status, _, err = attnchat_cli("chat", "--model", "missing.gguf", "--prompt", "hi", *args)
+    assert status == 2 and words in err and "Traceback" not in err, (args, err)
 
 
 def test_server_engine_reports_evicted_tokens(folder):

@@ -1,28 +1,22 @@
 """``attnchat chat`` on the real default model: JSON Lines per turn, prefix reuse across
 turns, the rolling policy at a 128-token context, and a message too long for the context.
 
-Each case is one subprocess of the installed entry point (each loads the model, ~15 s);
-the three start together so their loads overlap.
+Each case is one run of the command line's ``main`` in this process (tests/in_process.py: a
+process of its own spent ~15 s importing and loading; the entry point as a process is
+tests/cli/test_cli_errors.py's).
 """
 from __future__ import annotations
 
 import json
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from runtime.generate.chat_format import Message, encode_messages
-from tests.hang import HANG_S
+from tests.in_process import cli_in_process
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[2]
-ENTRY = Path(sys.executable).parent / "attnchat"
-if not ENTRY.exists():
-    ENTRY = ROOT / ".venv" / "bin" / "attnchat"
 
 TURNS = ["What is the capital of France?", "And what is the capital of Italy?"]
 SETTING = (
@@ -43,22 +37,10 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def results(default_model_file) -> dict[str, subprocess.CompletedProcess]:
-    procs = {
-        name: subprocess.Popen([str(ENTRY), "chat", "--model", str(default_model_file), *args],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                               text=True, cwd=ROOT)
-        for name, args in CASES.items()
-    }
-    out = {}
-    for name, p in procs.items():
-        try:
-            stdout, stderr = p.communicate(timeout=HANG_S)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            stdout, stderr = p.communicate()
-        out[name] = subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
-    return out
+def results(default_model_file, tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    state = tmp_path_factory.mktemp("state")
+    return {name: cli_in_process(["chat", "--model", str(default_model_file), *args], state)
+            for name, args in CASES.items()}
 
 
 def _turns(result: subprocess.CompletedProcess) -> list[dict]:

@@ -1,8 +1,8 @@
 """Errors a user can cause on the command line: exit 2, one "attnchat: error:" line, no traceback.
 
-Each case runs the installed entry point (``.venv/bin/attnchat``) as a subprocess;
-the cases run a few at a time (each process spends its ~2 s importing torch).
-Bad arguments are paired with a model path that does not exist: if an argument were
+The model cases run the installed entry point (``.venv/bin/attnchat``) as a subprocess,
+a few at a time (each process spends seconds importing torch); the argument cases run the
+same ``main`` in-process (tests/conftest.py ``attnchat_cli``). Bad arguments are paired with a model path that does not exist: if an argument were
 checked only after loading, the error would be about the model, not the argument,
 so the message proves the argument is checked first (before the slow load).
 """
@@ -77,7 +77,6 @@ def _run(d: Path, args: list[str]) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def results(case_dir) -> dict[str, subprocess.CompletedProcess]:
     jobs = {name: args for name, (args, _) in MODEL_CASES.items()}
-    jobs.update({name: args + ["--model", f"{{d}}/{MISSING}"] for name, (args, _) in ARGUMENT_CASES.items()})
     with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {name: pool.submit(_run, case_dir, args) for name, args in jobs.items()}
         return {name: f.result() for name, f in futures.items()}
@@ -102,8 +101,13 @@ def test_bad_model_source(results, case_dir, name):
 
 
 @pytest.mark.parametrize("name", list(ARGUMENT_CASES))
-def test_bad_argument_fails_before_loading(results, name):
-    err = _assert_user_error(results[name], ARGUMENT_CASES[name][1])
+def test_bad_argument_fails_before_loading(attnchat_cli, case_dir, monkeypatch, name):
+    monkeypatch.setenv("ATTNCHAT_CACHE_DIR", str(case_dir / "cache"))
+    monkeypatch.setenv("ATTNCHAT_MODELS_DIR", str(case_dir / "models"))  # never the user's models, never a fetch
+    monkeypatch.chdir(case_dir)
+    args = ARGUMENT_CASES[name][0] + ["--model", str(case_dir / MISSING)]
+    status, out, err = attnchat_cli("chat", "--prompt", "hi", *args)
+    err = _assert_user_error(subprocess.CompletedProcess(args, status, out, err), ARGUMENT_CASES[name][1])
     assert MISSING not in err and "does not exist" not in err, "the model was looked at first"
 
 

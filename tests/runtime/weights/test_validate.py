@@ -106,21 +106,21 @@ def test_chat_exits_2_with_one_line_and_no_library_warning(poisoned, name):
 
 
 @pytest.mark.parametrize("name", ["layers", "vocab", "inf_all"])
-def test_memory_refuses_what_a_load_refuses(poisoned, name):
-    r = _run("memory", "--model", str(poisoned[name]), "--context", "64")
-    assert r.returncode == 2 and r.stdout == "", r.stderr
-    assert r.stderr.count("\n") == 1 and POISONS[name][1] in r.stderr, r.stderr
+def test_memory_refuses_what_a_load_refuses(poisoned, name, attnchat_cli):
+    status, out, err = attnchat_cli("memory", "--model", str(poisoned[name]), "--context", "64")
+    assert status == 2 and out == "", err
+    assert err.count("\n") == 1 and POISONS[name][1] in err, err
 
 
-def test_memory_refuses_also_after_a_load_cached_the_config(tiny, tmp_path):
+def test_memory_refuses_also_after_a_load_cached_the_config(tiny, tmp_path, attnchat_cli):
     """A file whose config was cached (a load got that far) and whose tensors then changed."""
-    r = _run("memory", "--model", str(tiny), "--context", "64")
-    assert r.returncode == 0, r.stderr
+    status, _, err = attnchat_cli("memory", "--model", str(tiny), "--context", "64")
+    assert status == 0, err
     rewrite(tiny, tmp_path / "copy.gguf")
-    assert _run("memory", "--model", str(tmp_path / "copy.gguf"), "--context", "64").returncode == 0
+    assert attnchat_cli("memory", "--model", str(tmp_path / "copy.gguf"), "--context", "64")[0] == 0
     rewrite(tiny, tmp_path / "copy.gguf", shapes={"blk.0.ffn_down.weight": (256, 256)})
-    r = _run("memory", "--model", str(tmp_path / "copy.gguf"), "--context", "64")
-    assert r.returncode == 2 and "'blk.0.ffn_down.weight' has shape 256 x 256" in r.stderr, r.stderr
+    status, _, err = attnchat_cli("memory", "--model", str(tmp_path / "copy.gguf"), "--context", "64")
+    assert status == 2 and "'blk.0.ffn_down.weight' has shape 256 x 256" in err, err
 
 
 def test_serve_refuses_to_start(poisoned):
