@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -74,15 +73,9 @@ def test_command_writes_a_table_json_and_plot(folder, tmp_path):
     assert png.stat().st_size > 10_000
 
 
-def test_command_refuses_bad_options_before_loading(tmp_path):
+def test_command_refuses_bad_options_before_loading(tmp_path, attnchat_cli):
     cases = ((["--budgets", "1.5"], "--budgets"), (["--policies", "lru"], "unknown policy lru"),
              (["--json", str(tmp_path / "no" / "x.json")], "does not exist"))
-
-    def run(args):
-        return subprocess.run([str(ENTRY), "cache-eval", "--model", "missing.gguf", *args], capture_output=True,
-                              text=True, timeout=180)
-
-    with ThreadPoolExecutor(len(cases)) as pool:
-        results = list(pool.map(run, [a for a, _ in cases]))
-    for (args, words), r in zip(cases, results):
-        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+    for args, words in cases:
+        status, _, err = attnchat_cli("cache-eval", "--model", "missing.gguf", *args)
+        assert status == 2 and words in err and "Traceback" not in err, (args, err)
