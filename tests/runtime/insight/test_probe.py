@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,7 +14,6 @@ from runtime.insight.probe import (
 )
 from runtime.model.attention import attention
 from runtime.model.rope import apply_rope
-from tests.hang import HANG_S
 
 
 def _planted(T: int, N: int, kind: str) -> torch.Tensor:
@@ -107,10 +104,9 @@ def test_default_model_has_induction_and_previous_token_heads(default_model):
 
 
 @pytest.mark.slow
-def test_heads_command_json(default_model_file):
-    out = subprocess.run([sys.executable, "-m", "attnchat", "heads", "--model", str(default_model_file), "--json"],
-                         capture_output=True, text=True, timeout=HANG_S)
-    assert out.returncode == 0, out.stderr
-    data = json.loads(out.stdout)
+def test_heads_command_json(default_model_file, attnchat_cli):
+    status, out, err = attnchat_cli("heads", "--model", str(default_model_file), "--json")
+    assert status == 0, err
+    data = json.loads(out)
     assert set(data) == {"induction", "previous_token"}
     assert len(data["induction"]) == 30 and all(len(r) == 9 for r in data["previous_token"])
