@@ -3,9 +3,6 @@ equals reading it for each alone, and the command's report on a tiny random mode
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,9 +11,7 @@ from attnchat.bench import cache_eval as ce
 from attnchat.bench import cache_eval_texts as texts
 from runtime import load_model
 from tests.runtime.tiny_models import make_tiny_model
-from tests.hang import HANG_S
 
-ENTRY = Path(sys.executable).parent / "attnchat"
 
 
 @pytest.fixture(scope="module")
@@ -56,14 +51,14 @@ def test_shared_reading_equals_each_policy_alone(model):
         torch.testing.assert_close(row, want_row, atol=1e-5, rtol=1e-5)
 
 
-def test_command_writes_a_table_json_and_plot(folder, tmp_path):
+def test_command_writes_a_table_json_and_plot(folder, tmp_path, attnchat_cli):
     out, png = tmp_path / "eval.json", tmp_path / "eval.png"
-    r = subprocess.run([str(ENTRY), "cache-eval", "--model", str(folder), "--policies", "h2o,tova", "--budgets", "0.5",
-                        "--depths", "0.2,0.8", "--needles", "1", "--length", "300", "--nll-context", "200",
-                        "--nll-tokens", "60", "--json", str(out), "--plot", str(png)],
-                       capture_output=True, text=True, timeout=HANG_S)
-    assert r.returncode == 0, r.stderr
-    assert "| full cache | - | " in r.stdout and "| h2o | 50% |" in r.stdout and "| tova | 50% |" in r.stdout
+    status, stdout, stderr = attnchat_cli(
+        "cache-eval", "--model", str(folder), "--policies", "h2o,tova", "--budgets", "0.5", "--depths", "0.2,0.8",
+        "--needles", "1", "--length", "300", "--nll-context", "200", "--nll-tokens", "60", "--json", str(out),
+        "--plot", str(png))
+    assert status == 0, stderr
+    assert "| full cache | - | " in stdout and "| h2o | 50% |" in stdout and "| tova | 50% |" in stdout
     report = json.loads(out.read_text())["reports"][0]
     assert report["full"]["needle_trials"] == 2 and len(report["results"]) == 2
     for res in report["results"]:

@@ -84,14 +84,11 @@ def test_the_plan_counts_the_tokenizer_and_a_turn_and_says_what_it_leaves_out():
     assert any("Python" in s for s in p.leaves_out)
 
 
-def test_memory_command_with_numbers():
-    out = subprocess.run(
-        [sys.executable, "-m", "attnchat", "memory", "--layers", "32", "--kv-heads", "8", "--head-dim", "128",
-         "--cache-dtype", "bfloat16", "--context", "100000", "--budget-mib", "1024", "--json"],
-        capture_output=True, text=True, timeout=HANG_S,
-    )
-    assert out.returncode == 0, out.stderr
-    data = json.loads(out.stdout)
+def test_memory_command_with_numbers(attnchat_cli):
+    status, out, err = attnchat_cli("memory", "--layers", "32", "--kv-heads", "8", "--head-dim", "128",
+                                    "--cache-dtype", "bfloat16", "--context", "100000", "--budget-mib", "1024", "--json")
+    assert status == 0, err
+    data = json.loads(out)
     assert data["kv_bytes_per_token"] == 131_072
     assert data["kv_bytes"] == 13_107_200_000
     assert data["max_context_in_budget"] == 8192
@@ -110,14 +107,11 @@ def test_memory_command_under_a_cache_policy():
 
 
 @pytest.mark.slow
-def test_memory_command_on_the_default_model(default_model_file, default_model):
-    out = subprocess.run(
-        [sys.executable, "-m", "attnchat", "memory", "--model", str(default_model_file),
-         "--cache-dtype", "float16", "--context", "1000", "--budget-mib", "10", "--json"],
-        capture_output=True, text=True, timeout=HANG_S,
-    )
-    assert out.returncode == 0, out.stderr
-    data = json.loads(out.stdout)
+def test_memory_command_on_the_default_model(default_model_file, default_model, attnchat_cli):
+    status, out, err = attnchat_cli("memory", "--model", str(default_model_file), "--cache-dtype", "float16",
+                                    "--context", "1000", "--budget-mib", "10", "--json")
+    assert status == 0, err
+    data = json.loads(out)
     assert data["kv_bytes_per_token"] == 23_040
     assert data["kv_bytes"] == 23_040_000
     assert data["max_context_in_budget"] == 10 * 2**20 // 23_040
