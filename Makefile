@@ -36,7 +36,7 @@ TEST_WORKERS ?= 2
 test: venv
 	$(VENV)/bin/lint-imports
 	$(PY) -c "from models import fetch; fetch.ensure_default()"
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=40
 
 # The packaged app: PyInstaller's one folder (dist/attnchat/, the default model inside),
 # then dist/attnchat_<version>_<arch>.deb and dist/attnchat-<version>-linux-<arch>.tar.gz.
