@@ -7,7 +7,6 @@ min and max, and ratios (ours over theirs, speed-wise: bigger is better).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import os
@@ -28,25 +27,6 @@ from models.child import python_command
 #: The benchmark-only environment ``make bench-llamacpp`` builds llama-cpp-python into.
 LLAMACPP_VENV = Path(__file__).resolve().parents[2] / ".venv-llamacpp"  # the repository root's (make bench-llamacpp)
 
-
-#: A process that keeps one core busy (--busy), and dies with the bench: on Linux its parent's
-#: death sends it SIGKILL (prctl PR_SET_PDEATHSIG), so a bench killed by a timeout leaves no
-#: spinning orphan (one was seen spinning for 20 minutes after a timed-out test).
-_BUSY = ("try:\n import ctypes, signal\n ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))\n"
-         "except Exception:\n pass\nwhile True: pass")
-
-
-@contextlib.contextmanager
-def busy_processes(n: int):
-    """``n`` processes (``subprocess.Popen``) that keep a core busy each while the block runs
-    (``--busy``), killed and reaped when it ends, however it ends."""
-    hogs = [subprocess.Popen([sys.executable, "-I", "-c", _BUSY]) for _ in range(n)]
-    try:
-        yield hogs
-    finally:
-        for h in hogs:
-            h.kill()
-            h.wait()
 
 def _llamacpp_python() -> str | None:
     """A Python that can import llama_cpp: ``make bench-llamacpp``'s environment, else this one."""
@@ -265,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
               "--followup-tokens", str(args.followup_tokens)] + (["--profile"] if args.profile else [])
     raw: dict[str, list[dict]] = {e: [] for e in engines}
     machine["busy_processes"] = args.busy
-    with busy_processes(args.busy):
+    with quiet.busy_processes(args.busy):
         _run_engines(args, engines, common, llamacpp_python, raw)
     summary = {}
     for engine, runs in raw.items():

@@ -9,9 +9,12 @@ claimed from noisy runs.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 
-__all__ = ["QUIET_LOAD", "load_average", "mark", "describe"]
+__all__ = ["QUIET_LOAD", "load_average", "mark", "describe", "busy_processes"]
 
 #: The 1-minute load average above which a run is noisy (the project's rule for speed figures).
 QUIET_LOAD = 1.5
@@ -41,3 +44,23 @@ def describe(run: dict) -> str:
         return "load unknown"
     fmt = lambda x: "?" if x is None else f"{x:.2f}"  # noqa: E731
     return f"load {fmt(b)} -> {fmt(a)}" + (", noisy" if run.get("noisy") else "")
+
+
+#: A process that keeps one core busy (--busy), and dies with the bench: on Linux its parent's
+#: death sends it SIGKILL (prctl PR_SET_PDEATHSIG), so a bench killed by a timeout leaves no
+#: spinning orphan (one was seen spinning for 20 minutes after a timed-out test).
+_BUSY = ("try:\n import ctypes, signal\n ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))\n"
+         "except Exception:\n pass\nwhile True: pass")
+
+
+@contextlib.contextmanager
+def busy_processes(n: int):
+    """``n`` processes (``subprocess.Popen``) that keep a core busy each while the block runs
+    (``--busy``), killed and reaped when it ends, however it ends."""
+    hogs = [subprocess.Popen([sys.executable, "-I", "-c", _BUSY]) for _ in range(n)]
+    try:
+        yield hogs
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()

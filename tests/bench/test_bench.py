@@ -84,7 +84,7 @@ def test_busy_processes_spin_while_the_block_runs():
     import time
     from pathlib import Path
 
-    from attnchat.bench.command import busy_processes
+    from attnchat.bench.quiet import busy_processes
 
     def cpu_ticks(pid: int) -> int:  # utime + stime, /proc/PID/stat fields 14 and 15
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
