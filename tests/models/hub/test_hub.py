@@ -3,35 +3,15 @@ ends (done, resumed, refused, cancelled) with what is left on disk each time."""
 from __future__ import annotations
 
 import hashlib
-import logging
-import os
-import socket
 
 import pytest
 
 import models
 from models.errors import FetchCancelled, HubError
-from models.hub import api, download, local
+from models.hub import download, local
 from models.hub.gguf_meta import read_shape
 from tests.hub_stand_in import COMMIT, gguf_bytes
-
-REPO = "owner/Tiny-Instruct-GGUF"
-
-
-def tiny_repo(hub, repo_id=REPO, **kw):
-    files = {
-        "Tiny-Instruct-Q4_K_M.gguf": gguf_bytes(payload=300_000, seed=1, layers=3, heads=4, kv_heads=2, embd=128),
-        "Tiny-Instruct-Q8_0.gguf": gguf_bytes(payload=500_000, seed=2, layers=3, heads=4, kv_heads=2, embd=128),
-        "Tiny-Instruct-F16-00001-of-00002.gguf": gguf_bytes(payload=600_000, seed=3),
-        "Tiny-Instruct-F16-00002-of-00002.gguf": b"x" * 600_000,
-        "README.md": b"# tiny\n",
-    }
-    files.update(kw.pop("files", {}))
-    return hub.add_repo(repo_id, files, **kw)
-
-
-def only_files(folder):
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+from tests.models.hub.repos import REPO, fetch_error, only_files, tiny_repo
 
 
 def test_search_most_downloaded_first(hub):
@@ -173,13 +153,6 @@ def test_resume_in_a_later_run_after_the_network_went_away(hub, monkeypatch):
 
 # ---- refusals: one line each, and what is left on disk ------------------------------------------
 
-def fetch_error(ref, **kw) -> HubError:
-    with pytest.raises(HubError) as info:
-        models.hub.fetch_hub(ref, **kw)
-    assert "\n" not in str(info.value)
-    return info.value
-
-
 def test_sha_mismatch_is_refused_with_nothing_stored(hub):
     name = "Tiny-Instruct-Q8_0.gguf"
     good = gguf_bytes(payload=500_000, seed=2)
@@ -211,98 +184,6 @@ def test_missing_repo_and_file_are_404s(hub):
         download.download_file(REPO, listing.revision, listing.ggufs[1].parts[0])
     assert info.value.kind == "not_found" and "has no file 'Tiny-Instruct-Q8_0.gguf'" in str(info.value)
     assert only_files(models.models_dir()) == []
-
-
-SECRET = "hf_standin_secret_token_0123456789"
-
-
-def test_gated_repo_without_a_token_says_how_to_get_access(hub):
-    tiny_repo(hub, gated="manual")
-    err = fetch_error(f"hf.co/{REPO}:Q4_K_M")
-    assert err.kind == "gated"
-    assert str(err) == (f"fetching hf.co/{REPO}/Tiny-Instruct-Q4_K_M.gguf: hf.co/{REPO} is gated: accept its terms at "
-                        f"{hub.endpoint}/{REPO}, then log in with `hf auth login` (attnchat uses huggingface_hub's "
-                        "saved token)")
-    assert only_files(models.models_dir()) == []
-
-
-def test_gated_repo_with_a_token_not_granted_yet(hub, monkeypatch):
-    tiny_repo(hub, gated="manual")
-    monkeypatch.setenv("HF_TOKEN", SECRET)
-    err = fetch_error(f"hf.co/{REPO}:Q4_K_M")
-    assert err.kind == "gated" and "this Hugging Face account has no access yet" in str(err)
-
-
-def test_gated_repo_with_the_users_token_downloads_and_never_shows_it(hub, monkeypatch, tmp_path, caplog, capfd):
-    from huggingface_hub import constants
-
-    repo = tiny_repo(hub, gated="auto")
-    hub.granted.add(REPO)
-    saved = tmp_path / "hf-home" / "token"   # where `hf auth login` saves it
-    saved.parent.mkdir()
-    saved.write_text(SECRET)
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(saved))
-    caplog.set_level(logging.DEBUG)
-    path = models.hub.fetch_hub(f"hf.co/{REPO}:Q4_K_M")
-    assert path.read_bytes() == repo.files["Tiny-Instruct-Q4_K_M.gguf"]
-    # The token went to the Hub, never to the CDN, and appears in no log, output or file.
-    assert all(r.has_token for r in hub.hits("hub"))
-    assert not any(r.has_token for r in hub.hits("cdn"))
-    out = capfd.readouterr()
-    assert SECRET not in caplog.text and SECRET not in out.out + out.err
-    assert all(SECRET.encode() not in p.read_bytes() for p in models.models_dir().rglob("*") if p.is_file())
-
-
-def test_offline_mode_asks_nothing(hub, monkeypatch):
-    tiny_repo(hub)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    err = fetch_error(f"hf.co/{REPO}:Q4_K_M")
-    assert err.kind == "offline"
-    assert str(err) == (f"listing hf.co/{REPO}: the Hugging Face Hub is switched off here (HF_HUB_OFFLINE is set); "
-                        "unset it to search or download, or use a model you already have (`attnchat models list`, "
-                        "`attnchat models import PATH`)")
-    with pytest.raises(HubError, match="switched off here"):
-        models.hub.search("tiny")
-    assert hub.requests == []
-
-
-def test_the_offline_switch_attnchat_sets_for_its_libraries_does_not_stop_the_hub(hub, monkeypatch):
-    """The command line switches huggingface_hub/transformers offline for its own loading
-    (models.hub.api.libraries_offline); an explicit search or download still goes out, and the
-    switch is back on afterwards. A user's own HF_HUB_OFFLINE (test above) stops them."""
-    from huggingface_hub import constants
-
-    repo = tiny_repo(hub)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    monkeypatch.delenv(api.APP_OFFLINE_ENV, raising=False)
-    api.libraries_offline()
-    assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ[api.APP_OFFLINE_ENV] == "1"
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)   # as read when huggingface_hub was imported
-    assert [h.repo_id for h in models.hub.search("tiny")] == [REPO]
-    path = models.hub.fetch_hub(f"hf.co/{REPO}:Q4_K_M")
-    assert path.read_bytes() == repo.files["Tiny-Instruct-Q4_K_M.gguf"]
-    assert constants.HF_HUB_OFFLINE is True
-    # A user who set it before attnchat started keeps it.
-    monkeypatch.delenv(api.APP_OFFLINE_ENV)
-    api.libraries_offline()
-    assert api.APP_OFFLINE_ENV not in os.environ
-    with pytest.raises(HubError, match="switched off here"):
-        models.hub.search("tiny")
-
-
-def test_no_network(hub, monkeypatch):
-    with socket.socket() as s:   # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
-    err = fetch_error(f"hf.co/{REPO}:Q4_K_M")
-    assert err.kind == "offline"
-    assert str(err) == (f"listing hf.co/{REPO}: cannot reach the Hugging Face Hub at http://127.0.0.1:{port} "
-                        "(ConnectError); check the network connection, or use a model you already have "
-                        "(`attnchat models list`, `attnchat models import PATH`)")
-    with pytest.raises(HubError, match="cannot reach the Hugging Face Hub"):
-        models.hub.search("tiny")
 
 
 def test_not_enough_disk_is_said_before_downloading(hub, monkeypatch):
