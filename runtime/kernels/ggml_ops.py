@@ -86,26 +86,38 @@ def _work(nbytes: int) -> int:
 
 
 class GGMLMatrix:
-    """One weight as ggml's ``mul_mat`` operand: ``raw uint8 (rows, row bytes)`` of ``ggml_type``.
+    """One weight as ggml's ``mul_mat`` operand: ``raw uint8 (rows, row bytes)`` of ``ggml_type``,
+    or ggml's repacked form of those blocks (``form``: a :class:`runtime.kernels.ggml_repack.Repacked`,
+    ``raw`` None).
 
     The caller keeps ``raw`` alive as long as this object (its memory is the graph's
-    weight). ``__call__(x float32 (M, cols)) -> float32 (M, rows)``.
+    weight); a form is kept here. ``__call__(x float32 (M, cols)) -> float32 (M, rows)``.
     """
 
     #: Rows of activations the plan is sized for at first; more re-plan (a prefill chunk
     #: of 512 tokens is the usual maximum).
     PLANNED_ROWS = 512
 
-    def __init__(self, raw: torch.Tensor, ggml_type: int, rows: int, cols: int):
+    def __init__(self, raw: torch.Tensor | None, ggml_type: int, rows: int, cols: int, form=None):
         if not available():
             raise RuntimeError(f"ggml kernels unavailable: {unavailable_reason()}")
-        g = self._g = _STATE["ggml"]
-        self.raw, self.rows, self.cols, self.ggml_type = raw, rows, cols, ggml_type
+        self._g = _STATE["ggml"]
+        self.rows, self.cols, self.ggml_type = rows, cols, ggml_type
+        self._ctx = None
+        self._build(raw, form)
+
+    def _build(self, raw: torch.Tensor | None, form) -> None:
+        g = self._g
+        old = self._ctx
+        self.raw, self.form = raw, form
         mem = g.ggml_tensor_overhead() * 4 + g.ggml_graph_overhead_custom(4, False) + 1024
         self._ctx = g.ggml_init(g.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=True))
-        W = g.ggml_new_tensor_2d(self._ctx, ggml_type, cols, rows)  # ggml order: row length first
-        W.contents.data = raw.data_ptr()
-        X = g.ggml_new_tensor_2d(self._ctx, g.GGML_TYPE_F32, cols, self.PLANNED_ROWS)
+        if form is not None:   # its own tensor: ggml's compute finds the form through its buffer
+            W = form.tensor
+        else:
+            W = g.ggml_new_tensor_2d(self._ctx, self.ggml_type, self.cols, self.rows)  # ggml order: row length first
+            W.contents.data = raw.data_ptr()
+        X = g.ggml_new_tensor_2d(self._ctx, g.GGML_TYPE_F32, self.cols, self.PLANNED_ROWS)
         Y = g.ggml_mul_mat(self._ctx, W, X)  # (rows, M) in ggml order: (M, rows) row-major
         self._graph = g.ggml_new_graph_custom(self._ctx, 4, False)
         g.ggml_build_forward_expand(self._graph, Y)
@@ -114,6 +126,14 @@ class GGMLMatrix:
         self._plan = None
         self._last: tuple | None = None  # (rows, threads, work buffer) the structs were set for
         self._compute = g.lib.ggml_graph_compute
+        if old:
+            g.ggml_free(old)
+
+    def rebase(self, form) -> None:
+        """Multiply ggml's repacked ``form`` of the same blocks from now on, and let go of
+        ``raw`` (what :func:`runtime.kernels.ggml_repack.repacked` does before the blocks go).
+        The caller holds :data:`_LOCK`."""
+        self._build(None, form)
 
     def _plan_for(self, M: int, threads: int) -> None:
         g = self._g

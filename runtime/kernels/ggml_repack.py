@@ -45,10 +45,19 @@ FORM = "ggml-repack"
 _STATE: dict = {}   # "buft": the CPU_REPACK buffer type (0: none), "log": the log callback kept alive
 
 
-def enabled() -> bool:
-    """Whether repacked forms are made: ``ATTNCHAT_GGML_REPACK=1``, ggml loads, and this ggml
-    has a ``CPU_REPACK`` buffer type."""
-    if os.environ.get("ATTNCHAT_GGML_REPACK", "0") != "1" or not ggml_ops.available():
+#: The block types whose forms are made unless ``ATTNCHAT_GGML_REPACK`` says otherwise: those
+#: measured faster with peak memory not above the plain blocks' (docs/benchmarks.md).
+DEFAULT_TYPES: frozenset[str] = frozenset()
+
+
+def enabled(type_name: str | None = None) -> bool:
+    """Whether repacked forms are made for the block type ``type_name`` (None: for any type):
+    ``ATTNCHAT_GGML_REPACK=1`` for every type ggml has a form of, ``0`` for none, unset for
+    :data:`DEFAULT_TYPES`; and ggml loads, with a ``CPU_REPACK`` buffer type."""
+    flag = os.environ.get("ATTNCHAT_GGML_REPACK", "")
+    if flag == "0" or (flag != "1" and not (DEFAULT_TYPES if type_name is None else type_name in DEFAULT_TYPES)):
+        return False
+    if not ggml_ops.available():
         return False
     return bool(_buffer_type())
 
@@ -137,14 +146,36 @@ def repacked(w) -> Repacked | None:
     ``raw``, ``btype.ggml_type``, ``rows``, ``cols``, ``prepared``), made once and kept in
     ``w.prepared``; None where ggml has none for it here or the forms are off (:func:`enabled`).
 
+    The form replaces the blocks: ggml products already prepared on them (``GGMLMatrix``)
+    move to the form, and the blocks go from memory where the file can give them again
+    (``w.drop_blocks()``; later readers read them from the file: ``w.blocks``). A weight
+    without a file keeps its blocks beside the form.
+
     Raises:
         ValueError: the blocks do not hold the shape; MemoryError: ggml's allocation failed.
     """
     from runtime.kernels.quantized import _cpu_branch
 
-    if not enabled() or not _cpu_branch(w.raw) or not w.btype.quantized:   # a device's blocks: ggml has no form there
+    if not enabled(w.btype.name):
         return None
-    if FORM not in w.prepared:
-        with ggml_ops._LOCK:
-            w.prepared[FORM] = _make(w.raw, w.btype.ggml_type, w.rows, w.cols)
-    return w.prepared[FORM]
+    if FORM in w.prepared:
+        return w.prepared[FORM]
+    if not w.btype.quantized or not _cpu_branch(w.raw):   # a device's blocks: ggml has no form there
+        return None
+    with ggml_ops._LOCK:
+        form = w.prepared[FORM] = _make(w.raw, w.btype.ggml_type, w.rows, w.cols)
+        if form is not None:
+            _replace_blocks(w, form)
+    return form
+
+
+def _replace_blocks(w, form: Repacked) -> None:
+    """Point every ggml product prepared on ``w``'s blocks at ``form``, then let the blocks go
+    (the C heap's free pages handed back: the blocks were read at load in pieces it keeps)."""
+    from runtime.device import trim_heap
+
+    for k in list(w.prepared.values()):
+        if isinstance(k, ggml_ops.GGMLMatrix) and k.form is None:
+            k.rebase(form)
+    if w.drop_blocks():
+        trim_heap()

@@ -58,7 +58,7 @@ def widen(w: QuantWeight, dtype: torch.dtype = torch.float32, rows: slice | None
     Xeon), else ``w.dequantized``. Both are bitwise ``gguf.quants.dequantize``."""
     from runtime.kernels import ggml_ops
 
-    raw = w.raw if rows is None else w.raw[rows]
+    raw = _blocks_of(w, rows)
     if not (w.btype.quantized and _cpu_branch(raw) and ggml_ops.available()):
         return w.dequantized(dtype, rows, out)
     buf = out if out is not None else torch.empty(raw.shape[0], w.cols, dtype=torch.float32)
@@ -66,11 +66,22 @@ def widen(w: QuantWeight, dtype: torch.dtype = torch.float32, rows: slice | None
     return buf if dtype == torch.float32 else buf.to(dtype)
 
 
+def _blocks_of(w: QuantWeight, rows: slice | None) -> torch.Tensor:
+    """``w``'s blocks of ``rows``: a view of them in memory, or (dropped for a repacked form)
+    read from the file into this thread's ``uint8`` scratch buffer, so that a prefill call
+    allocates nothing."""
+    if w.resident:
+        return w.blocks(rows)
+    start, stop, _ = (rows or slice(None)).indices(w.rows)
+    row_bytes = w.btype.row_bytes(w.cols)
+    return w.blocks(rows, out=_scratch_rows(stop - start, row_bytes, torch.uint8))
+
+
 def lookup(w: QuantWeight, ids: torch.Tensor) -> torch.Tensor:
     """float32 rows ``ids`` (any shape of int64 ids) of ``w`` -> ``(*ids.shape, cols)``: an
     embedding lookup that widens only the rows asked for."""
     flat = ids.reshape(-1)
-    rows = w.raw.index_select(0, flat)
+    rows = w.take(flat)
     from runtime.kernels import ggml_ops
 
     if w.btype.quantized and _cpu_branch(rows) and ggml_ops.available():
@@ -108,8 +119,12 @@ def _rows2d(x: torch.Tensor) -> torch.Tensor:
 
 
 def _ggml_prepare(w: QuantWeight, device: torch.device):
+    from runtime.kernels import ggml_repack
     from runtime.kernels.ggml_ops import GGMLMatrix
 
+    form = w.prepared.get(ggml_repack.FORM)   # the repacked form, once made, instead of the blocks
+    if form is not None:
+        return GGMLMatrix(None, w.btype.ggml_type, w.rows, w.cols, form=form)
     return GGMLMatrix(w.raw, w.btype.ggml_type, w.rows, w.cols)
 
 

@@ -90,7 +90,8 @@ class Model:
     @property
     def weights_bytes(self) -> int:
         """Bytes of the weights as loaded (tied matrices counted once; int8 scales included; a
-        GGUF's blocks at their size in the file, plus any repack a kernel made)."""
+        GGUF's blocks in memory, plus any repack a kernel made: a repacked form that replaced its
+        blocks counts once)."""
         from runtime.model.quant_layers import quant_layers
 
         seen, total = set(), 0
@@ -102,7 +103,7 @@ class Model:
             for part in layer.parts:
                 if id(part) not in seen:
                     seen.add(id(part))
-                    total += part.file_bytes + part.extra_bytes
+                    total += part.resident_bytes + part.extra_bytes
         return total
 
     def new_cache(

@@ -62,8 +62,9 @@ class QuantLinear(nn.Module):
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the blocks and of the forms the chosen kernels made (tied parts counted here too)."""
-        return sum(p.file_bytes + p.extra_bytes for p in self.parts) + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
+        """Bytes of the blocks in memory (none for a part a repacked form replaced) and of the forms
+        the chosen kernels made (tied parts counted here too)."""
+        return sum(p.resident_bytes + p.extra_bytes for p in self.parts) + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
 
     def set_choice(self, choice: qc.QuantChoice, device: torch.device | str = "cpu",
                    forms: PrefillForms | None = None) -> None:
@@ -166,7 +167,7 @@ class QuantEmbedding(nn.Module):
     @property
     def nbytes(self) -> int:
         table = 0 if self._table is None else self._table.numel() * self._table.element_size()
-        return self.weight_q.file_bytes + self.weight_q.extra_bytes + table
+        return self.weight_q.resident_bytes + self.weight_q.extra_bytes + table
 
     def to_device(self, device: torch.device | str, *, torch_decode: bool = False) -> None:
         """Keep the blocks on ``device`` (off the CPU a lookup decodes rows with torch ops there:

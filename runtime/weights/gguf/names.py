@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from runtime.weights.block_source import BlockSource, ModelFile, Segment
 from runtime.weights.gguf.mmap import GGUFTensors
 from runtime.weights.quant_types import block_type
 from runtime.weights.quant_weight import QuantWeight
@@ -61,12 +62,13 @@ class GGUFWeights:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of every block and float tensor (what the file holds for the decoder)."""
+        """Bytes of every block in memory, of the kernels' forms and of the float tensors (the blocks
+        a repacked form replaced are not in memory: :meth:`QuantWeight.drop_blocks`)."""
         seen, total = set(), 0
         for w in self._all():
             if id(w) not in seen:
                 seen.add(id(w))
-                total += w.file_bytes + w.extra_bytes
+                total += w.resident_bytes + w.extra_bytes
         return total + sum(t.numel() * t.element_size() for t in self.floats.values())
 
     def _all(self) -> list[QuantWeight]:
@@ -98,10 +100,11 @@ def file_type_name(g: GGUFTensors) -> str:
     return max(counts, key=counts.get) if counts else "unknown"
 
 
-def _weight(g: GGUFTensors, name: str) -> QuantWeight:
+def _weight(g: GGUFTensors, name: str, file: ModelFile | None = None) -> QuantWeight:
     info = _info(g, name)
     rows, cols = info.shape if len(info.shape) == 2 else (1, info.shape[0])
-    return QuantWeight(g.raw(name), block_type(info.ggml_type), rows, cols)
+    source = None if file is None else BlockSource(file, info.nbytes // rows, (Segment(info.offset, rows),))
+    return QuantWeight(g.raw(name), block_type(info.ggml_type), rows, cols, source)
 
 
 def _info(g: GGUFTensors, name: str):
@@ -127,9 +130,11 @@ def _llama_unpermute(rows: int, heads: int) -> torch.Tensor:
     return torch.arange(rows).view(heads, dim, 2).transpose(1, 2).reshape(-1)
 
 
-def _fused(g: GGUFTensors, names: list[str], perms: list[torch.Tensor | None]) -> list[QuantWeight]:
+def _fused(g: GGUFTensors, names: list[str], perms: list[torch.Tensor | None],
+           file: ModelFile | None = None) -> list[QuantWeight]:
     """``names`` as parts; runs of one block type (and row length) read into one buffer with
-    ``pread`` (each part's rows reordered by its ``perm``), others as views of the map."""
+    ``pread`` (each part's rows reordered by its ``perm``), others as views of the map. With
+    ``file``, each part says where its rows lie in it (:class:`BlockSource`)."""
     infos = [_info(g, n) for n in names]
     out: list[QuantWeight] = []
     i = 0
@@ -138,7 +143,7 @@ def _fused(g: GGUFTensors, names: list[str], perms: list[torch.Tensor | None]) -
         while j < len(names) and infos[j].ggml_type == infos[i].ggml_type and infos[j].shape[1:] == infos[i].shape[1:]:
             j += 1
         if j - i == 1 and perms[i] is None:
-            out.append(_weight(g, names[i]))
+            out.append(_weight(g, names[i], file))
         else:
             rows = sum(infos[k].shape[0] for k in range(i, j))
             row_bytes = infos[i].nbytes // infos[i].shape[0]
@@ -155,7 +160,9 @@ def _fused(g: GGUFTensors, names: list[str], perms: list[torch.Tensor | None]) -
                         rows_np = part.numpy()
                         rows_np[:] = np.take(rows_np, perms[k].numpy(), axis=0)
                     r0 += n
-            out.append(QuantWeight(buf, block_type(infos[i].ggml_type), rows, infos[i].shape[1]))
+            source = None if file is None else BlockSource(
+                file, row_bytes, tuple(Segment(infos[k].offset, infos[k].shape[0], perms[k]) for k in range(i, j)))
+            out.append(QuantWeight(buf, block_type(infos[i].ggml_type), rows, infos[i].shape[1], source))
         i = j
     return out
 
@@ -179,10 +186,12 @@ def gguf_weights(g: GGUFTensors, n_layers: int, n_heads: int, n_kv_heads: int, *
     floats: dict[str, torch.Tensor] = {}
     matrices: dict[str, list[QuantWeight]] = {}
 
+    file = ModelFile(g.path)   # where a dropped weight's blocks are read again (runtime.weights.block_source)
+
     def group(names, perms):
         if fuse:
-            return _fused(g, names, perms)
-        return [p for n, perm in zip(names, perms) for p in _fused(g, [n], [perm])]
+            return _fused(g, names, perms, file)
+        return [p for n, perm in zip(names, perms) for p in _fused(g, [n], [perm], file)]
 
     for i in range(n_layers):
         p, b = f"blk.{i}.", f"blocks.{i}."
@@ -216,8 +225,8 @@ def gguf_weights(g: GGUFTensors, n_layers: int, n_heads: int, n_kv_heads: int, *
             matrices[b + "mlp.gate_up_proj"] = group([p + "ffn_up.weight"], [None])
         matrices[b + "mlp.down_proj"] = group([p + "ffn_down.weight"], [None])
     floats["final_norm.weight"] = _float(g, "output_norm.weight", gemma)
-    embed = _weight(g, "token_embd.weight")
-    head = [_weight(g, "output.weight")] if "output.weight" in g.tensors else None
+    embed = _weight(g, "token_embd.weight", file)
+    head = [_weight(g, "output.weight", file)] if "output.weight" in g.tensors else None
     types: dict[str, int] = {}
     for w in [w for parts in matrices.values() for w in parts] + [embed] + (head or []):
         types[w.btype.name] = types.get(w.btype.name, 0) + 1
