@@ -4,14 +4,20 @@ prompt's rows; a form is made once and counted in the weight's memory; off, or f
 has no form of here, the plain blocks run; the one-graph token decodes through the forms."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
 
 from runtime import load_model
-from runtime.kernels import ggml_ops, ggml_repack
+from runtime.errors import ModelFileChanged
+from runtime.kernels import ggml_ops, ggml_repack, quantized
 from runtime.kernels.ggml_graph import Graph
 from runtime.model.ggml_layers import _blocks
+from runtime.model.quant_layers import quant_layers
+from runtime.weights.gguf.mmap import read_gguf_tensors
+from runtime.weights.gguf.names import gguf_weights
 from runtime.weights.quant_make import quantize
 from runtime.weights.quant_types import BLOCK_TYPES
 from runtime.weights.quant_weight import QuantWeight
@@ -97,9 +103,38 @@ def test_off_and_unquantized_mean_the_plain_blocks(monkeypatch):
     assert ggml_repack.repacked(_weight("Q4_0")) is None
 
 
+def test_a_form_replaces_blocks_read_from_a_file(tmp_path):
+    """A part read from a file (its blocks can be read again): the form made, the ggml product
+    prepared on the blocks moves to it (equal to float32 rounding), the blocks leave memory and
+    count 0, and what still reads them (widen, a lookup) reads the file's, bit for bit."""
+    path = make_tiny_gguf(tmp_path, matrix_type="Q4_0", embed_type="Q8_0")
+    g = read_gguf_tensors(path)
+    md = g.metadata
+    w = gguf_weights(g, md["llama.block_count"], md["llama.attention.head_count"], md["llama.attention.head_count_kv"])
+    p = w.matrices["blocks.0.mlp.gate_up_proj"][0]
+    plain = QuantWeight(p.raw.clone(), p.btype, p.rows, p.cols)
+    x = torch.randn(5, p.cols, generator=torch.Generator().manual_seed(2))
+    m = quantized.prepared(p, "ggml")   # as set_choice prepares it, before any graph
+    want = m(x).clone()
+    form = ggml_repack.repacked(p)
+    assert form is not None
+    assert not p.resident and p.resident_bytes == 0 and p.extra_bytes == form.nbytes >= p.file_bytes
+    assert m.raw is None and m.form is form
+    err = (m(x) - want).abs().max().item() / want.abs().max().item()
+    assert 0 < err < 1e-5 or torch.equal(m(x), want), err
+    assert torch.equal(quantized.widen(p), quantized.widen(plain))
+    assert torch.equal(quantized.widen(p, rows=slice(3, 40)), quantized.widen(plain, rows=slice(3, 40)))
+    ids = torch.tensor([[1, 7], [0, 3]])
+    assert torch.equal(quantized.lookup(p, ids), quantized.lookup(plain, ids))
+    assert torch.equal(p.dequantized(), plain.dequantized())
+    assert ggml_repack.repacked(p) is form and not p.resident
+
+
 def test_the_one_graph_token_decodes_through_the_forms(tmp_path, monkeypatch):
     """A tiny Q4_0 file: the one-graph token's logits with the forms equal the same file's
-    without them to rounding, and pick the same tokens."""
+    without them to rounding, and pick the same tokens; the blocks the forms replaced left
+    memory (the model's bytes say so) and a prompt after them reads them from the file (as
+    the plain run's to rounding); the file cut short then refuses the prompt in one error."""
     monkeypatch.setenv("ATTNCHAT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("ATTNCHAT_KERNELS", "default")
     path = make_tiny_gguf(tmp_path, tokenizer=tiny_tokenizer_metadata(), matrix_type="Q4_0", embed_type="Q8_0")
@@ -115,16 +150,25 @@ def test_the_one_graph_token_decodes_through_the_forms(tmp_path, monkeypatch):
                 logits = m.decode_next(tok, cache)[0, -1].clone()
                 rows.append(logits)
                 tok = int(logits.argmax())
-        parts = [p for layer in m.decoder.blocks for p in layer.mlp.down_proj.parts]
-        return torch.stack(rows), parts
+            rows.append(m.logits([7, 8, 61], cache, last_only=True)[0, -1].clone())   # prefill: widen
+        parts = [p for layer in m.decoder.blocks for p in (*layer.mlp.down_proj.parts, *layer.attn.qkv_proj.parts)]
+        return torch.stack(rows), parts, m
 
-    with_forms, parts = run()
-    assert all(p.prepared.get("ggml-repack") is not None for p in parts)
+    with_forms, parts, m = run()
+    assert all(p.prepared.get("ggml-repack") is not None and not p.resident for p in parts)
+    every = {id(p): p for layer in quant_layers(m.decoder) for p in layer.parts}.values()
+    forms_bytes, dropped = m.weights_bytes, sum(p.file_bytes for p in every if not p.resident)
+    formed = sum(p.extra_bytes for p in every)
     monkeypatch.setenv("ATTNCHAT_GGML_REPACK", "0")
-    plain, parts = run()
-    assert all("ggml-repack" not in p.prepared for p in parts)
+    plain, parts, m0 = run()
+    assert all("ggml-repack" not in p.prepared and p.resident for p in parts)
     assert torch.equal(with_forms.argmax(-1), plain.argmax(-1))
     assert (with_forms - plain).abs().max().item() <= 1e-4 * plain.abs().max().item()
+    assert dropped > 0 and formed >= dropped
+    assert forms_bytes == m0.weights_bytes - dropped + formed   # the forms counted, the blocks they replaced not
+    os.truncate(path, path.stat().st_size // 2)
+    with pytest.raises(ModelFileChanged, match="changed on disk"), torch.inference_mode():
+        m.logits([7, 8, 61], m.new_cache(64, dtype="float32"), last_only=True)
 
 
 def test_a_devices_blocks_get_no_form(monkeypatch):
