@@ -64,6 +64,10 @@ def choose_kernels(decoder: Decoder, weights: ReadWeights, profile: DeviceProfil
                                                      decode="ggml" if chosen.decode_mode == "ggml" else None)
         # the prefill forms (int4pack's repacks: most of a warm load) are built after the load
         chosen.prefill_forms = quant_layers.set_choice(decoder, chosen.quant_kernels, dev, background=True)
+        if chosen.decode_mode == "ggml":   # the graphs' repacked forms, made at load (in place of the blocks)
+            from runtime.model.ggml_layers import make_forms
+
+            make_forms(decoder)
         _say_widened(weights.path, decoder, chosen.prefill_forms)
     if dev.type != "cpu":
         return chosen
@@ -106,7 +110,7 @@ def _say_widened(path: Path, decoder: Decoder, forms: PrefillForms | None = None
         return
     token, _ = quant_layers.token_weights(decoder)
     parts = {id(p): p for p in token}.values()
-    extra = [p for p in parts if p.extra_bytes]
+    extra = [p for p in parts if p.extra_bytes and p.resident]   # (a repacked form in place of its blocks is no copy)
     if extra:
         types = sorted({p.btype.name for p in extra})
         log.warning("%s: %d matrices (%s) run from copies beside the file's blocks: %.0f MB more memory (the file: %.0f MB)",
