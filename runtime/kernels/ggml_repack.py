@@ -19,13 +19,19 @@ and IQ4_NL's forms gave equal rows at every count tried), and neither equals the
 ``mul_mat`` bit for bit (relative difference ~3e-7): the reproducible mode, which runs no ggml
 graph, never sees these.
 
-Off unless ``ATTNCHAT_GGML_REPACK=1``, by measurement: a form is as many bytes as the blocks, in
-ggml's own allocation beside them (:attr:`Repacked.nbytes`, counted in the weight's
-``extra_bytes``), and the blocks stay (the prefill kernels, the widened views and the
-embedding read them). On the 1B shape (``scripts/make_gguf.py``, Q4_K) that is +520 MiB of
-peak RSS (977 -> 1,497 MiB) for 10 % faster decode (46.4 -> 41.8 ms a
-token); Gemma 3 270M Q4_K_M gets 12 MiB of forms. AMD EPYC Zen 3, 2 threads, load 1.4-2.5
-(docs/benchmarks.md, "ggml's repacked forms").
+In place of the blocks, not beside them: a form is as many bytes as the blocks, in ggml's own
+allocation (:attr:`Repacked.nbytes`, counted in the weight's ``extra_bytes``); once made,
+the ggml products prepared on the blocks move to it and the blocks leave memory where the
+file can give them again (``QuantWeight.drop_blocks``; ``resident_bytes`` then 0). What still
+reads them (the ``widen`` prefill kernel, a widened matrix for the attribution view, a
+repack made later) reads them from the file with ``pread`` (:mod:`runtime.weights.block_source`:
+a file changed or cut short since the load gives :class:`runtime.errors.ModelFileChanged`,
+never SIGBUS); the embedding and the LM head, which lookups read row by row, get no form.
+Beside the blocks (+520 MiB on the 1B shape) the forms cost more memory than they gained
+speed; in their place the 1B shape peaks at the plain blocks' memory.
+
+Which types get forms by default is measured (:data:`DEFAULT_TYPES`);
+``ATTNCHAT_GGML_REPACK=1`` makes every form ggml has here, ``0`` none.
 """
 from __future__ import annotations
 

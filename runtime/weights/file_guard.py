@@ -13,6 +13,8 @@ truncation unmaps even the pages a process has copied (``unmap_mapping_range``'s
    rewrite or a delete cannot reach the running model. Memory is the same bytes (the
    blocks, never widened), counted in RSS as when mapped; what is lost is the page cache's
    sharing of them between processes and its dropping of them under memory pressure.
+   Blocks a repacked form replaced later are read again with ``pread``, never through a
+   map (:mod:`runtime.weights.block_source`): a change then is an error, not SIGBUS.
 2. :class:`FileIdentity` records the file (device, inode, size, modification time) at
    load; :func:`check` compares it before each reply, and a change refuses the reply with
    :class:`runtime.errors.ModelFileChanged` ("the model file changed on disk: reload it"),
