@@ -62,13 +62,15 @@ def test_default_is_the_files_blocks(tiny, tiny_file, cache_dir):
     layers = quant_layers.quant_layers(q.decoder)
     assert len(layers) == 2 * 4 + 1 and all(isinstance(m, QuantLinear) for m in layers)
     assert not [m for m in q.decoder.modules() if isinstance(m, torch.nn.Linear)]  # no float matrix left
-    # memory: the file's blocks (a tied head counted once), what the kernels made beside
-    # them, and the float32 norms
+    # memory: the file's blocks in memory (a tied head counted once), what the kernels made
+    # beside or in place of them, and the float32 norms
     parts = {id(p): p for layer in layers for p in layer.parts}.values()
     norms = sum(p.numel() * 4 for p in q.decoder.parameters())
-    assert q.weights_bytes == sum(p.file_bytes + p.extra_bytes for p in parts) + norms
-    if ggml_ops.available():  # ggml reads the blocks themselves: nothing beside them
-        assert all(p.extra_bytes == 0 for p in parts)
+    assert q.weights_bytes == sum(p.resident_bytes + p.extra_bytes for p in parts) + norms
+    if ggml_ops.available():  # ggml reads the blocks themselves, or its repacked form in their place
+        for p in parts:
+            form = p.prepared.get("ggml-repack")
+            assert p.extra_bytes == (0 if form is None else form.nbytes) and p.resident == (form is None), p
         assert q.weights_bytes <= tiny_file.stat().st_size < f.weights_bytes / 4
     else:  # torch's fallback (said once): 4-bit types repacked for int4pack, the others as float16 copies
         for p in parts:
