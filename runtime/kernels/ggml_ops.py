@@ -74,6 +74,10 @@ def _pool(threads: int):
     return _STATE["pool"]
 
 
+#: The key a weight's repacked form (:mod:`runtime.kernels.ggml_repack`) is kept under in its
+#: ``prepared``: here, where both that module and the kernels that multiply it read it.
+REPACKED = "ggml-repack"
+
 _WORK = {"buf": None}  # the shared work buffer (activations quantized per block), grown as needed
 
 

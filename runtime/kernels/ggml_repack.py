@@ -46,7 +46,7 @@ __all__ = ["Repacked", "enabled", "repacked"]
 log = logging.getLogger(__name__)
 
 #: The key a weight's form is kept under in its ``prepared`` (None kept too: no form here).
-FORM = "ggml-repack"
+FORM = ggml_ops.REPACKED
 
 _STATE: dict = {}   # "buft": the CPU_REPACK buffer type (0: none), "log": the log callback kept alive
 

@@ -119,10 +119,9 @@ def _rows2d(x: torch.Tensor) -> torch.Tensor:
 
 
 def _ggml_prepare(w: QuantWeight, device: torch.device):
-    from runtime.kernels import ggml_repack
-    from runtime.kernels.ggml_ops import GGMLMatrix
+    from runtime.kernels.ggml_ops import REPACKED, GGMLMatrix
 
-    form = w.prepared.get(ggml_repack.FORM)   # the repacked form, once made, instead of the blocks
+    form = w.prepared.get(REPACKED)   # the repacked form, once made, instead of the blocks
     if form is not None:
         return GGMLMatrix(None, w.btype.ggml_type, w.rows, w.cols, form=form)
     return GGMLMatrix(w.raw, w.btype.ggml_type, w.rows, w.cols)
