@@ -93,7 +93,9 @@ def test_a_form_is_made_once_and_counted():
 
 def test_off_and_unquantized_mean_the_plain_blocks(monkeypatch):
     monkeypatch.delenv("ATTNCHAT_GGML_REPACK")
-    assert not ggml_repack.enabled()   # the default
+    for name in CANDIDATES:   # unset: the measured types only
+        assert ggml_repack.enabled(name) == (name in ggml_repack.DEFAULT_TYPES)
+    assert ggml_repack.enabled() == bool(ggml_repack.DEFAULT_TYPES)
     monkeypatch.setenv("ATTNCHAT_GGML_REPACK", "1")
     f32 = BLOCK_TYPES["F32"]
     w = QuantWeight(torch.zeros(8, 32 * 4, dtype=torch.uint8), f32, 8, 32)
@@ -101,6 +103,15 @@ def test_off_and_unquantized_mean_the_plain_blocks(monkeypatch):
     monkeypatch.setenv("ATTNCHAT_GGML_REPACK", "0")
     assert not ggml_repack.enabled()
     assert ggml_repack.repacked(_weight("Q4_0")) is None
+
+
+def test_unset_makes_forms_of_the_default_types_only(monkeypatch):
+    every = _with_forms()   # ATTNCHAT_GGML_REPACK=1: every type ggml has a form of here
+    monkeypatch.delenv("ATTNCHAT_GGML_REPACK")
+    monkeypatch.setattr(ggml_repack, "DEFAULT_TYPES", frozenset({"Q4_0"}))
+    assert "Q4_0" in every and _with_forms() == ["Q4_0"]
+    monkeypatch.setenv("ATTNCHAT_GGML_REPACK", "0")
+    assert _with_forms() == []
 
 
 def test_a_form_replaces_blocks_read_from_a_file(tmp_path):
