@@ -65,9 +65,7 @@ def choose_kernels(decoder: Decoder, weights: ReadWeights, profile: DeviceProfil
         # the prefill forms (int4pack's repacks: most of a warm load) are built after the load
         chosen.prefill_forms = quant_layers.set_choice(decoder, chosen.quant_kernels, dev, background=True)
         if chosen.decode_mode == "ggml":   # the graphs' repacked forms, made at load (in place of the blocks)
-            from runtime.model.ggml_layers import make_forms
-
-            make_forms(decoder)
+            quant_layers.make_forms(decoder)
         _say_widened(weights.path, decoder, chosen.prefill_forms)
     if dev.type != "cpu":
         return chosen

@@ -16,7 +16,7 @@ from runtime.kernels.ggml_graph import Graph
 from runtime.model.layers import Norm, Scale
 from runtime.model.quant_layers import QuantLinear
 
-__all__ = ["norm", "product", "layer_end", "attention_inputs", "make_forms"]
+__all__ = ["norm", "product", "layer_end", "attention_inputs"]
 
 
 def norm(graph: Graph, x, module: Norm):
@@ -36,21 +36,6 @@ def _blocks(graph: Graph, part):
     if graph.g.ggml_nbytes(x) != part.raw.numel():
         raise ValueError(f"{part.btype.name} blocks of {part.rows} x {part.cols} do not match ggml's size")
     return x
-
-
-def make_forms(decoder) -> int:
-    """Make now ggml's repacked form of every block part the graphs multiply (each layer's
-    four projections; :func:`runtime.kernels.ggml_repack.repacked`: each form replaces its
-    blocks in memory as it is made, so memory peaks at the blocks and one matrix), not on
-    the first decoded token, where a 1B model's 520 MB of repacking would be one token's
-    time. Returns the forms' bytes (0: none here, or off)."""
-    total = 0
-    for block in decoder.blocks:
-        for m in (block.attn.qkv_proj, block.attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj):
-            for p in getattr(m, "parts", ()):
-                form = ggml_repack.repacked(p)
-                total += 0 if form is None else form.nbytes
-    return total
 
 
 def product(graph: Graph, layer: QuantLinear, x):

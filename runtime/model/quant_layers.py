@@ -26,7 +26,7 @@ from runtime.kernels import quant_choice as qc
 from runtime.kernels import quantized as qk
 from runtime.model.prefill_forms import PrefillForms
 
-__all__ = ["QuantLinear", "QuantEmbedding", "install", "quant_layers", "set_choice", "token_weights",
+__all__ = ["QuantLinear", "QuantEmbedding", "install", "make_forms", "quant_layers", "set_choice", "token_weights",
            "widened_for_gradients"]
 
 
@@ -265,6 +265,23 @@ def set_choice(decoder: nn.Module, choice: qc.QuantChoice, device: torch.device 
     if isinstance(decoder.embed, QuantEmbedding):
         decoder.embed.to_device(device)
     return None if forms is None else forms.start()
+
+
+def make_forms(decoder: nn.Module) -> int:
+    """Make now ggml's repacked form of every block part the ggml graphs multiply (each layer's
+    projections; :func:`runtime.kernels.ggml_repack.repacked`: each form replaces its blocks in
+    memory as it is made, so memory peaks at the blocks and one matrix), not on the first
+    decoded token, where a 1B model's 520 MB of repacking would be one token's time. The LM
+    head and the embedding keep their blocks (lookups read them by rows). Returns the forms'
+    bytes (0: none here, or off)."""
+    from runtime.kernels import ggml_repack
+
+    total = 0
+    for layer in quant_layers(decoder)[:-1]:
+        for p in layer.parts:
+            form = ggml_repack.repacked(p)
+            total += 0 if form is None else form.nbytes
+    return total
 
 
 @contextlib.contextmanager
