@@ -77,7 +77,9 @@ class QuantLinear(nn.Module):
         for i, p in enumerate(self.parts):
             decode, prefill = choice.kernels[p.btype.name]
             decode_runs.append(self._run(p, decode))
-            fallback = _copy_free_default(p, self.device) if forms is not None and prefill not in p.prepared else None
+            fallback = None   # a kernel that reads the blocks themselves (a cheap form, if any) runs at once
+            if forms is not None and prefill not in qc.COPY_FREE and prefill not in p.prepared:
+                fallback = _copy_free_default(p, self.device)
             if fallback is None or fallback == prefill:
                 prefill_runs.append(self._run(p, prefill))
             else:

@@ -146,7 +146,8 @@ class FastTokenizer:
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         """Token ids (a list, a tensor or one int) -> text."""
-        ids = [int(ids)] if isinstance(ids, int) else [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+        ids = ids.tolist() if hasattr(ids, "tolist") else ids   # a tensor or array, 0-d included
+        ids = [int(ids)] if isinstance(ids, int) else [int(i) for i in ids]
         return self.backend_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:

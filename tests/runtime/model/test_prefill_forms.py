@@ -43,18 +43,26 @@ def model(default_model_file):
 
 
 @pytest.fixture
-def gate(monkeypatch):
-    """int4pack's repack waits for this event: the builder is held before its first form."""
-    event = threading.Event()
-    kernel = qk.QUANT_KERNELS["int4pack-bf16"]
+def hold(monkeypatch):
+    """``hold()``: from then on int4pack's repack waits for the event it returns (the builder is
+    held before its first form); set at the test's end."""
+    events = []
 
-    def held(w, device):
-        event.wait(120)
-        return kernel.prepare(w, device)
+    def hold_repacks() -> threading.Event:
+        event = threading.Event()
+        kernel = qk.QUANT_KERNELS["int4pack-bf16"]
 
-    monkeypatch.setitem(qk.QUANT_KERNELS, "int4pack-bf16", dataclasses.replace(kernel, prepare=held))
-    yield event
-    event.set()
+        def held(w, device):
+            event.wait(120)
+            return kernel.prepare(w, device)
+
+        monkeypatch.setitem(qk.QUANT_KERNELS, "int4pack-bf16", dataclasses.replace(kernel, prepare=held))
+        events.append(event)
+        return event
+
+    yield hold_repacks
+    for event in events:
+        event.set()
 
 
 def _france(model) -> str:
@@ -62,7 +70,7 @@ def _france(model) -> str:
     return model.decode(greedy_ids(model, ids, 10))
 
 
-def test_prompts_wait_for_nothing_and_switch_once_the_forms_are_made(model, gate):
+def test_prompts_wait_for_nothing_and_switch_once_the_forms_are_made(model, hold):
     ids = encode_messages(model.tokenizer, [Message("user", "Name three colours.")])
     quant_layers.set_choice(model.decoder, WIDEN, "cpu")
     widened = model.logits(ids)
@@ -71,6 +79,7 @@ def test_prompts_wait_for_nothing_and_switch_once_the_forms_are_made(model, gate
     assert not torch.equal(widened, repacked)   # the kernels differ: which one ran shows in the logits
     _drop_int4_forms(model)
 
+    gate = hold()
     forms = quant_layers.set_choice(model.decoder, INT4, "cpu", background=True)
     assert forms.state == "building" and len(forms) == 120   # every Q4_1 matrix of the 30 layers
     assert _prefill_kernels(model) == {"widen"}
@@ -84,8 +93,9 @@ def test_prompts_wait_for_nothing_and_switch_once_the_forms_are_made(model, gate
     assert "Paris" in _france(model)
 
 
-def test_a_choice_set_while_building_stays(model, gate):
+def test_a_choice_set_while_building_stays(model, hold):
     _drop_int4_forms(model)
+    gate = hold()
     forms = quant_layers.set_choice(model.decoder, INT4, "cpu", background=True)
     assert forms.state == "building"
     quant_layers.set_choice(model.decoder, WIDEN, "cpu")
@@ -95,5 +105,10 @@ def test_a_choice_set_while_building_stays(model, gate):
 
 
 def test_nothing_to_build_is_ready_at_once(model):
-    forms = quant_layers.set_choice(model.decoder, WIDEN, "cpu", background=True)
-    assert forms.state == "ready" and forms.ready.is_set() and len(forms) == 0
+    """Kernels that read the blocks themselves are not left to the builder (ggml-exact's form is
+    a view of them): they run at once."""
+    exact = QuantChoice({"Q4_1": ("ggml", "ggml-exact"), "Q8_0": ("ggml", "widen")})
+    for choice, kernel in ((WIDEN, "widen"), (exact, "ggml-exact")):
+        forms = quant_layers.set_choice(model.decoder, choice, "cpu", background=True)
+        assert forms.state == "ready" and forms.ready.is_set() and len(forms) == 0
+        assert _prefill_kernels(model) == {kernel}

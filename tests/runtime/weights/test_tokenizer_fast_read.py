@@ -96,6 +96,9 @@ def test_the_fast_read_needs_no_transformers_and_answers_as_it_does(entry_name):
         assert fast.convert_ids_to_tokens(ids, skip_special_tokens=True) == \
             own.convert_ids_to_tokens(ids, skip_special_tokens=True)
     assert fast.decode(ids[0]) == own.decode(ids[0])
+    import torch
+
+    assert fast.decode(torch.tensor(ids)) == own.decode(ids) and fast.decode(torch.tensor(ids[0])) == own.decode(ids[0])
     for name in (*SPECIAL, "bos_token", "eos_token", "pad_token", "unk_token", "mask_token", "special_tokens_map",
                  "all_special_tokens", "vocab_size", "extra_special_tokens"):
         assert getattr(fast, name) == getattr(own, name), name
