@@ -63,9 +63,10 @@ def choose_kernels(decoder: Decoder, weights: ReadWeights, profile: DeviceProfil
         chosen.quant_kernels = _choose_quant_kernels(decoder, dev, weights.cache_folder,
                                                      decode="ggml" if chosen.decode_mode == "ggml" else None)
         # the prefill forms (int4pack's repacks: most of a warm load) are built after the load
-        chosen.prefill_forms = quant_layers.set_choice(decoder, chosen.quant_kernels, dev, background=True)
+        chosen.prefill_forms = quant_layers.set_choice(decoder, chosen.quant_kernels, dev, background=True, start=False)
         if chosen.decode_mode == "ggml":   # the graphs' repacked forms, made at load (in place of the blocks)
             quant_layers.make_forms(decoder)
+        chosen.prefill_forms.start()   # after: both make forms of the same parts and keep them in ``prepared``
         _say_widened(weights.path, decoder, chosen.prefill_forms)
     if dev.type != "cpu":
         return chosen

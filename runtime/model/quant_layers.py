@@ -242,7 +242,7 @@ def token_weights(decoder: nn.Module) -> tuple[list, list]:
 
 
 def set_choice(decoder: nn.Module, choice: qc.QuantChoice, device: torch.device | str, *,
-               background: bool = False) -> PrefillForms | None:
+               background: bool = False, start: bool = True) -> PrefillForms | None:
     """Run every quantized layer of ``decoder`` with ``choice`` on ``device`` (forms made now);
     the LM head without ggml's activation rounding (:func:`runtime.kernels.quant_choice.head_choice`).
 
@@ -250,8 +250,8 @@ def set_choice(decoder: nn.Module, choice: qc.QuantChoice, device: torch.device 
     prefill running the copy-free default kernels until then (:mod:`runtime.model.prefill_forms`).
 
     Returns:
-        with ``background``, the builder (started; ``ready`` at once when nothing was left to
-        build); else None.
+        with ``background``, the builder (started unless ``start`` is False; ``ready`` at once
+        when nothing was left to build); else None.
     """
     from runtime.device import trim_heap
 
@@ -266,7 +266,7 @@ def set_choice(decoder: nn.Module, choice: qc.QuantChoice, device: torch.device 
     layers[-1].set_choice(qc.head_choice(choice), device)
     if isinstance(decoder.embed, QuantEmbedding):
         decoder.embed.to_device(device)
-    return None if forms is None else forms.start()
+    return forms.start() if forms is not None and start else forms
 
 
 def make_forms(decoder: nn.Module) -> int:
