@@ -53,10 +53,11 @@ _STATE: dict = {}   # "buft": the CPU_REPACK buffer type (0: none), "log": the l
 
 #: The block types whose forms are made unless ``ATTNCHAT_GGML_REPACK`` says otherwise: those
 #: measured faster with peak memory not above the plain blocks' (docs/benchmarks.md, "in place
-#: of the blocks"): Q4_K on the AMD EPYC Zen 3, the 1B shape's decode 1.11x at depth 128 and
-#: 1.01x at 1k against llama.cpp's in the same run, its peak RSS 1,079 MB against 1,070-1,076
-#: without forms. Q4_0 and IQ4_NL have forms too but were not measured on a model: off.
-DEFAULT_TYPES: frozenset[str] = frozenset({"Q4_K"})
+#: of the blocks"). None: on the AMD EPYC Zen 3 the forms in place of the blocks keep the 1B
+#: shape's peak RSS (1,066-1,079 MB against 1,070-1,076 without), but their decode was not
+#: measured faster (one process, alternated, the quiet rounds: 56-71 ms a token with them
+#: against 58-64 without; the bench's runs scatter 20 % either way).
+DEFAULT_TYPES: frozenset[str] = frozenset()
 
 
 def enabled(type_name: str | None = None) -> bool:
