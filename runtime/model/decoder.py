@@ -116,12 +116,13 @@ class Decoder(nn.Module):
         self.numerics = Numerics()
         for block in self.blocks:
             block.attn.hooks = self.hooks
-            block.attn.numerics = block.mlp.numerics = self.numerics
+        for m in self.modules():
+            if isinstance(m, (Attention, MLP, Linear)):
+                m.numerics = self.numerics
         # longrope's frequencies depend on the sequence length past its trained context
         self._length_rope = any(spec is not None and spec.type == "longrope" for spec in self.layer_ropes)
         self.compute_dtype: torch.dtype = torch.float32
         self.kernels: KernelChoice | None = None
-        self.linear_path = "cpu"  # see set_linear_path
         #: The device profile it computes with (:meth:`use_profile`; None: not given one).
         self.profile: DeviceProfile | None = None
         self._head_ref: WeightRef | None = None
@@ -344,10 +345,7 @@ class Decoder(nn.Module):
         """
         if path not in LINEAR_PATHS:
             raise ValueError(f"unknown linear path {path!r}; use one of {', '.join(LINEAR_PATHS)}")
-        self.linear_path = path
-        for m in self.modules():
-            if isinstance(m, Linear):
-                m.path = path
+        self.numerics.linear_path = path
 
     def use_profile(self, profile: DeviceProfile) -> None:
         """Compute as ``profile`` (:func:`runtime.device.device_profile`) says: its matrix-product
@@ -360,6 +358,11 @@ class Decoder(nn.Module):
         self.set_linear_path(profile.linear_path)
         self.profile = profile
         self.numerics.reproducible = profile.reproducible
+
+    @property
+    def linear_path(self) -> str:
+        """The matrix products' path (:meth:`set_linear_path`)."""
+        return self.numerics.linear_path
 
     @property
     def reproducible(self) -> bool:

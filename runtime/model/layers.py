@@ -30,14 +30,17 @@ class Numerics:
     (:meth:`runtime.model.decoder.Decoder.use_profile`) and read where it is used.
 
     Attributes:
+        linear_path: the matrix products' path (:data:`LINEAR_PATHS`; per device:
+            :func:`runtime.device.linear_path`): every :class:`Linear` and the LM head.
         reproducible: the profile's reproducible variant: attention by
             :func:`runtime.model.attention_rows.attention_rows` (a query's output the same in a
             prefill chunk and a one-token step) and the MLP's activation composed of ops that
             give an element the same bits wherever it sits. Float32 on the CPU only.
     """
 
-    def __init__(self, reproducible: bool = False) -> None:
+    def __init__(self, reproducible: bool = False, linear_path: str = "cpu") -> None:
         self.reproducible = reproducible
+        self.linear_path = linear_path
 
 
 def _rounded(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -151,7 +154,16 @@ class Linear(nn.Linear):
 
     kernels: KernelChoice | None = None
     weight_ref: WeightRef | None = None
-    path: str = "cpu"  # :data:`LINEAR_PATHS`, set by Decoder.set_linear_path
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        #: The decoder's numerics (a layer built alone has its own): its path is this layer's.
+        self.numerics = Numerics()
+
+    @property
+    def path(self) -> str:
+        """The product's path (:data:`LINEAR_PATHS`), the numerics' (:meth:`Decoder.use_profile`)."""
+        return self.numerics.linear_path
 
     def reset_parameters(self) -> None:
         pass
