@@ -130,7 +130,10 @@ def compute_dtype(device: torch.device | str, weight_dtype: torch.dtype | str) -
         ValueError: an unknown dtype name.
     """
     dev_type = torch.device(device).type if isinstance(device, str) else device.type
-    weight_dtype = parse_weight_dtype(weight_dtype)
+    return _compute_dtype(dev_type, parse_weight_dtype(weight_dtype))
+
+
+def _compute_dtype(dev_type: str, weight_dtype: torch.dtype) -> torch.dtype:
     if weight_dtype in (torch.bfloat16, torch.int8):
         return torch.float32
     if dev_type == "cpu" and weight_dtype == torch.float16:
@@ -257,7 +260,7 @@ def profile_of(dev: torch.device | str) -> DeviceProfile:
 @functools.lru_cache(maxsize=None)
 def _profile(dev: torch.device) -> DeviceProfile:
     weights, mode, path = default_dtype(dev), decode_mode(dev), linear_path(dev)
-    return DeviceProfile(dev, weights, mode, path, {w: compute_dtype(dev, w) for w in WEIGHT_DTYPES.values()})
+    return DeviceProfile(dev, weights, mode, path, {w: _compute_dtype(dev.type, w) for w in WEIGHT_DTYPES.values()})
 
 
 def free_memory_bytes(device: str | torch.device = "cpu") -> int | None:

@@ -24,7 +24,6 @@ from runtime.errors import ModelLoadError, UnsupportedModelError
 from runtime.loader.choose import choose_kernels
 from runtime.loader.model import Model
 from runtime.loader.read import ReadWeights, read_weights
-from runtime.loader.support import widens
 from runtime.model import quant_layers
 from runtime.model.attention import AttentionKernels, attention_kernels
 from runtime.model.decode_step import DECODE_MODES
@@ -32,7 +31,8 @@ from runtime.model.decoder import Decoder
 from runtime.weights import validate
 from runtime.weights.gguf import open as gguf_open
 from runtime.weights.gguf.converted import cached_model_config, gguf_cache_dir, read_cached
-from runtime.weights.sources import check_gguf_file, model_config, one_line, refuse_custom_code, resolve_source
+from runtime.weights.checked import check_gguf_file
+from runtime.weights.sources import model_config, one_line, refuse_custom_code, resolve_source
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,10 @@ def load_model(
         DeviceError: a device that is not available.
     """
     t0 = time.perf_counter()
-    profile = _profile(device, decode, reproducible)
+    widen = widens(dtype, reproducible)  # a GGUF's blocks as float weights
+    if decode is not None and decode not in DECODE_MODES:
+        raise ValueError(f"unknown decode mode {decode!r}; use one of {', '.join(DECODE_MODES)}")
+    profile = device_profile(device, decode=decode, reproducible=reproducible)
     blocks_wanted = isinstance(dtype, str) and dtype.lower() in ("gguf", "quantized")
     if blocks_wanted and reproducible:
         raise ValueError("reproducible replies run on float weights (their row-invariant kernels); "
@@ -110,7 +113,6 @@ def load_model(
     except ValueError as e:
         raise ValueError(f"{e}, or gguf (a GGUF's own quantized blocks)") from None
     # 1. read the weights
-    widen = widens(dtype, reproducible)  # a GGUF's blocks as float weights
     weights = read_weights(resolve_source(source), wdtype, widen=widen)
     if getattr(weights.tokenizer, "chat_template", None):
         template_sandbox.prestart()  # its child starts while the weights load, not at the first reply
@@ -134,18 +136,12 @@ def load_model(
     return model
 
 
-def _profile(device: str, decode: str | None, reproducible: bool) -> DeviceProfile:
-    """The device's profile (:func:`runtime.device.device_profile`) with the caller's decode mode,
-    its reproducible variant where asked; the decode mode's name checked here.
-
-    Raises:
-        DeviceError, ValueError: as :func:`load_model`.
-    """
-    profile = device_profile(device)
-    if decode is not None and decode not in DECODE_MODES:
-        raise ValueError(f"unknown decode mode {decode!r}; use one of {', '.join(DECODE_MODES)}")
-    profile = profile.with_decode(decode)
-    return profile.reproducible_variant() if reproducible else profile
+def widens(dtype: str | torch.dtype | None, reproducible: bool) -> bool:
+    """Whether :func:`load_model` widens a GGUF that could run from its blocks to float weights:
+    a float ``dtype`` asked for (not ``"gguf"``), or reproducible replies (their row-invariant
+    kernels take float weights)."""
+    blocks_wanted = isinstance(dtype, str) and dtype.lower() in ("gguf", "quantized")
+    return (dtype is not None and not blocks_wanted) or reproducible
 
 
 def _build(weights: ReadWeights, profile: DeviceProfile, compute, kernels: AttentionKernels | None) -> Decoder:
@@ -158,8 +154,6 @@ def _build(weights: ReadWeights, profile: DeviceProfile, compute, kernels: Atten
         ValueError: an unknown or non-float ``compute``.
     """
     dev, quant = profile.device, weights.blocks
-    with torch.device("meta"):
-        decoder = Decoder(weights.config)
     try:
         cdtype = parse_cache_dtype(compute) if compute is not None else \
             profile.compute_dtypes[torch.float16 if quant is not None else weights.dtype]
@@ -167,13 +161,18 @@ def _build(weights: ReadWeights, profile: DeviceProfile, compute, kernels: Atten
             raise ValueError
     except ValueError:
         raise ValueError(f"unknown compute dtype {compute!r}; use float32, bfloat16 or float16") from None
+    # what the decoder is given, decided before it is built: its tensors on the device, its kernels
+    state = {k: v.to(dev) for k, v in (quant.floats if quant is not None else weights.state).items()}
+    kernels = kernels or attention_kernels(dev)
+    with torch.device("meta"):
+        decoder = Decoder(weights.config)
     if quant is not None:
-        quant_layers.install(decoder, quant.matrices, quant.embed, quant.head,
-                             {k: v.to(dev) for k, v in quant.floats.items()}, cdtype)
+        quant_layers.install(decoder, quant.matrices, quant.embed, quant.head, state, cdtype)
     else:
-        decoder.load_weights({k: v.to(dev) for k, v in weights.state.items()}, compute_dtype=cdtype)
         weights.state = None  # the decoder holds them now
-    decoder.set_attention_kernels(kernels or attention_kernels(dev))
+        decoder.load_weights(state, compute_dtype=cdtype)
+    del state
+    decoder.set_attention_kernels(kernels)
     decoder.use_profile(profile)  # its matrix path; the reproducible variant's numerics
     decoder.eval()
     return decoder

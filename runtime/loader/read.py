@@ -69,14 +69,16 @@ def read_weights(path: Path, wdtype: torch.dtype, *, widen: bool) -> ReadWeights
     if not (path.exists() or path.suffix.lower() == ".gguf"):
         raise ModelLoadError(f"{path} does not exist; give a .gguf file or a model folder")
     g = gguf_open.open_gguf(path)
+    # from the tensor table alone: an all-float file transformers' reader cannot read is
+    # widened from our names; an architecture our quantized layers do not map, by transformers
+    ours, from_blocks = gguf_open.widened_here(g), gguf_open.runs_from_blocks(g)
     identity = file_guard.FileIdentity.of(path)
     folder = gguf_cache_dir(path)
     # before any reader divides by its numbers or reads its blocks; the config kept for this
     # very file (its path, size and mtime) spares building transformers' config class (~2 s)
     validate.check_gguf(path, g, cached_model_config(folder))
     g.release_pages()  # the checks' reads: not resident beside the copies detach makes
-    ours = gguf_open.widened_here(g)  # an all-float file transformers' reader cannot read: widened from our names
-    if not gguf_open.runs_from_blocks(g) and not ours:  # an architecture our quantized layers do not map: transformers widens it
+    if not from_blocks and not ours:
         quantized = gguf_open.widening_cost(g, wdtype)
         if quantized:  # said first; no float copy of a quantized file on disk
             gguf_open.drop_stale_conversions(folder)

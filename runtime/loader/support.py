@@ -15,11 +15,12 @@ import torch
 
 from runtime.kernels import ggml_ops
 from runtime.kernels.quant_choice import kernel_pairs
+from runtime.loader.load import widens
 from runtime.memory import planner
 from runtime.weights.gguf.open import types_run_from_blocks
 from runtime.weights.quant_types import BLOCK_TYPES
 
-__all__ = ["QuantSupport", "fit", "quant_support", "runs_from_blocks", "widens"]
+__all__ = ["QuantSupport", "fit", "quant_support", "runs_from_blocks"]
 
 #: What each decode kernel is called where a quant is marked.
 KERNEL_NAMES = {"ggml": "ggml", "ggml-exact": "ggml", "ggml-head": "ggml", "int4pack-bf16": "torch int4pack",
@@ -77,14 +78,6 @@ def quant_support(block_type: str, device: str | torch.device = "cpu") -> QuantS
         why = (f"no {kind} kernel takes {t.name} blocks" if kind != "cpu" else f"ggml does not load here ({why_ggml})")
         return QuantSupport(t.name, "widened", KERNEL_NAMES[decode], bpw, why)
     return QuantSupport(t.name, "blocks", KERNEL_NAMES.get(decode, decode), bpw)
-
-
-def widens(dtype: str | torch.dtype | None, reproducible: bool) -> bool:
-    """Whether :func:`runtime.loader.load.load_model` widens a GGUF that could run from its
-    blocks to float weights: a float ``dtype`` asked for (not ``"gguf"``), or reproducible
-    replies (their row-invariant kernels take float weights)."""
-    blocks_wanted = isinstance(dtype, str) and dtype.lower() in ("gguf", "quantized")
-    return (dtype is not None and not blocks_wanted) or reproducible
 
 
 def runs_from_blocks(block_type: str, architecture: str, *, dtype: str | torch.dtype | None = None,

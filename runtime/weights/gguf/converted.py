@@ -22,12 +22,8 @@ from runtime.config.model import ModelConfig
 from runtime.errors import ModelLoadError, UnsupportedModelError
 from runtime.weights.convert import decoder_state
 from runtime.weights.gguf import fast_tokenizer
-from runtime.weights.sources import (
-    check_gguf_file,
-    check_gguf_metadata,
-    model_config,
-    one_line,
-)
+from runtime.weights.checked import check_gguf_file, check_gguf_metadata
+from runtime.weights.sources import model_config, one_line
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,8 @@ import torch
 from models.safety.gguf_scan import GGUFHeaderError
 from runtime.config.model import ModelConfig
 from runtime.errors import ModelLoadError, UnsupportedModelError
+from runtime.weights.checked import check_gguf_file, check_gguf_metadata
+from runtime.weights.gguf import config as gguf_config
 from runtime.weights.gguf.converted import (
     _read_cached_fast,
     _write_cache,
@@ -30,7 +32,7 @@ from runtime.weights.gguf.converted import (
 from runtime.weights.gguf.mmap import GGUFTensors, UnknownBlockType, read_gguf_tensors
 from runtime.weights.gguf.names import ARCHITECTURES, GGUFWeights, MissingTensorError, gguf_weights
 from runtime.weights.quant_types import BLOCK_TYPES, BY_ID, BlockType, type_name
-from runtime.weights.sources import check_gguf_file, check_gguf_metadata, model_config, one_line
+from runtime.weights.sources import model_config, one_line
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +124,8 @@ def widened_here(g: GGUFTensors) -> bool:
     """Whether an all-float file (F16, BF16, F32 matrices) is widened through our own names
     rather than transformers' GGUF reader: the architectures that reader does not read
     (:data:`runtime.weights.gguf.config.OWN_ARCHITECTURES`)."""
-    from runtime.weights.gguf.config import OWN_ARCHITECTURES
-
     matrices = [i for i in g.tensors.values() if len(i.shape) == 2]
-    return (str(g.metadata.get("general.architecture", "")) in OWN_ARCHITECTURES and bool(matrices)
+    return (str(g.metadata.get("general.architecture", "")) in gguf_config.OWN_ARCHITECTURES and bool(matrices)
             and all(i.ggml_type in BY_ID and not BY_ID[i.ggml_type].quantized for i in matrices))
 
 
@@ -180,8 +180,6 @@ def drop_stale_conversions(cached: Path | None) -> int:
 
 
 def _hf_config(path: Path, g: GGUFTensors):
-    from runtime.weights.gguf import config as gguf_config
-
     try:
         return gguf_config.hf_config(g)
     except ValueError as e:
@@ -197,8 +195,6 @@ def config_and_tokenizer(path: Path, g: GGUFTensors) -> tuple[ModelConfig, objec
         UnsupportedModelError: an architecture transformers or our decoder do not run.
         ModelLoadError: the tokenizer cannot be built from the file.
     """
-    from runtime.weights.gguf import config as gguf_config
-
     cached = gguf_cache_dir(path)
     drop_stale_conversions(cached)
     cfg, tokenizer = _read_cached_fast(cached)
