@@ -24,7 +24,7 @@ ggml's ``to_float``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -64,6 +64,9 @@ class BlockType:
             (None for float types and for codebook types decoded by ``gguf.quants``).
         float_dtype: the torch dtype of a float type's elements (None for quantized types).
         gguf_decodes: whether ``gguf.quants`` decodes the type (False: only ggml's ``to_float``).
+        quantized: derived: not a float type (no ``float_dtype``).
+        linear_codes: derived: blocks decode as ``w = d * (q - z) + m`` (:class:`Fields`):
+            repackable, and decoded by torch ops on any device.
     """
 
     name: str
@@ -75,16 +78,13 @@ class BlockType:
     fields: Callable[[torch.Tensor], Fields] | None = None
     float_dtype: torch.dtype | None = None
     gguf_decodes: bool = True
+    # Derived once, as a config's head_dim is: a load asks them of every tensor of a file.
+    quantized: bool = field(init=False, repr=False, compare=False)
+    linear_codes: bool = field(init=False, repr=False, compare=False)
 
-    @property
-    def quantized(self) -> bool:
-        return self.float_dtype is None
-
-    @property
-    def linear_codes(self) -> bool:
-        """Whether blocks decode as ``w = d * (q - z) + m`` (:class:`Fields`): repackable, and
-        decoded by torch ops on any device."""
-        return self.fields is not None
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "quantized", self.float_dtype is None)
+        object.__setattr__(self, "linear_codes", self.fields is not None)
 
     @property
     def bits_per_weight(self) -> float:
