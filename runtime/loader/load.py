@@ -116,6 +116,7 @@ def load_model(
     weights = read_weights(resolve_source(source), wdtype, widen=widen)
     if getattr(weights.tokenizer, "chat_template", None):
         template_sandbox.prestart()  # its child starts while the weights load, not at the first reply
+    stop_ids = _stop_ids(weights.tokenizer, weights.config)
     # 2. build the decoder
     decoder = _build(weights, profile, compute, kernels)
     # 3. choose its kernels
@@ -125,7 +126,7 @@ def load_model(
         tokenizer=weights.tokenizer, path=weights.path, config=cfg, device=profile.device,
         dtype=quant.file_type if quant is not None else wdtype, decoder=decoder, compute_dtype=decoder.compute_dtype,
         cache_dtype=default_cache_dtype(profile.device, decoder.compute_dtype, blocks=quant is not None),
-        load_seconds=time.perf_counter() - t0, stop_token_ids=_stop_ids(weights.tokenizer, cfg),
+        load_seconds=time.perf_counter() - t0, stop_token_ids=stop_ids,
         decode_mode=chosen.decode_mode, kernels=chosen.kernels, quant_kernels=chosen.quant_kernels,
         file_identity=weights.identity, reproducible=profile.reproducible, prefill_forms=chosen.prefill_forms,
         **chosen.governors,
