@@ -53,14 +53,13 @@ def choose_kernels(decoder: Decoder, weights: ReadWeights, profile: DeviceProfil
     dev, mode = profile.device, profile.decode_mode
     chosen = Chosen(mode)
     if weights.blocks is not None:
+        token, prefill = quant_layers.token_weights(decoder)
         if not decode_given and dev.type == "cpu":
-            from runtime.model.ggml_step import unsupported
-
             # A GGUF's blocks decode fastest as per-layer ggml graphs where they build (docs/benchmarks.md)
-            chosen.decode_mode = "ggml" if unsupported(decoder) is None else mode
+            chosen.decode_mode = "ggml" if quant_layers.ggml_step_unsupported(decoder) is None else mode
         # The ggml graphs multiply the blocks themselves: only the prefill kernel is chosen (a
         # repack beside the blocks, int4pack's, only where it prefills 10 % faster)
-        chosen.quant_kernels = _choose_quant_kernels(decoder, dev, weights.cache_folder,
+        chosen.quant_kernels = _choose_quant_kernels(token, prefill, dev, weights.cache_folder,
                                                      decode="ggml" if chosen.decode_mode == "ggml" else None)
         # the prefill forms (int4pack's repacks: most of a warm load) are built after the load
         chosen.prefill_forms = quant_layers.set_choice(decoder, chosen.quant_kernels, dev, background=True, start=False)
@@ -137,13 +136,13 @@ def _choose_kernels(decoder: Decoder, wdtype: torch.dtype, folder: Path | None) 
     return load_or_measure(folder, kernels.FloatKernels(wdtype, measure))
 
 
-def _choose_quant_kernels(decoder: Decoder, dev: torch.device, folder: Path | None,
+def _choose_quant_kernels(token: list, prefill: list, dev: torch.device, folder: Path | None,
                           decode: str | None = None) -> quant_choice.QuantChoice:
-    """The kernels per block type for a decoder on a GGUF's blocks: kept beside the GGUF's
-    config in the cache folder, keyed by the machine, else timed now on its own matrices
+    """The kernels per block type for a decoder on a GGUF's blocks (``token``, ``prefill``: its
+    parts, :func:`runtime.model.quant_layers.token_weights`): kept beside the GGUF's config in
+    the cache folder, keyed by the machine, else timed now on its own matrices
     (:func:`runtime.kernels.quant_choice.measure_quant`); off the CPU the device's defaults.
     ``decode``: the decode kernel the step runs (the ggml graphs': ``"ggml"``), only prefill chosen."""
-    token, prefill = quant_layers.token_weights(decoder)
     btypes = {p.btype for p in token}
 
     def measure() -> quant_choice.QuantChoice:

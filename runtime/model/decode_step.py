@@ -248,9 +248,10 @@ class DecodeStep:
         """The per-layer ggml graphs of ``"ggml"`` mode (built once; None, said once in the
         log, when this decoder cannot take them: every token then decodes eagerly)."""
         if self._ggml is None:
-            from runtime.model.ggml_step import GGMLStep, unsupported
+            from runtime.model.ggml_step import GGMLStep
+            from runtime.model.quant_layers import ggml_step_unsupported
 
-            why = unsupported(self.decoder)
+            why = ggml_step_unsupported(self.decoder)
             if why:
                 log.warning("the ggml decode step does not take this model (%s); decoding eagerly", why)
                 self._ggml = False

@@ -51,9 +51,9 @@ GROW_TOKENS = 256
 
 def unsupported(decoder, pool) -> str | None:
     """Why ``decoder`` over ``pool`` cannot decode its rows as one graph (None: it can): it needs
-    what the one-sequence ggml step needs (:func:`runtime.model.ggml_step.unsupported`), a SiLU
+    what the one-sequence ggml step needs (:func:`runtime.model.quant_layers.ggml_step_unsupported`), a SiLU
     MLP, no attention head edit, and a float pool on the CPU."""
-    from runtime.model.ggml_step import unsupported as step_unsupported
+    from runtime.model.quant_layers import ggml_step_unsupported as step_unsupported
 
     why = step_unsupported(decoder)
     if why:

@@ -19,46 +19,19 @@ The layers' formulas are :mod:`runtime.model.ggml_layers`' (ggml's ``mul_mat`` o
 blocks, activations rounded per block as llama.cpp does; norms, RoPE and activations in
 float32). The logits agree with the eager step's to rounding (tests).
 
-:func:`unsupported` says why a decoder cannot take this step (then :class:`GGMLStep` is
-not made and decode stays eager).
+:func:`runtime.model.quant_layers.ggml_step_unsupported` says why a decoder cannot take this
+step (then :class:`GGMLStep` is not made and decode stays eager).
 """
 from __future__ import annotations
 
 import torch
 
-from runtime.kernels import ggml_ops
 from runtime.kernels.ggml_graph import Graph
 from runtime.model.ggml_layers import attention_inputs, layer_end, norm
 from runtime.model.ggml_token import TokenGraph, cache_unsupported
-from runtime.model.quant_layers import QuantLinear
+from runtime.model.quant_layers import ggml_step_unsupported
 
-__all__ = ["GGMLStep", "unsupported"]
-
-_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new")
-
-
-def unsupported(decoder) -> str | None:
-    """Why ``decoder`` cannot decode through :class:`GGMLStep` (None: it can).
-
-    It needs ggml's kernels, the llama family (RMSNorm, RoPE, a gated MLP with SiLU or
-    tanh-GELU), float32 activations on the CPU, every projection in GGUF blocks
-    (:class:`runtime.model.quant_layers.QuantLinear`) and the reproducible mode off (its
-    products are row-invariant kernels, not ggml's)."""
-    if not ggml_ops.available():
-        return f"ggml is unavailable ({ggml_ops.unavailable_reason()})"
-    cfg = decoder.cfg
-    if cfg.family != "llama" or cfg.activation not in _ACTIVATIONS:
-        return f"the {cfg.family} family with {cfg.activation} is not built as a ggml graph"
-    if decoder.compute_dtype != torch.float32:
-        return "activations are not float32"
-    if decoder.reproducible:
-        return "the reproducible mode runs its own row-invariant kernels"
-    for block in decoder.blocks:
-        for m in (block.attn.qkv_proj, block.attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj):
-            if not isinstance(m, QuantLinear) or m.device.type != "cpu":
-                return "a projection is not in GGUF blocks on the CPU"
-    return None
-
+__all__ = ["GGMLStep"]
 
 class GGMLStep:
     """Decodes one token of ``decoder`` into a KV cache through ggml graphs.
@@ -72,11 +45,11 @@ class GGMLStep:
     attention and cache writes between them (built on first use).
 
     Raises:
-        ValueError: :func:`unsupported` gives a reason.
+        ValueError: :func:`runtime.model.quant_layers.ggml_step_unsupported` gives a reason.
     """
 
     def __init__(self, decoder):
-        why = unsupported(decoder)
+        why = ggml_step_unsupported(decoder)
         if why:
             raise ValueError(f"the ggml decode step does not take this model: {why}")
         self.decoder = decoder

@@ -22,12 +22,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from runtime.kernels import ggml_ops
 from runtime.kernels import quant_choice as qc
 from runtime.kernels import quantized as qk
 from runtime.model.prefill_forms import PrefillForms
 
 __all__ = ["QuantLinear", "QuantEmbedding", "install", "make_forms", "quant_layers", "set_choice", "token_weights",
-           "widened_for_gradients"]
+           "ggml_step_unsupported", "widened_for_gradients"]
 
 
 class QuantLinear(nn.Module):
@@ -239,6 +240,35 @@ def token_weights(decoder: nn.Module) -> tuple[list, list]:
     layers = quant_layers(decoder)
     parts = [p for layer in layers for p in layer.parts]
     return parts, [p for layer in layers[:-1] for p in layer.parts]
+
+
+#: The MLP activations the ggml graphs build (:mod:`runtime.model.ggml_layers`).
+GGML_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new")
+
+
+def ggml_step_unsupported(decoder: nn.Module) -> str | None:
+    """Why ``decoder`` cannot decode through :class:`runtime.model.ggml_step.GGMLStep` (None: it
+    can); asked here, on its layers, so that a load decides the decode mode without building
+    the step.
+
+    It needs ggml's kernels, the llama family (RMSNorm, RoPE, a gated MLP with SiLU or
+    tanh-GELU), float32 activations on the CPU, every projection in GGUF blocks
+    (:class:`QuantLinear`) and the reproducible mode off (its products are row-invariant
+    kernels, not ggml's)."""
+    if not ggml_ops.available():
+        return f"ggml is unavailable ({ggml_ops.unavailable_reason()})"
+    cfg = decoder.cfg
+    if cfg.family != "llama" or cfg.activation not in GGML_ACTIVATIONS:
+        return f"the {cfg.family} family with {cfg.activation} is not built as a ggml graph"
+    if decoder.compute_dtype != torch.float32:
+        return "activations are not float32"
+    if decoder.numerics.reproducible:
+        return "the reproducible mode runs its own row-invariant kernels"
+    for block in decoder.blocks:
+        for m in (block.attn.qkv_proj, block.attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj):
+            if not isinstance(m, QuantLinear) or m.device.type != "cpu":
+                return "a projection is not in GGUF blocks on the CPU"
+    return None
 
 
 def set_choice(decoder: nn.Module, choice: qc.QuantChoice, device: torch.device | str, *,

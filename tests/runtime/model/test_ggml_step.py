@@ -8,7 +8,7 @@ import torch
 
 from runtime import load_model
 from runtime.kernels import ggml_ops
-from runtime.model.ggml_step import unsupported
+from runtime.model.quant_layers import ggml_step_unsupported as unsupported
 from tests.runtime.tiny_gguf import EVERY_TYPE, make_tiny_gguf, tiny_tokenizer_metadata
 
 pytestmark = pytest.mark.skipif(not ggml_ops.available(), reason="ggml-python is not installed")
