@@ -16,7 +16,8 @@ SAFETY = ROOT / "models" / "safety"
 
 #: Entry point -> the rules (``safety.NAME``) it must call.
 ENTRY_POINTS = {
-    "runtime/weights/sources.py": {"check_gguf", "check_folder", "refuse_pickle"},  # chat, serve, bench, desktop
+    "runtime/weights/sources.py": {"check_folder", "refuse_pickle"},  # chat, serve, bench, desktop
+    "runtime/weights/checked.py": {"check_gguf"},  # every GGUF before a reader opens it (gguf/open.py, converted.py)
     "runtime/generate/chat_format.py": {"render_template"},  # every template render, the tool probe
     "models/store.py": {"check_model"},  # attnchat models import, File > Import
     "models/hub/download.py": {"check_model"},  # Hub downloads
@@ -75,3 +76,11 @@ def test_the_limits_are_defined_only_in_models_safety():
             found += [f"{file.relative_to(ROOT)}:{node.lineno} {t.id}" for t in targets
                       if isinstance(t, ast.Name) and t.id in limits]
     assert found == []
+
+
+@pytest.mark.parametrize("reader", ["runtime/weights/gguf/open.py", "runtime/weights/gguf/converted.py"])
+def test_every_gguf_reader_checks_the_file_first(reader):
+    """The GGUF rule lives in weights/checked.py: each reader of a GGUF calls it."""
+    tree = ast.parse((ROOT / reader).read_text(encoding="utf-8"))
+    called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    assert "check_gguf_file" in called, reader
