@@ -60,9 +60,15 @@ def test_one_graph_decodes_as_the_per_layer_graphs(model, dtype, monkeypatch):
     assert one.length == per_layer.length == len(IDS)
     if dtype == "float32":
         # Attention differs only in its summation order (ggml's online softmax against SDPA),
-        # which the next product's 8-bit activation rounding mostly hides (measured: equal
-        # logits on both tiny files).
-        assert (a - b).abs().max().item() <= 0.02 * b.abs().mean().item() + 1e-4
+        # which the next product's 8-bit activation rounding hides unless a value sits on a
+        # rounding boundary: then one code flips and that token's logits move by a few
+        # percent (measured: every row equal on a Zen 3; on an Intel Xeon with AVX-512, 1 row
+        # of 40 off by 0.041 at most, mean |logit| 1.28).
+        diff = (a - b).abs()
+        scale = b.abs().mean().item()
+        assert (diff.amax(-1) == 0).float().mean().item() >= 0.9
+        assert diff.mean().item() <= 1e-3 * scale
+        assert diff.max().item() <= 0.1 * scale
         assert (a.argmax(-1) == b.argmax(-1)).all()
         tol = 1e-3
     else:
