@@ -11,9 +11,10 @@ then runs the module as ``-m`` would (:func:`runpy.run_module`). Extra folders a
 needs (another environment's packages) come after the interpreter's own, as absolute
 paths, never through ``PYTHONPATH``.
 
-A frozen app (PyInstaller) is no interpreter: its executable takes ``-m MODULE`` for its
-own modules (packaging/entry.py) and the command line otherwise, and imports only from
-its bundle.
+A frozen app (PyInstaller) is no interpreter: its executable takes :data:`FROZEN_MODULE_FLAG`
+``MODULE`` for the few modules it runs as children (packaging/entry.py), a flag of its own
+rather than Python's ``-m`` (which it never parses), and the command line otherwise; it
+imports only from its bundle.
 """
 from __future__ import annotations
 
@@ -22,10 +23,13 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["ROOT", "attnchat_command", "python_command"]
+__all__ = ["FROZEN_MODULE_FLAG", "ROOT", "attnchat_command", "python_command"]
 
 #: The folder our packages (``models``, ``runtime``, ``desktop``, ``attnchat``) live in.
 ROOT = str(Path(__file__).resolve().parent.parent)
+
+#: The frozen app's argument that runs one of its modules as a child: ``APP FLAG MODULE ARGS...``.
+FROZEN_MODULE_FLAG = "--attnchat-run-module"
 
 # Run by ``python -I -c``: argv is ["-c", ROOT, EXTRA, MODULE, *ARGS]; EXTRA joined by os.pathsep.
 _ENTRY = ("import os, runpy, sys\n"
@@ -41,7 +45,7 @@ def python_command(module: str, *args: str, paths: Sequence[str] = (), python: s
     folder: ``[python, "-I", "-B", "-c", ENTRY, ROOT, EXTRA, module, *args]``: :data:`ROOT`
     first on the child's path, ``paths`` (absolute ones only: a relative one would be the
     current folder's) after the interpreter's own. ``python`` defaults to this interpreter;
-    a frozen app gets ``[app, "-m", module, *args]``.
+    a frozen app gets ``[app, FROZEN_MODULE_FLAG, module, *args]``.
 
     Raises:
         ValueError: ``module`` is not a dotted module name (it is code's, never a user's).
@@ -49,7 +53,7 @@ def python_command(module: str, *args: str, paths: Sequence[str] = (), python: s
     if not module.replace(".", "").replace("_", "").isalnum():
         raise ValueError(f"{module!r} is not a module name")
     if getattr(sys, "frozen", False) and python is None:
-        return [sys.executable, "-m", module, *args]
+        return [sys.executable, FROZEN_MODULE_FLAG, module, *args]
     extra = os.pathsep.join(p for p in paths if os.path.isabs(p))
     return [python or sys.executable, "-I", "-B", "-c", _ENTRY, ROOT, extra, module, *args]
 

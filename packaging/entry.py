@@ -10,9 +10,10 @@ one starts here, which first does what only a frozen app needs:
   ``HF_HUB_OFFLINE`` themselves;
 - gives ``multiprocessing`` its freeze support (a child process of a frozen app is
   the app itself, started with multiprocessing's arguments);
-- runs ``attnchat -m attnchat.bench.worker ...``, how ``attnchat bench`` starts its
-  workers (``sys.executable -m ...``), and ``attnchat -m models.safety.template_worker``,
-  the chat-template sandbox's child, since a frozen app has no interpreter to take ``-m``.
+- runs ``attnchat --attnchat-run-module attnchat.bench.worker ...``, how ``attnchat bench``
+  starts its workers, and the same for ``models.safety.template_worker``, the chat-template
+  sandbox's child (``models.child.python_command`` writes both), since a frozen app has no
+  interpreter to take ``-m``.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import multiprocessing
 import os
 import sys
 
-#: Modules a frozen app runs for ``<app> -m MODULE`` (only these: it is no interpreter).
+#: Modules a frozen app runs for ``<app> --attnchat-run-module MODULE`` (only these: it is no interpreter).
 RUNNABLE_MODULES = ("attnchat.bench.worker", "models.safety.template_worker")
 
 
@@ -35,7 +36,9 @@ def main() -> int:
         # File > Models… and `attnchat models fetch` may still reach the Hugging Face Hub.
         os.environ["ATTNCHAT_HUB_OFFLINE_BY_APP"] = "1"
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    if len(sys.argv) > 2 and sys.argv[1] == "-m" and sys.argv[2] in RUNNABLE_MODULES:
+    from models.child import FROZEN_MODULE_FLAG
+
+    if len(sys.argv) > 2 and sys.argv[1] == FROZEN_MODULE_FLAG and sys.argv[2] in RUNNABLE_MODULES:
         import runpy
 
         module = sys.argv[2]

@@ -10,6 +10,21 @@ from runtime.dtypes import WEIGHT_DTYPES, parse_weight_dtype  # noqa: F401  (re-
 from runtime.errors import DeviceError
 
 
+def device_type(where) -> str:
+    """The type (``"cpu"``, ``"cuda"``, ``"mps"``, ``"meta"`` ...) of ``where``: a
+    :class:`torch.device`, a device name, or anything with a ``.device`` (a tensor, a cache,
+    a layer). The one reading of a device's type that the runtime's device branches go
+    through; the CPU tests take their other side with the meta device, which runs no kernel.
+    """
+    dev = getattr(where, "device", where)
+    return dev.type if isinstance(dev, torch.device) else torch.device(dev).type
+
+
+def on_cpu(where) -> bool:
+    """Whether ``where`` (as :func:`device_type` takes it) is on the CPU."""
+    return device_type(where) == "cpu"
+
+
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """``"auto"`` -> CUDA if available, then Apple MPS, then CPU; others are checked.
 
@@ -129,8 +144,7 @@ def compute_dtype(device: torch.device | str, weight_dtype: torch.dtype | str) -
     Raises:
         ValueError: an unknown dtype name.
     """
-    dev_type = torch.device(device).type if isinstance(device, str) else device.type
-    return _compute_dtype(dev_type, parse_weight_dtype(weight_dtype))
+    return _compute_dtype(device_type(device), parse_weight_dtype(weight_dtype))
 
 
 def _compute_dtype(dev_type: str, weight_dtype: torch.dtype) -> torch.dtype:
@@ -157,8 +171,7 @@ def default_cache_dtype(device: torch.device | str, weight_dtype: torch.dtype | 
     Raises:
         ValueError: an unknown dtype name.
     """
-    dev_type = torch.device(device).type if isinstance(device, str) else device.type
-    if blocks and dev_type == "cpu":
+    if blocks and on_cpu(device):
         return torch.float16
     return compute_dtype(device, weight_dtype)
 
@@ -172,7 +185,7 @@ def linear_path(device: torch.device | str) -> str:
     - CUDA and MPS: ``"accelerator"``: 16-bit weights take float32 activations rounded to
       their dtype (tensor cores), everything else ``F.linear``.
     """
-    return "cpu" if torch.device(device).type == "cpu" else "accelerator"
+    return "cpu" if on_cpu(device) else "accelerator"
 
 
 def decode_mode(device: torch.device | str) -> str:
@@ -185,7 +198,7 @@ def decode_mode(device: torch.device | str) -> str:
       ~1,500 small operations; the static step's whole-buffer attention costs more than
       it saves there (``attnchat bench`` measures both).
     """
-    return "graph" if torch.device(device).type == "cuda" else "eager"
+    return "graph" if device_type(device) == "cuda" else "eager"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,7 +232,7 @@ class DeviceProfile:
         """
         if mode is None or mode == self.decode_mode:
             return self
-        if mode == "graph" and self.device.type != "cuda":
+        if mode == "graph" and device_type(self.device) != "cuda":
             raise ValueError("decode mode 'graph' needs CUDA; use eager, static or compile")
         return dataclasses.replace(self, decode_mode=mode)
 
@@ -230,7 +243,7 @@ class DeviceProfile:
         Raises:
             ValueError: off the CPU or with a decode mode other than eager (one line).
         """
-        if self.device.type != "cpu" or self.decode_mode != "eager":
+        if not on_cpu(self.device) or self.decode_mode != "eager":
             raise ValueError("reproducible replies run on the CPU with eager decode; drop --reproducible "
                              f"or use --device cpu (asked: {self.device.type}, decode {self.decode_mode})")
         return dataclasses.replace(self, reproducible=True)

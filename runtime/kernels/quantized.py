@@ -40,6 +40,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from runtime.device import on_cpu
+
 log = logging.getLogger(__name__)
 
 # The weights a kernel takes are :class:`runtime.weights.quant_weight.QuantWeight` objects,
@@ -224,7 +226,7 @@ torch_ops: bool = False
 
 def _cpu_branch(t: torch.Tensor) -> bool:
     """Whether a kernel takes its CPU branch for operands on ``t``'s device (not with :data:`torch_ops`)."""
-    return t.device.type == "cpu" and not torch_ops
+    return on_cpu(t) and not torch_ops
 
 
 def _f16_run(x: torch.Tensor, W: torch.Tensor, w: QuantWeight) -> torch.Tensor:

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 
 import torch
 
+from runtime.device import on_cpu
 from runtime.kernels.ggml_graph import Graph
 from runtime.model.ggml_layers import layer_end, norm, product
 from runtime.model.layers import Norm
@@ -71,7 +72,7 @@ def unsupported(decoder, pool) -> str | None:
             return "a layer without an attention norm, or query/key norms over the whole projection"
     if any(b.attn.head_edit is not None for b in decoder.blocks):
         return "an attention head edit"
-    if pool.dtype not in _CACHE_TYPES or pool.device.type != "cpu":
+    if pool.dtype not in _CACHE_TYPES or not on_cpu(pool.device):
         return f"a {pool.dtype} pool on {pool.device}"
     return None
 

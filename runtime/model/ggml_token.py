@@ -25,6 +25,7 @@ import math
 import torch
 
 from runtime.cache.storage import FloatStorage
+from runtime.device import on_cpu
 from runtime.kernels.ggml_graph import Graph
 from runtime.model.ggml_layers import attention_inputs, layer_end, norm
 
@@ -42,7 +43,7 @@ def cache_unsupported(cache) -> str | None:
     at position ``start + j`` (no cache policy set or evicted)."""
     if type(cache.storage) is not FloatStorage or cache.dtype not in _CACHE_TYPES:
         return f"a {cache.dtype} cache"
-    if cache.batch != 1 or cache.device.type != "cpu":
+    if cache.batch != 1 or not on_cpu(cache.device):
         return "a batch or a device other than the CPU"
     if cache.evicts or any(cache.slots.mapped(i) for i in range(cache.n_layers)):
         return "a cache policy's evictions"

@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from runtime.device import on_cpu
 from runtime.kernels import ggml_ops
 from runtime.kernels import quant_choice as qc
 from runtime.kernels import quantized as qk
@@ -178,7 +179,7 @@ class QuantEmbedding(nn.Module):
         file's memory map, no copy). ``torch_decode``: decode with torch ops from a copy of the
         blocks on the CPU too, what a GPU runs (the tests pass it to check that path here)."""
         self.device = torch.device(device)
-        self.torch_decode = torch_decode or self.device.type != "cpu"
+        self.torch_decode = torch_decode or not on_cpu(self.device)
         self._table = None
         if self.torch_decode and not self.weight_q.btype.linear_codes:
             # no torch decoding for a codebook type: the table widened once (float16) on the device
@@ -220,7 +221,7 @@ def install(decoder: nn.Module, matrices: dict[str, list], embed, head: list | N
 def _copy_free_default(part, device: torch.device) -> str | None:
     """The prefill kernel of ``part``'s type's default pair when it needs no form beside the
     blocks and runs fast on ``device`` (ggml's widening on the CPU), else None."""
-    if device.type != "cpu" or not qk.QUANT_KERNELS["ggml"].available():
+    if not on_cpu(device) or not qk.QUANT_KERNELS["ggml"].available():
         return None
     default = qc.kernel_pairs(part.btype, device)[0][1]
     return default if default in qc.COPY_FREE else None
@@ -266,7 +267,7 @@ def ggml_step_unsupported(decoder: nn.Module) -> str | None:
         return "the reproducible mode runs its own row-invariant kernels"
     for block in decoder.blocks:
         for m in (block.attn.qkv_proj, block.attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj):
-            if not isinstance(m, QuantLinear) or m.device.type != "cpu":
+            if not isinstance(m, QuantLinear) or not on_cpu(m.device):
                 return "a projection is not in GGUF blocks on the CPU"
     return None
 

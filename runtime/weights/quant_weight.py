@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from runtime.device import on_cpu
 from runtime.weights.block_source import BlockSource
 from runtime.weights.quant_types import BlockType, dequantize, repack_int4, tinygemm_operands
 
@@ -82,7 +83,7 @@ class QuantWeight:
         """Let the blocks in memory go, where the file can give them again (:attr:`source`) and
         they are on the CPU: for a form that replaces them (the caller has made it and holds
         no view of the blocks). Returns the bytes let go (0: kept)."""
-        if self._raw is None or self.source is None or self._raw.device.type != "cpu":
+        if self._raw is None or self.source is None or not on_cpu(self._raw):
             return 0
         n = self._raw.numel()
         self._raw = None

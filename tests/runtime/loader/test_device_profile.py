@@ -67,3 +67,39 @@ def test_a_cuda_profile_takes_the_graph_mode_on_any_machine():
     eager = cuda.with_decode("eager")
     assert eager.decode_mode == "eager" and eager.device == torch.device("cuda")
     assert eager.with_decode("graph") == cuda
+
+
+def test_the_device_type_is_read_of_every_kind_of_place():
+    """``device_type``/``on_cpu``, the one reading of a device's type the runtime's device
+    branches go through: a device, its name, a tensor, or anything holding a ``.device``."""
+    from types import SimpleNamespace
+
+    from runtime.device import device_type, on_cpu
+
+    meta = torch.empty(2, device="meta")
+    assert [device_type(x) for x in ("cpu", "cuda:1", torch.device("mps"), meta, torch.zeros(1))] == \
+        ["cpu", "cuda", "mps", "meta", "cpu"]
+    assert device_type(SimpleNamespace(device=torch.device("cuda", 0))) == "cuda"
+    assert on_cpu("cpu") and on_cpu(torch.zeros(1)) and not on_cpu(meta) and not on_cpu("cuda")
+
+
+def test_an_embedding_off_the_cpu_decodes_with_torch_ops(tmp_path):
+    """The blocks of an embedding moved off the CPU (the meta device stands for a GPU) decode
+    with torch ops there, as a CUDA graph can capture, and a projection there has no copy-free
+    prefill kernel (ggml widens on the CPU only)."""
+    from runtime.model.quant_layers import QuantEmbedding, _copy_free_default
+    from runtime.weights.gguf.mmap import read_gguf_tensors
+    from runtime.weights.gguf.names import gguf_weights
+    from tests.runtime.tiny_gguf import make_tiny_gguf
+
+    g = read_gguf_tensors(make_tiny_gguf(tmp_path, matrix_type="Q4_K", embed_type="Q8_0"))
+    md = g.metadata
+    w = gguf_weights(g, md["llama.block_count"], md["llama.attention.head_count"], md["llama.attention.head_count_kv"])
+    embed = QuantEmbedding(w.embed)
+    embed.to_device("cpu")
+    assert not embed.torch_decode
+    embed.to_device("meta")
+    assert embed.torch_decode and embed.weight_q.raw.device.type == "meta"
+    part = w.matrices["blocks.0.attn.o_proj"][0]
+    assert _copy_free_default(part, torch.device("cpu")) is not None    # ggml's widening here
+    assert _copy_free_default(part, torch.device("meta")) is None

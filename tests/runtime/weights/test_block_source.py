@@ -52,6 +52,16 @@ def test_blocks_without_a_file_stay():
     assert p.drop_blocks() == 0 and p.resident and p.resident_bytes == p.file_bytes
 
 
+def test_blocks_off_the_cpu_stay(tmp_path):
+    """Blocks moved to another device (the meta device stands for a GPU) are not the file's
+    memory map: they stay, although the file could give them again."""
+    path = make_tiny_gguf(tmp_path, matrix_type="Q4_K", embed_type="Q6_K")
+    _, parts = _weights(path)
+    p = parts[0]
+    p.raw = p.raw.to("meta")
+    assert p.source is not None and p.drop_blocks() == 0 and p.resident
+
+
 def test_a_changed_file_says_so(tmp_path):
     path = make_tiny_gguf(tmp_path)
     _, parts = _weights(path)
