@@ -1,6 +1,5 @@
 """The options that choose a model and how it runs, as ``attnchat chat`` (and ``--terminal``) and
-``attnchat serve`` both take them: one wording for both (serve's ``--dtype`` help still said
-float16 was the CPU default after GGUF files came to run from their own blocks). No torch at import.
+``attnchat serve`` both take them: one wording for both. No torch at import.
 """
 from __future__ import annotations
 
@@ -10,11 +9,11 @@ MODEL_HELP = ("a .gguf file, a model folder, a catalog id or hf.co/OWNER/REPO:QU
               "(fetched first when missing; default: the default model)")
 
 
-#: --cache-dtype's help, as chat, serve and memory take it (runtime.device.default_cache_dtype):
-#: the help said float32 on the CPU after the cache of a GGUF's blocks went float16.
+#: --cache-dtype's help, as chat, serve and memory take it (runtime.cache_dtype_for).
 CACHE_DTYPE_HELP = ("KV-cache dtype: float32, bfloat16, float16, int8 (8-bit, a scale per token and head); default: "
-                    "float16 for a GGUF run from its own blocks on the CPU (the default model), else the dtype the "
-                    "model computes in (float32 on the CPU)")
+                    "for a GGUF run from its own blocks on the CPU (the default model) float16, or bfloat16 or "
+                    "float32 where this machine reads it much faster at the model's head size (timed once), else "
+                    "the dtype the model computes in (float32 on the CPU)")
 
 
 def add_cache_dtype_arg(p: argparse.ArgumentParser) -> None:

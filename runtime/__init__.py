@@ -84,6 +84,7 @@ from runtime.insight.formula import FormulaByHand, formula_by_hand
 from runtime.insight.probe import AttentionCapture, HeadScores, head_scores
 from runtime.loader.load import gguf_blocks_bytes, load_model, read_config
 from runtime.loader.model import Model
+from runtime.loader.cache_dtype import cache_dtype_for
 from runtime.loader.support import QuantSupport, fit, quant_support, runs_from_blocks
 from runtime.model.attention import (
     ATTENTION_BACKENDS,
@@ -93,7 +94,7 @@ from runtime.model.attention import (
 )
 
 __all__ = [
-    "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "resolve_device", "compute_dtype", "default_cache_dtype", "default_dtype", "DeviceProfile", "device_profile", "WEIGHT_DTYPE_QUALITY", "Message", "builtin_system_prompt", "ModelConfig", "KVCache", "CACHE_POLICIES", "CACHE_POLICY_FIGURES", "PolicyParams", "Evictor", "budget_for_bytes", "CACHE_DTYPES", "Model", "load_model",
+    "attention", "ATTENTION_BACKENDS", "set_attention_backend", "get_attention_backend", "available_devices", "resolve_device", "compute_dtype", "default_cache_dtype", "cache_dtype_for", "default_dtype", "DeviceProfile", "device_profile", "WEIGHT_DTYPE_QUALITY", "Message", "builtin_system_prompt", "ModelConfig", "KVCache", "CACHE_POLICIES", "CACHE_POLICY_FIGURES", "PolicyParams", "Evictor", "budget_for_bytes", "CACHE_DTYPES", "Model", "load_model",
     "SamplingParams", "Fit", "fit", "runs_from_blocks", "MemoryPlan", "plan", "plan_for_config", "kv_bytes_per_token", "cache_bytes_per_token", "count_parameters", "element_bytes",
     "free_memory_bytes", "AttentionCapture", "HeadScores", "head_scores",
     "ABLATION_MODES", "InductionAblation", "ablated", "induction_ablation", "parse_heads", "top_and_probs",

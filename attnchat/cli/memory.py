@@ -78,9 +78,14 @@ def run(args: argparse.Namespace) -> int:
 
         cfg = read_config(args.model)
         context = args.context if args.context is not None else cfg.max_position_embeddings
-        result = plan_for_config(cfg, cache_dtype=args.cache_dtype, context=context, budget_bytes=budget,
-                                 weights_dtype=args.weights_dtype, device=device,
-                                 blocks=gguf_blocks_bytes(args.model), **policy)
+        blocks = gguf_blocks_bytes(args.model)
+        cache_dtype = args.cache_dtype
+        if cache_dtype is None and blocks is not None and args.weights_dtype is None:
+            from runtime import cache_dtype_for   # the cache the load will give it (timed per machine)
+
+            cache_dtype = cache_dtype_for(device, "float16", blocks=True, head_dim=cfg.head_dim)
+        result = plan_for_config(cfg, cache_dtype=cache_dtype, context=context, budget_bytes=budget,
+                                 weights_dtype=args.weights_dtype, device=device, blocks=blocks, **policy)
         name, limit = args.model or "default", cfg.max_position_embeddings
     if missing:  # whatever torch answered, this machine has no such device to measure
         result = dataclasses.replace(result, free_device_bytes=None, fits_device=None)

@@ -161,7 +161,7 @@ class MemoryPlanner(QGroupBox):
                     weights_dtype: str, policy: str = "none", policy_tokens: int | None = None,
                     policy_bytes: int | None = None) -> runtime.MemoryPlan | None:
         """Recompute the figures. ``context`` 0 = the model's maximum; ``cache_dtype``
-        ``"auto"`` = the model's default (:func:`runtime.default_cache_dtype`), ``weights_dtype``
+        ``"auto"`` = the model's default (:func:`runtime.cache_dtype_for`), ``weights_dtype``
         ``"auto"`` = the loaded model's dtype or the device's default; ``device``
         already resolved (no ``"auto"``). ``policy`` other than ``"none"``: a cache policy keeping
         ``policy_tokens`` per full layer or ``policy_bytes`` of cache: the cache never holds more."""
@@ -171,10 +171,6 @@ class MemoryPlanner(QGroupBox):
             wdtype = m["dtype"] if m and str(m.get("device")) == device else DEFAULT_WEIGHT_DTYPE.get(device.split(":")[0], "float32")
         # a GGUF run from its own blocks names its quantization ("Q4_K_M"): it computes as float16 weights do
         blocks = wdtype not in ("float32", "bfloat16", "float16", "int8")
-        if cache_dtype == "auto":  # float16 for a GGUF's blocks on the CPU, else the compute dtype
-            cdtype = str(runtime.default_cache_dtype(device, "float16" if blocks else wdtype, blocks=blocks)).removeprefix("torch.")
-        else:
-            cdtype = cache_dtype
         windows, n_heads = None, None
         if m:
             layers, kv_heads, head_dim = int(m["n_layers"]), int(m["n_kv_heads"]), int(m["head_dim"])
@@ -193,6 +189,13 @@ class MemoryPlanner(QGroupBox):
             context = self.context.value()
             weights = int(self.params_m.value() * 1e6) * runtime.element_bytes(wdtype) or None
             shape = f"{layers} layers × {kv_heads} KV heads × {head_dim} dims"
+        if cache_dtype != "auto":
+            cdtype = cache_dtype
+        elif m and blocks and m.get("cache_dtype"):
+            cdtype = m["cache_dtype"]   # the loaded model's own
+        else:  # a GGUF's blocks on the CPU: the dtype timed here for the head size, else the compute dtype
+            cdtype = str(runtime.cache_dtype_for(device, "float16" if blocks else wdtype, blocks=blocks,
+                                                 head_dim=head_dim)).removeprefix("torch.")
         kept = {} if policy == "none" else dict(cache_budget=policy_tokens, cache_budget_bytes=policy_bytes)
         try:
             p = runtime.plan(layers=layers, kv_heads=kv_heads, head_dim=head_dim, cache_dtype=cdtype,

@@ -22,7 +22,7 @@ def model_info(model: "runtime.Model") -> dict[str, Any]:
     return {
         "name": model.name, "path": str(model.path), "device": str(model.device), "dtype": dtype,
         "compute_dtype": str(getattr(model, "compute_dtype", model.dtype)).removeprefix("torch."),
-        # the KV cache's dtype when the settings say "auto" (float16 for a GGUF's blocks on the CPU)
+        # the KV cache's dtype when the settings say "auto" (runtime.cache_dtype_for: for a GGUF's blocks on the CPU, timed here)
         "cache_dtype": str(getattr(model, "cache_dtype", None) or getattr(model, "compute_dtype", model.dtype)).removeprefix("torch."),
         "context_limit": c.max_position_embeddings, "n_layers": c.n_layers, "n_heads": c.n_heads,
         "n_kv_heads": c.n_kv_heads, "head_dim": c.head_dim, "load_seconds": model.load_seconds,

@@ -18,9 +18,10 @@ import torch
 
 from models.safety import template as template_sandbox
 from runtime.config.model import ModelConfig
-from runtime.device import DeviceProfile, default_cache_dtype, device_profile, trim_heap
+from runtime.device import DeviceProfile, device_profile, trim_heap
 from runtime.dtypes import parse_cache_dtype, parse_weight_dtype
 from runtime.errors import ModelLoadError, UnsupportedModelError
+from runtime.loader.cache_dtype import cache_dtype_for
 from runtime.loader.choose import choose_kernels
 from runtime.loader.model import Model
 from runtime.loader.read import ReadWeights, read_weights
@@ -125,7 +126,7 @@ def load_model(
     model = Model(
         tokenizer=weights.tokenizer, path=weights.path, config=cfg, device=profile.device,
         dtype=quant.file_type if quant is not None else wdtype, decoder=decoder, compute_dtype=decoder.compute_dtype,
-        cache_dtype=default_cache_dtype(profile.device, decoder.compute_dtype, blocks=quant is not None),
+        cache_dtype=cache_dtype_for(profile.device, decoder.compute_dtype, blocks=quant is not None, head_dim=cfg.head_dim),
         load_seconds=time.perf_counter() - t0, stop_token_ids=stop_ids,
         decode_mode=chosen.decode_mode, kernels=chosen.kernels, quant_kernels=chosen.quant_kernels,
         file_identity=weights.identity, reproducible=profile.reproducible, prefill_forms=chosen.prefill_forms,

@@ -15,6 +15,7 @@ import torch
 
 from runtime.kernels import ggml_ops
 from runtime.kernels.quant_choice import kernel_pairs
+from runtime.loader.cache_dtype import cache_dtype_for
 from runtime.loader.load import widens
 from runtime.memory import planner
 from runtime.weights.gguf.open import types_run_from_blocks
@@ -97,9 +98,10 @@ def fit(file_bytes: int, *, layers: int, kv_heads: int, head_dim: int, context: 
         block_type: str = "", architecture: str = "", dtype: str | torch.dtype | None = None,
         reproducible: bool = False) -> planner.Fit:
     """:func:`runtime.memory.planner.fit` of a GGUF of ``file_bytes``, its KV cache planned in
-    the dtype the loader gives that file on ``device`` (unless ``cache_dtype`` is given):
-    float16 on the CPU for a quantized file of a family run from its blocks
-    (:func:`runs_from_blocks`; ``block_type`` and ``architecture`` name it, "" when unknown),
+    the dtype the loader gives that file on ``device`` (unless ``cache_dtype`` is given): for a
+    quantized file of a family run from its blocks on the CPU, the one timed here for its head
+    size (:func:`runtime.loader.cache_dtype.cache_dtype_for`; :func:`runs_from_blocks`;
+    ``block_type`` and ``architecture`` name it, "" when unknown),
     the compute dtype otherwise (float32 on the CPU: a float file, a widened one, reproducible
     replies). ``dtype`` and ``reproducible``: as :func:`runtime.load_model` would be called.
 
@@ -108,6 +110,8 @@ def fit(file_bytes: int, *, layers: int, kv_heads: int, head_dim: int, context: 
     """
     blocks = runs_from_blocks(block_type, architecture, dtype=dtype, reproducible=reproducible)
     widened = dtype if widens(dtype, False) else None   # a float dtype asked: the cache computes as it does
+    if cache_dtype is None and blocks:
+        cache_dtype = cache_dtype_for(device, torch.float16, blocks=True, head_dim=head_dim)
     return planner.fit(file_bytes, layers=layers, kv_heads=kv_heads, head_dim=head_dim, context=context,
                        windows=windows, device=device, cache_dtype=cache_dtype, free_bytes=free_bytes,
                        blocks=blocks, weights_dtype=widened)

@@ -181,7 +181,8 @@ def test_the_cache_dtype_default_is_said_as_the_app_takes_it(monkeypatch, capsys
     commands = cli.build_parser().commands
     for name in ("chat", "serve", "memory"):
         assert {a.help for a in commands[name]._actions if "--cache-dtype" in a.option_strings} == {CACHE_DTYPE_HELP}
-    assert "default: float16 for a GGUF run from its own blocks on the CPU" in CACHE_DTYPE_HELP
+    assert ("default: for a GGUF run from its own blocks on the CPU (the default model) float16, or bfloat16 or "
+            "float32 where this machine reads it much faster at the model's head size (timed once)") in CACHE_DTYPE_HELP
     assert str(default_cache_dtype("cpu", "float32", blocks=True)) == "torch.float16"
     assert str(default_cache_dtype("cpu", "float32")) == "torch.float32"  # "else ... float32 on the CPU"
 
@@ -192,7 +193,8 @@ def test_the_cache_dtype_default_is_said_as_the_app_takes_it(monkeypatch, capsys
     assert re.search(r"^KV bytes per token +23,040 \(float16\)$", capsys.readouterr().out, re.M)
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8").split())
     assert (f"The default model's cache takes 2 x 30 x 3 x 64 x 2 = {per_token:,} bytes per token in float16, "
-            "its default (a GGUF's blocks on the CPU; 46,080 in float32)") in readme
+            "its default (a GGUF's blocks on the CPU; 46,080 in float32). Where this machine's attention reads "
+            "another dtype faster at the model's head size (timed once, kept), the app takes it instead") in readme
     assert f"16 tokens a page, {16 * per_token:,} bytes for the default model in its float16 cache" in readme
 
 
