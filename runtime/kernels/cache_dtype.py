@@ -126,14 +126,16 @@ class _CacheChooser:
         return dtype
 
     def from_kept(self, kept: dict) -> torch.dtype | None:
+        """The kept dtype, if it was chosen among today's candidates (else measured again)."""
         entry = kept.get("cache-dtype", {}).get(str(self.head_dim))
-        if entry is None:
+        if entry is None or entry.get("candidates") != [_name(c) for c in CANDIDATES]:
             return None
         dtype = getattr(torch, entry["dtype"])
         return dtype if dtype in CANDIDATES else None
 
     def keep(self, kept: dict, choice: torch.dtype) -> dict:
-        kept.setdefault("cache-dtype", {})[str(self.head_dim)] = {"dtype": _name(choice), "timings_us": self.timings}
+        kept.setdefault("cache-dtype", {})[str(self.head_dim)] = {
+            "dtype": _name(choice), "candidates": [_name(c) for c in CANDIDATES], "timings_us": self.timings}
         return kept
 
 

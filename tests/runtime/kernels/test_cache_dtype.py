@@ -51,15 +51,17 @@ def test_the_choice_is_measured_once_kept_and_read_back(tmp_path, monkeypatch):
     kept = json.loads(kernel_file(folder).read_text())["cache-dtype"]["64"]
     assert kept["dtype"] == str(first).removeprefix("torch.") and set(kept["timings_us"]) == {"float16", "bfloat16", "float32"}
     assert cd.choose(kept["timings_us"]) == first
+    assert kept["candidates"] == ["float16", "bfloat16", "float32"]
     # a choice in the file is what later loads take, without timing again
-    kernel_file(folder).write_text(json.dumps({"cache-dtype": {"64": {"dtype": "float32", "timings_us": {}}}}))
+    kernel_file(folder).write_text(json.dumps({"cache-dtype": {"64": {"dtype": "float32", "candidates": kept["candidates"]}}}))
     cd._chosen.cache_clear()
     assert cd.blocks_cache_dtype(64, folder) == torch.float32
-    # an entry naming no candidate is measured again
-    kernel_file(folder).write_text(json.dumps({"cache-dtype": {"64": {"dtype": "int8"}}}))
-    cd._chosen.cache_clear()
-    assert cd.blocks_cache_dtype(64, folder) in cd.CANDIDATES
-    assert json.loads(kernel_file(folder).read_text())["cache-dtype"]["64"]["dtype"] != "int8"
+    # an entry naming no candidate, or chosen among other candidates, is measured again
+    for stale in ({"dtype": "int8", "candidates": kept["candidates"]}, {"dtype": "float32", "candidates": ["float16", "float32"]}):
+        kernel_file(folder).write_text(json.dumps({"cache-dtype": {"64": stale}}))
+        cd._chosen.cache_clear()
+        assert cd.blocks_cache_dtype(64, folder) == cd.choose(
+            json.loads(kernel_file(folder).read_text())["cache-dtype"]["64"]["timings_us"])
 
 
 def test_unmeasured_it_is_float16(monkeypatch, tmp_path):
@@ -81,7 +83,8 @@ def test_a_load_and_a_fit_give_the_file_the_kept_dtype(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     cache.mkdir(exist_ok=True)
     for dtype in ("float32", "bfloat16"):
-        kernel_file(cache).write_text(json.dumps({"cache-dtype": {str(cfg.head_dim): {"dtype": dtype}}}))
+        entry = {"dtype": dtype, "candidates": ["float16", "bfloat16", "float32"]}
+        kernel_file(cache).write_text(json.dumps({"cache-dtype": {str(cfg.head_dim): entry}}))
         cd._chosen.cache_clear()
         m = runtime.load_model(str(path), device="cpu", threads=1)
         assert str(m.cache_dtype) == f"torch.{dtype}" and m.new_cache(8).dtype == getattr(torch, dtype)
