@@ -317,6 +317,10 @@ class ModelsDialog(QDialog):
         super().done(result)
 
 
+#: The link in the window's note that downloads the recommended model.
+RECOMMEND_LINK = "recommend"
+
+
 class ModelSwitcher:
     """File > Models… in a window: the menu action and the dialog it opens."""
 
@@ -334,6 +338,9 @@ class ModelSwitcher:
         self.recommended: Recommendation | None = None
         window.stack.currentChanged.connect(self._first_run)
         window.empty.recommend_button.clicked.connect(lambda: self.recommended and self.download(self.recommended.entry))
+        window.model_changed.connect(self._offer_after_default)
+        window.notice.linkActivated.connect(
+            lambda link: link == RECOMMEND_LINK and self.recommended and self.download(self.recommended.entry))
 
     def _first_run(self, *_args) -> None:
         """The empty state shows: recommend a usable first model beside the default one."""
@@ -347,6 +354,34 @@ class ModelSwitcher:
         r = self.recommended
         if r is not None and r.entry.id != models.DEFAULT_MODEL.id:
             self.window.empty.recommend(r.entry.name, r.entry.size_bytes, r.reason)
+            self.window.settings.set("models/recommendation_offered", True)
+
+    def _offer_after_default(self, info: dict) -> None:
+        """The default model is loaded: once per user, say which model fits this machine better.
+
+        ``make run`` fetches the default model before the first start, so the welcome page
+        (which recommends one) never shows to a new user; the note does it instead, with a
+        link that opens the download. Nothing when a better model is already installed, and
+        not over a notice of this load (a device fallback): it waits for the next load."""
+        if info.get("remote") or Path(str(info.get("path") or "")).name != models.DEFAULT_MODEL.filename \
+                or self.window.settings.get("models/recommendation_offered") or not self.window.notice.isHidden():
+            return
+        try:
+            self.recommended = self.recommended or recommend(fit=self.service.fit_here,
+                                                             device=str(info.get("device") or "") or None)
+        except Exception:  # noqa: BLE001 - the window works without it
+            log.warning("could not recommend a model", exc_info=True)
+            return
+        r = self.recommended
+        installed = self.installed_fn or models.installed_path
+        if r is None or r.entry.id == models.DEFAULT_MODEL.id or installed(r.entry) is not None:
+            return
+        self.window.settings.set("models/recommendation_offered", True)
+        name = html.escape(models.DEFAULT_MODEL.name)
+        self.window.show_note(
+            f"{name} is for the first minute and offline use; it often repeats itself. Better answers: "
+            f'<a href="{RECOMMEND_LINK}">Download {html.escape(r.entry.name)} ({size_text(r.entry.size_bytes)})</a>, '
+            f"{html.escape(r.reason)}.")
 
     def download(self, entry: models.CatalogEntry) -> DownloadDialog:
         """Download ``entry`` (the dialog names its size and license and asks first); then load it."""

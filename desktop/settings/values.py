@@ -33,6 +33,7 @@ DEFAULTS: dict[str, Any] = {
     "last_conversation": 0,
     "model/source": "",          # "" = the default model
     "model/device": "auto",
+    "models/recommendation_offered": False,   # a better first model was recommended once (desktop.model_switcher)
     "remote/base_url": "",       # the last server connected to (its key: desktop.remote.secrets, never here)
     "server/port": 0,            # Server > Serve: the loopback port, chosen free once (0: not yet)
     "server/require_key": False,  # Server > Serve: clients must send the API key (kept in the keyring)
