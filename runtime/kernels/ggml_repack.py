@@ -30,18 +30,25 @@ never SIGBUS); the embedding and the LM head, which lookups read row by row, get
 Beside the blocks (+520 MiB on the 1B shape) the forms cost more memory than they gained
 speed; in their place the 1B shape peaks at the plain blocks' memory.
 
-Which types get forms by default is measured (:data:`DEFAULT_TYPES`);
-``ATTNCHAT_GGML_REPACK=1`` makes every form ggml has here, ``0`` none.
+Which types get forms by default is measured on each machine (:func:`measured_faster`): the
+one-row product (a decode step's) of a matrix of the type on its form against its plain
+blocks, kept in the cache folder. On an Intel Xeon with AVX512 (Sapphire Rapids, 2 vCPUs) the
+1B shape's Q4_K decode took 43 ms a token with forms against 58-61 without, level with
+llama.cpp (same run, the bench: 23.9 against 23.9 tok/s at a depth of 128); on the AMD EPYC
+Zen 3 the step was not measured faster (56-71 against 58-64 ms). ``ATTNCHAT_GGML_REPACK=1``
+makes every form ggml has here, ``0`` none; ``ATTNCHAT_KERNELS=default`` (nothing measured)
+none.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 
 from runtime.kernels import ggml_ops
 
-__all__ = ["Repacked", "enabled", "repacked"]
+__all__ = ["Repacked", "enabled", "measured_faster", "repacked", "time_forms"]
 
 log = logging.getLogger(__name__)
 
@@ -51,25 +58,128 @@ FORM = ggml_ops.REPACKED
 _STATE: dict = {}   # "buft": the CPU_REPACK buffer type (0: none), "log": the log callback kept alive
 
 
-#: The block types whose forms are made unless ``ATTNCHAT_GGML_REPACK`` says otherwise: those
-#: measured faster with peak memory not above the plain blocks' (docs/benchmarks.md, "in place
-#: of the blocks"). None: on the AMD EPYC Zen 3 the forms in place of the blocks keep the 1B
-#: shape's peak RSS (1,066-1,079 MB against 1,070-1,076 without), but their decode was not
-#: measured faster (one process, alternated, the quiet rounds: 56-71 ms a token with them
-#: against 58-64 without; the bench's runs scatter 20 % either way).
-DEFAULT_TYPES: frozenset[str] = frozenset()
+#: How much faster a type's one-row products must run on its forms for them to be made by
+#: default: beyond the timing's noise. A form costs no memory (it replaces the blocks).
+MARGIN = 1.05
+#: The matrices the choice times: rows, columns (a 1B model's square projection), and how many.
+TIMED_SHAPE = (2048, 2048)
+TIMED_MATRICES = 16
 
 
-def enabled(type_name: str | None = None) -> bool:
-    """Whether repacked forms are made for the block type ``type_name`` (None: for any type):
-    ``ATTNCHAT_GGML_REPACK=1`` for every type ggml has a form of, ``0`` for none, unset for
-    :data:`DEFAULT_TYPES`; and ggml loads, with a ``CPU_REPACK`` buffer type."""
+def enabled(type_name: str | None = None, ggml_type: int | None = None) -> bool:
+    """Whether repacked forms are made for the block type ``type_name`` (ggml's id
+    ``ggml_type``; None: for any type): ``ATTNCHAT_GGML_REPACK=1`` for every type ggml has a
+    form of, ``0`` for none, unset where :func:`measured_faster` says so; and ggml loads, with
+    a ``CPU_REPACK`` buffer type."""
     flag = os.environ.get("ATTNCHAT_GGML_REPACK", "")
-    if flag == "0" or (flag != "1" and not (DEFAULT_TYPES if type_name is None else type_name in DEFAULT_TYPES)):
+    if flag == "0" or not ggml_ops.available() or not _buffer_type():
         return False
-    if not ggml_ops.available():
+    if flag == "1":
+        return True
+    return type_name is not None and ggml_type is not None and measured_faster(type_name, ggml_type)
+
+
+def measured_faster(type_name: str, ggml_type: int, folder=None) -> bool:
+    """Whether this machine multiplies one row :data:`MARGIN` times faster on ``type_name``'s
+    form than on its plain blocks (:func:`time_forms` on :data:`TIMED_SHAPE`): kept in
+    ``folder`` (default: the cache folder) for the next load, under the rules of
+    :func:`runtime.kernels.chooser.load_or_measure` (``ATTNCHAT_KERNELS=default`` and a busy
+    machine: no forms, unmeasured). False where ggml has no form of the type here."""
+    if folder is None:
+        from models import paths
+
+        try:
+            folder = paths.cache_dir()
+        except OSError:
+            folder = None
+    return _measured(type_name, ggml_type, folder, os.environ.get("ATTNCHAT_KERNELS", ""))
+
+
+@functools.lru_cache(maxsize=None)
+def _measured(type_name: str, ggml_type: int, folder, mode: str) -> bool:
+    """(``mode``: ``ATTNCHAT_KERNELS``, part of the key so that a change of it is obeyed.)"""
+    from runtime.kernels.chooser import load_or_measure
+
+    try:
+        return load_or_measure(folder, _RepackChooser(type_name, ggml_type))
+    except (RuntimeError, OSError, ValueError, MemoryError) as e:
+        log.info("repacked forms of %s not measured (%s): none made", type_name, e)
         return False
-    return bool(_buffer_type())
+
+
+def time_forms(ggml_type: int, reps: int = 5) -> dict[str, float] | None:
+    """Microseconds of one row times :data:`TIMED_MATRICES` matrices of :data:`TIMED_SHAPE` of
+    ``ggml_type`` in one ggml graph, as a decode step multiplies its projections (random
+    weights quantized by ggml, a uniform importance matrix where ggml asks for one; more bytes
+    than a core's L2 cache): on their plain blocks and on their forms (``{"blocks": us,
+    "form": us}``, the fastest of ``reps`` computes after a warm-up), on
+    ``torch.get_num_threads()`` threads. None: ggml has no form of the type here.
+
+    One graph, not one call per matrix: a call's own cost (about 10-20 us) hid the forms'
+    gain (on the Intel Xeon above, 16 calls of Q4_K 2048 x 2048: 0.8-0.9x; the same products
+    in one graph 1.23-1.26x, and the 1B shape's step 1.4x).
+    """
+    import numpy as np
+    import torch
+
+    from runtime.kernels.chooser import best_time_us
+    from runtime.kernels.ggml_graph import Graph
+
+    g = ggml_ops._STATE["ggml"]
+    rows, cols = TIMED_SHAPE
+    w = np.random.default_rng(0).standard_normal((rows, cols), dtype=np.float32) * 0.02
+    raw = torch.empty(rows, g.ggml_row_size(ggml_type, cols), dtype=torch.uint8)
+    floats = ctypes.POINTER(ctypes.c_float)
+    imatrix = np.ones(cols, dtype=np.float32) if g.ggml_quantize_requires_imatrix(ggml_type) else None
+    g.ggml_quantize_chunk(ggml_type, w.ctypes.data_as(floats), raw.data_ptr(), 0, rows, cols,
+                          None if imatrix is None else imatrix.ctypes.data_as(floats))
+    blocks = [raw.clone() for _ in range(TIMED_MATRICES)]
+    with ggml_ops._LOCK:
+        forms = [_make(b, ggml_type, rows, cols) for b in blocks]
+    if forms[0] is None:
+        return None
+    x = torch.randn(1, cols)
+    times = {}
+    for name, operands in (("blocks", blocks), ("form", forms)):
+        graph = Graph(result_bytes=TIMED_MATRICES * rows * 4 + (1 << 16), max_nodes=2 * TIMED_MATRICES + 8)
+        X = graph.leaf(x, (cols, 1))
+        for op in operands:
+            W = op.tensor if name == "form" else graph.leaf(op, (cols, rows), ggml_type)
+            graph.output(g.ggml_mul_mat(graph.ctx, W, X))
+        graph.keep(operands)
+        times[name] = best_time_us(graph.compute, reps, warm_up=True)
+    return times
+
+
+class _RepackChooser:
+    """:class:`runtime.kernels.chooser.KernelChooser` of one block type's forms: kept under
+    ``"repack"`` by type name in the machine's file."""
+
+    what = "the repacked-forms choice"
+    busy_runs_defaults = True
+    measurable = True
+
+    def __init__(self, type_name: str, ggml_type: int):
+        self.type_name, self.ggml_type = type_name, ggml_type
+        self.timings: dict | None = None
+
+    def default(self) -> bool:
+        return False
+
+    def measure(self) -> bool:
+        self.timings = time_forms(self.ggml_type)
+        on = self.timings is not None and self.timings["form"] * MARGIN < self.timings["blocks"]
+        log.info("repacked forms of %s: %s (one row x %d matrices of %d x %d, us: %s)", self.type_name,
+                 "on" if on else "off", TIMED_MATRICES, *TIMED_SHAPE, self.timings)
+        return on
+
+    def from_kept(self, kept: dict) -> bool | None:
+        entry = kept.get("repack", {}).get(self.type_name)
+        return None if entry is None else bool(entry["on"])
+
+    def keep(self, kept: dict, choice: bool) -> dict:
+        kept.setdefault("repack", {})[self.type_name] = {"on": choice, "timings_us": self.timings}
+        return kept
 
 
 def _buffer_type() -> int:
@@ -168,7 +278,7 @@ def repacked(w) -> Repacked | None:
 
     if FORM in w.prepared:   # made (its blocks may be gone): the form, whatever the setting says now
         return w.prepared[FORM]
-    if not enabled(w.btype.name):
+    if not enabled(w.btype.name, w.btype.ggml_type):
         return None
     if not w.btype.quantized or not _cpu_branch(w.raw):   # a device's blocks: ggml has no form there
         return None

@@ -4,6 +4,7 @@ prompt's rows; a form is made once and counted in the weight's memory; off, or f
 has no form of here, the plain blocks run; the one-graph token decodes through the forms."""
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -27,9 +28,13 @@ pytestmark = pytest.mark.skipif(not ggml_ops.available(), reason="ggml-python is
 
 
 @pytest.fixture(autouse=True)
-def forms_on(monkeypatch):
-    """The forms are off by default (they cost their bytes beside the blocks): on here."""
+def forms_on(monkeypatch, tmp_path):
+    """Every form ggml has here (by default only the types measured faster on this machine)."""
     monkeypatch.setenv("ATTNCHAT_GGML_REPACK", "1")
+    monkeypatch.setenv("ATTNCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    ggml_repack._measured.cache_clear()
+    yield
+    ggml_repack._measured.cache_clear()
 
 #: The types llama.cpp repacks on x86 (which of them ggml repacks depends on the CPU's features).
 CANDIDATES = ("Q4_0", "Q4_K", "IQ4_NL", "Q8_0", "Q6_K", "Q5_K", "Q2_K")
@@ -92,26 +97,41 @@ def test_a_form_is_made_once_and_counted():
 
 
 def test_off_and_unquantized_mean_the_plain_blocks(monkeypatch):
-    monkeypatch.delenv("ATTNCHAT_GGML_REPACK")
-    for name in CANDIDATES:   # unset: the measured types only
-        assert ggml_repack.enabled(name) == (name in ggml_repack.DEFAULT_TYPES)
-    assert ggml_repack.enabled() == bool(ggml_repack.DEFAULT_TYPES)
     monkeypatch.setenv("ATTNCHAT_GGML_REPACK", "1")
     f32 = BLOCK_TYPES["F32"]
     w = QuantWeight(torch.zeros(8, 32 * 4, dtype=torch.uint8), f32, 8, 32)
     assert ggml_repack.repacked(w) is None
     monkeypatch.setenv("ATTNCHAT_GGML_REPACK", "0")
-    assert not ggml_repack.enabled()
+    assert not ggml_repack.enabled() and not ggml_repack.enabled("Q4_0", BLOCK_TYPES["Q4_0"].ggml_type)
     assert ggml_repack.repacked(_weight("Q4_0")) is None
 
 
-def test_unset_makes_forms_of_the_default_types_only(monkeypatch):
+def test_unset_makes_forms_of_the_types_measured_faster_here(monkeypatch, tmp_path):
+    """Unset, a type gets forms where its products ran faster on them on this machine (timed
+    once, kept in the cache folder); nothing measured (``ATTNCHAT_KERNELS=default``): none."""
+    from runtime.kernels import machine
+
     every = _with_forms()   # ATTNCHAT_GGML_REPACK=1: every type ggml has a form of here
     monkeypatch.delenv("ATTNCHAT_GGML_REPACK")
-    monkeypatch.setattr(ggml_repack, "DEFAULT_TYPES", frozenset({"Q4_0"}))
-    assert "Q4_0" in every and _with_forms() == ["Q4_0"]
+    monkeypatch.setattr(machine, "busy", lambda: False)
+    monkeypatch.setattr(ggml_repack, "time_forms", lambda t: {"blocks": 100.0, "form": 50.0 if t == 2 else 99.0})
+    assert "Q4_0" in every and _with_forms() == ["Q4_0"]   # Q4_0 (ggml type 2) 2x faster; the rest < MARGIN
+    kept = json.loads(machine.kernel_file(tmp_path / "cache").read_text())["repack"]
+    assert kept["Q4_0"]["on"] and not any(v["on"] for k, v in kept.items() if k != "Q4_0")
+    ggml_repack._measured.cache_clear()
+    monkeypatch.setattr(ggml_repack, "time_forms", lambda t: pytest.fail("a kept choice is timed again"))
+    assert _with_forms() == ["Q4_0"]
+    monkeypatch.setenv("ATTNCHAT_KERNELS", "default")
+    assert _with_forms() == []
     monkeypatch.setenv("ATTNCHAT_GGML_REPACK", "0")
     assert _with_forms() == []
+
+
+def test_the_timing_compares_the_same_products_on_forms_and_blocks():
+    t = BLOCK_TYPES["Q4_0"]
+    times = ggml_repack.time_forms(t.ggml_type, reps=1)
+    assert set(times) == {"blocks", "form"} and all(0 < v < 1e6 for v in times.values())
+    assert ggml_repack.time_forms(BLOCK_TYPES["Q4_1"].ggml_type, reps=1) is None   # ggml has no Q4_1 form
 
 
 def test_a_form_replaces_blocks_read_from_a_file(tmp_path):
