@@ -249,8 +249,23 @@ def tidy(text: str) -> Tidied:
 #: a quote, a rule or setext underline, a table row.
 _OPENS_BLOCK = re.compile(r"([-*+]|\d{1,9}[.)])( |$)|#{1,6}( |$)|>|(=+|-+|(\* *){3,}|(_ *){3,})$|\|")
 
+#: A quote's line: its marks (``>``, ``> >``, each with at most one space after it) and the rest.
+_QUOTE = re.compile(r"(?P<marks>(?:> ?)+)(?P<inner>.*)")
+
 #: Qt lays this out as a line break inside a paragraph (QChar::LineSeparator).
 LINE_SEPARATOR = "\u2028"
+
+
+def _continues(body: str) -> bool:
+    """Whether the line ``body`` (its indentation removed) is one a next line may continue as
+    the same paragraph: prose or a list item's text, not a heading, rule, table row or quote."""
+    return not (_OPENS_BLOCK.match(body) and not _LIST_ITEM.match(body)) and "|" not in body
+
+
+def _unbroken(line: str) -> str:
+    """``line`` without its trailing spaces and Markdown hard break (one line break is enough)."""
+    line = line.rstrip()
+    return line[:-1] if line.endswith("\\") and not line.endswith("\\\\") else line
 
 
 def hard_breaks(markdown: str) -> str:
@@ -258,13 +273,17 @@ def hard_breaks(markdown: str) -> str:
     code blocks. In CommonMark a single newline is a soft break, shown as a space: a two-line
     poem showed as one line. Chat apps (ChatGPT, LM Studio, Jan) show the lines as the model
     wrote them. The newline becomes :data:`LINE_SEPARATOR` (not a Markdown hard break: Qt makes
-    that a new paragraph, as far from the line before as a blank line would). Copy and export
-    keep the text as written. ``markdown`` should be :func:`tidy`'s (fences closed)."""
+    that a new paragraph, as far from the line before as a blank line would). Inside a quote
+    (``> ``) the same holds for the quote's lines (and a lazy line without ``>`` that continues
+    its paragraph). Copy and export keep the text as written. ``markdown`` should be
+    :func:`tidy`'s (fences closed)."""
     if "\n" not in markdown:
         return markdown
     out: list[str] = []
     fence: tuple[str, int] | None = None   # (mark, length) of the open code block
     joinable = False                        # out[-1] is a paragraph line the next may continue
+    quoted: str | None = None               # out[-1] is such a line in a quote of these marks (">", ">>")
+    qfence: tuple[str, int] | None = None   # the open code block inside the quote
     for line in markdown.split("\n"):
         body = _expand(line)[1].rstrip()
         if fence is not None:
@@ -272,23 +291,40 @@ def hard_breaks(markdown: str) -> str:
                 fence = None
             out.append(line)
             continue
-        opened = _fence_of(line)
-        if opened is not None:
-            fence, joinable = (opened[1][0], len(opened[1])), False
+        q = _QUOTE.match(body)
+        if q is not None:
+            marks, inner = q["marks"].replace(" ", ""), _expand(q["inner"])[1].rstrip()
+            if qfence is not None:
+                if inner.startswith(qfence[0] * qfence[1]) and not inner.strip(qfence[0]):
+                    qfence = None
+                out.append(line)
+                continue
+            opened = _fence_of(q["inner"])
+            if opened is not None:
+                qfence, quoted, joinable = (opened[1][0], len(opened[1])), None, False
+                out.append(line)
+                continue
+            if inner and marks == quoted and not _OPENS_BLOCK.match(inner):
+                out[-1] = _unbroken(out[-1]) + LINE_SEPARATOR + inner   # the quoted paragraph's next line
+                continue
             out.append(line)
+            quoted, joinable = (marks if inner and _continues(inner) else None), False
             continue
+        qfence = None
         if not body:
             out.append(line)
-            joinable = False
+            joinable, quoted = False, None
             continue
-        if joinable and not _OPENS_BLOCK.match(body):
-            prev = out[-1].rstrip()
-            prev = prev[:-1] if prev.endswith("\\") and not prev.endswith("\\\\") else prev   # a hard break already
-            out[-1] = prev + LINE_SEPARATOR + body   # the paragraph's next line
+        opened = _fence_of(line)
+        if opened is not None:
+            fence, joinable, quoted = (opened[1][0], len(opened[1])), False, None
+            out.append(line)
+            continue
+        if (joinable or quoted is not None) and not _OPENS_BLOCK.match(body):
+            out[-1] = _unbroken(out[-1]) + LINE_SEPARATOR + body   # the paragraph's next line (a quote's lazy one)
             continue
         out.append(line)
-        starts = _LIST_ITEM.match(body)
-        joinable = not (_OPENS_BLOCK.match(body) and not starts) and "|" not in body
+        joinable, quoted = _continues(body), None
     return "\n".join(out)
 
 

@@ -272,3 +272,25 @@ def test_single_newlines_in_a_reply_are_shown_as_line_breaks(qapp):
     assert hard_breaks(table) == table and hard_breaks("Title\n---\nbody") == "Title\n---\nbody"
     assert hard_breaks("```\nx = 1\ny = 2\n```\nafter\nline") == f"```\nx = 1\ny = 2\n```\nafter{LINE_SEPARATOR}line"
     assert hard_breaks("ends in a break\\\nnext") == f"ends in a break{LINE_SEPARATOR}next"
+
+
+def test_single_newlines_in_a_quote_are_shown_as_line_breaks(qapp):
+    """A quoted two-line poem showed as one line: the quote's lines joined as CommonMark's soft
+    break does. Its code, headings and lists keep their meaning; a quote inside a quote too."""
+    from desktop.chat.markdown import LINE_SEPARATOR as LS, hard_breaks
+
+    def shown(text):
+        doc = build_document(text, QFont(), QPalette(), 600).doc
+        doc.documentLayout().documentSize()
+        return [(doc.findBlockByNumber(i).text(), doc.findBlockByNumber(i).layout().lineCount())
+                for i in range(doc.blockCount())]
+
+    assert shown("> Roses are red,\n> violets are blue.") == [(f"Roses are red,{LS}violets are blue.", 2)]
+    assert shown("As she wrote:\n> one\n> two\nlazy three\n\nAfter.") == [
+        ("As she wrote:", 1), (f"one{LS}two{LS}lazy three", 3), ("After.", 1)]
+    assert hard_breaks(">> deep\n>> deeper\n> out") == f">> deep{LS}deeper\n> out"
+    for kept in ("> # Title\n> body", "> ```\n> x = 1\n> y = 2\n> ```", "> | a | b |\n> |---|---|",
+                 "> a\n>\n> b", "> - one\n> - two", "> text\n# Heading"):
+        assert hard_breaks(kept) == kept, kept
+    assert hard_breaks("> - one\n>   more") == f"> - one{LS}more"
+    assert hard_breaks("> ```\n> x = 1\n> ```\n> after\n> line") == f"> ```\n> x = 1\n> ```\n> after{LS}line"
