@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from runtime.kernels import ggml_ops
-from runtime.kernels.chooser import best_time_us, load_or_measure
+from runtime.kernels.chooser import best_time_us, load_or_measure, machine_folder
 
 log = logging.getLogger(__name__)
 
@@ -148,12 +148,7 @@ def blocks_cache_dtype(head_dim: int | None, folder: Path | None = None) -> torc
     if head_dim is None:
         return DEFAULT
     if folder is None:
-        from models import paths
-
-        try:
-            folder = paths.cache_dir()
-        except OSError:
-            folder = None
+        folder = machine_folder()
     return _chosen(int(head_dim), folder, os.environ.get("ATTNCHAT_KERNELS", ""))
 
 

@@ -88,6 +88,17 @@ def load_or_measure(folder: Path | None, chooser: KernelChooser[C]) -> C:
     return choice
 
 
+def machine_folder() -> Path | None:
+    """Where choices of the machine's own, not of one model's, are kept: the cache folder
+    (None when it cannot be made: then measured each process, not kept)."""
+    from models import paths
+
+    try:
+        return paths.cache_dir()
+    except OSError:
+        return None
+
+
 def best_time_us(fn: Callable[[], object], reps: int, *, warm_up: bool = False) -> float:
     """The fastest of ``reps`` calls of ``fn`` in microseconds of wall time (the fastest:
     other programs only ever slow a run down); ``warm_up``: one untimed call first (a

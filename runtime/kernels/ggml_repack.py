@@ -86,12 +86,9 @@ def measured_faster(type_name: str, ggml_type: int, folder=None) -> bool:
     :func:`runtime.kernels.chooser.load_or_measure` (``ATTNCHAT_KERNELS=default`` and a busy
     machine: no forms, unmeasured). False where ggml has no form of the type here."""
     if folder is None:
-        from models import paths
+        from runtime.kernels.chooser import machine_folder
 
-        try:
-            folder = paths.cache_dir()
-        except OSError:
-            folder = None
+        folder = machine_folder()
     return _measured(type_name, ggml_type, folder, os.environ.get("ATTNCHAT_KERNELS", ""))
 
 
