@@ -11,6 +11,8 @@ import sqlite3
 
 from PySide6.QtCore import QObject, QTimer
 
+from desktop.widgets.colors import error_text_color
+
 __all__ = ["TokenCounter"]
 
 #: Wait this long after a keystroke before counting (ms): a 30 KB paste is one count.
@@ -64,6 +66,6 @@ class TokenCounter(QObject):
             text += f" of {limit:,}"
         over = bool(limit) and prompt >= limit
         self.label.setText(text + (" · too long for the context" if over else ""))
-        self.label.setStyleSheet("color: #b3261e;" if over else "")
+        self.label.setStyleSheet(f"color: {error_text_color(self.w.palette())};" if over else "")
         self.label.setToolTip("This message's tokens, and the whole prompt's (the conversation, the system prompt "
                               "and the chat template) against the context the reply gets")

@@ -32,6 +32,7 @@ from desktop.settings.generation_tab import generation_tab, sync_preset
 from desktop.settings.labels import POLICY_TEXT, cache_policy_hint, cache_policy_label, weight_dtype_label
 from desktop.settings.memory_planner import MemoryPlanner, resolve_device
 from desktop.settings.values import DEFAULTS, Settings
+from desktop.widgets.colors import error_text_color
 from desktop.widgets.wheel_guard import install_wheel_guard
 
 __all__ = ["SettingsDialog"]
@@ -59,8 +60,7 @@ class _Field(QWidget):
             v.addWidget(self.hint)
 
     def set_error(self, reason: str | None) -> None:
-        dark = self.palette().color(QPalette.ColorRole.Window).lightness() < 128
-        style = f"color: {'#ff7b72' if dark else '#b3261e'};"
+        style = f"color: {error_text_color(self.palette())};"
         if self.error.styleSheet() != style:
             self.error.setStyleSheet(style)
         if self.error.text() != (reason or "") or self.error.isVisibleTo(self) != bool(reason):
