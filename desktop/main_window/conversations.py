@@ -72,7 +72,7 @@ class ConversationActions:
                     last_user = self.w.messages.last_row("user")
                     self.w.messages.remove_from(last_user + 1)
                 r["row"] = self.w.messages.append("assistant", r["text"], streaming=True)
-        self.w.notice.hide()
+        self.w.hide_notice()
         self.show_context_of(conv_id)
         self.update_title()
         self.w._sync()

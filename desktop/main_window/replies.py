@@ -275,7 +275,7 @@ class ReplyActions:
                                 "goes back to random", 8000)
 
     def _begin(self, request: int, conv: int, kind: str, gen: dict) -> None:
-        self.w.notice.hide()
+        self.w.hide_notice()
         row = self.w.messages.append("assistant", "", streaming=True)
         self.reply = {"request": request, "conv_id": conv, "kind": kind, "text": "", "row": row,
                        "cache_key": self.w.chats.cache_key(), "settings": self.reply_settings(gen)}
@@ -312,7 +312,7 @@ class ReplyActions:
             return
         self.reply = None
         if self.w.notice.text() == BUSY_NOTE:
-            self.w.notice.hide()
+            self.w.hide_notice()
         result = dict(result, kind=r["kind"])   # an edit goes to the worker as a send
         conv, text, reason, stats = r["conv_id"], result["text"], result["reason"], result["stats"]
         if stats:   # the worker holds this conversation's cache now, made with these settings

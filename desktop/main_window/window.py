@@ -299,7 +299,7 @@ class MainWindow(QMainWindow):
         if self.engine.model:   # what a failed load goes back to
             self._kept_source = self._model_source
         self._model_source = source
-        self.notice.hide()
+        self.hide_notice()
         self.status.set_loading(source_label(source))
         self.chat.placeholder = "Loading the model…"
         self.stack.setCurrentIndex(0)
@@ -374,7 +374,7 @@ class MainWindow(QMainWindow):
         self._sync()
 
     def _on_notice_link(self, link: str) -> None:
-        self.notice.hide()
+        self.hide_notice()
         if link == "new":
             self.chats.new()
         elif link == "overflow":
@@ -389,6 +389,13 @@ class MainWindow(QMainWindow):
         self.page.set_notice_kind("note")
         self.notice.setText(message)
         self.notice.show()
+
+    def hide_notice(self) -> None:
+        """Hide the notice line, and the status bar's copy of it (:meth:`show_error` leaves one
+        there for 10 s): what it said is over (a new reply, a load, another conversation)."""
+        if self.notice.text() and self.status.currentMessage() == self.notice.text():
+            self.status.clearMessage()
+        self.notice.hide()
 
     def show_error(self, message: str) -> None:
         """One line for the user, in the window (never a traceback); it starts as a sentence."""

@@ -1,0 +1,48 @@
+"""An error goes when what it was about is over: the status bar's copy of the notice line
+stayed for its 10 s after a new reply, a load or another conversation had hidden the line
+(on screen: "The message needs 1,231 tokens…" under a reply being written)."""
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import Qt
+
+from desktop.worker import EngineWorker
+from tests.desktop.fakes import fake_load
+from tests.desktop.test_daily_driver import _Refusing
+
+
+@pytest.mark.parametrize("then", ["send", "load", "new chat"])
+def test_the_status_bar_drops_the_error_the_notice_dropped(qtbot, make_window, then):
+    w = make_window(worker=EngineWorker(load_fn=fake_load, session_fn=_Refusing()), delay=0.05)
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        w.submit("hello")   # a chat with a turn: New chat opens another
+    w.input.setPlainText("x" * 5000)
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        qtbot.keyClick(w.input, Qt.Key.Key_Return)
+    said = w.notice.text()
+    assert w.notice.isVisible() and said.startswith("The message needs") and w.status.currentMessage() == said
+    if then == "send":
+        w.input.setPlainText("short")
+        with qtbot.waitSignal(w.reply_finished, timeout=5000):
+            qtbot.keyClick(w.input, Qt.Key.Key_Return)
+            assert w.replying and not w.notice.isVisible() and w.status.currentMessage() == ""
+    elif then == "load":
+        with qtbot.waitSignal(w.engine.model_loaded, timeout=5000):
+            w.load_model("other.gguf")
+            assert not w.notice.isVisible() and said not in w.status.currentMessage()
+    else:
+        w.new_conversation()
+        assert not w.notice.isVisible() and w.status.currentMessage() == ""
+    assert said not in w.status.currentMessage()
+
+
+def test_a_message_of_its_own_in_the_status_bar_stays(qtbot, make_window):
+    w = make_window(worker=EngineWorker(load_fn=fake_load, session_fn=_Refusing()))
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        w.submit("hello")
+    w.input.setPlainText("x" * 5000)
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        qtbot.keyClick(w.input, Qt.Key.Key_Return)
+    w.status.showMessage("Copied the message", 3000)
+    w.new_conversation()
+    assert w.status.currentMessage() == "Copied the message"
