@@ -199,6 +199,11 @@ class ModelsDialog(QDialog):
         lay.addWidget(self.tabs)
         self.refresh()
         self.list.setCurrentRow(next((i for i in range(len(self.rows)) if self.state(i) == "loaded"), 0))
+        # From the keyboard: arrows choose a model and Enter loads it (the default button);
+        # on the Hub tab typing goes to the search (the focus was on the tab row).
+        self.tabs.currentChanged.connect(
+            lambda i: (self.browser.query if i == self.HUB else self.list).setFocus(Qt.FocusReason.TabFocusReason))
+        self.list.setFocus(Qt.FocusReason.ActiveWindowFocusReason)
 
     # ---- states ------------------------------------------------------------------------------
     def path(self, row: int) -> Path | None:

@@ -95,6 +95,30 @@ def test_load_switches_to_an_installed_model(qtbot, make_window, folder):
     again.close()
 
 
+def test_the_dialog_works_from_the_keyboard(qtbot, make_window, folder):
+    """Ctrl+M, Down, Enter did nothing: the focus was on the tab row, not the list; the Hub
+    tab took no typing until its search field was clicked."""
+    from PySide6.QtCore import Qt
+
+    folder[GEMMA.id] = folder[SMOL.id].with_name(GEMMA.filename)
+    w = make_window(load=False)
+    with qtbot.waitSignal(w.engine.model_loaded, timeout=5000):
+        w.load_model(str(folder[SMOL.id]))
+    d = _switcher(w, folder, []).open()
+    qtbot.waitUntil(lambda: d.list.hasFocus(), timeout=2000)
+    d.tabs.setCurrentIndex(d.HUB)
+    assert d.browser.query.hasFocus()
+    qtbot.keyClicks(d.browser.query, "qwen")
+    assert d.browser.query.text() == "qwen"
+    d.tabs.setCurrentIndex(d.LOCAL)
+    assert d.list.hasFocus() and d.list.currentRow() == 0
+    qtbot.keyClick(d.list, Qt.Key.Key_Down)
+    assert d.list.currentRow() == 1 and d.load_button.isDefault()
+    with qtbot.waitSignal(w.engine.model_loaded, timeout=5000) as loaded:
+        qtbot.keyClick(d.list, Qt.Key.Key_Return)
+    assert loaded.args[0]["path"] == str(folder[GEMMA.id])
+
+
 def test_the_catalog_names_a_license_text_for_every_model():
     assert all(e.license_url.startswith("https://") for e in models.CATALOG)
 
