@@ -13,7 +13,19 @@ from desktop.chat.view import ChatView, MessageInput
 from desktop.sizes import size_text
 from models import DEFAULT_MODEL
 
-__all__ = ["ChatPage", "EmptyState"]
+__all__ = ["ChatPage", "EmptyState", "NOTICE_LINKS", "notice_link"]
+
+#: A link's colour in the notice line of each kind (:attr:`ChatPage.NOTICE_STYLES`). The window's
+#: link colour is for the window's background: the dark palette's light blue read at 2.1:1 on the
+#: note's pale yellow, a blue at 1.3:1 on the error's red. Qt's style sheets and palettes do not
+#: reach a QLabel's links under a style sheet; a colour on the link itself does.
+NOTICE_LINKS = {"error": "white", "note": "#0b4a9e"}
+
+
+def notice_link(href: str, text: str, kind: str) -> str:
+    """A link for the notice line of ``kind`` (``"error"`` or ``"note"``) that reads on its
+    background; ``text`` is HTML (escape it first)."""
+    return f'<a href="{href}" style="color: {NOTICE_LINKS[kind]}">{text}</a>'
 
 ASK = "Ask anything. Enter sends, Shift+Enter adds a line."
 

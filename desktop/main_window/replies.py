@@ -18,6 +18,7 @@ import random
 import sqlite3
 import time
 
+from desktop.chat.pages import notice_link
 from desktop.chat.store import DEFAULT_TITLE
 
 __all__ = ["BUSY_NOTE", "CONTEXT_FULL", "ReplyActions", "TITLE_CHARS", "auto_title", "prefill_left"]
@@ -51,8 +52,8 @@ def prefill_left(reply: dict, done: int, total: int, now: float) -> float | None
 BUSY_NOTE = "A reply is being written: wait for it, or press Stop (Esc), then send. Your message stays in the box."
 
 #: Said in the chat when the "stop" overflow policy finds the context full before a reply.
-CONTEXT_FULL = ('The context is full: <a href="new" style="color: white">start a new chat</a>, or '
-                '<a href="overflow" style="color: white">switch the overflow policy</a> to drop the oldest turns.')
+CONTEXT_FULL = (f"The context is full: {notice_link('new', 'start a new chat', 'error')}, or "
+                f"{notice_link('overflow', 'switch the overflow policy', 'error')} to drop the oldest turns.")
 
 
 class ReplyActions:

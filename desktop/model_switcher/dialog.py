@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 import models
+from desktop.chat.pages import notice_link
 from desktop.download_dialog import DownloadDialog
 from desktop.model_switcher.hub_browser import NOTE_STYLE, HubBrowser
 from desktop.model_switcher.hub_jobs import QUOTED_CONTEXT, HubService
@@ -385,7 +386,7 @@ class ModelSwitcher:
         name = html.escape(models.DEFAULT_MODEL.name)
         self.window.show_note(
             f"{name} is for the first minute and offline use; it often repeats itself. Better answers: "
-            f'<a href="{RECOMMEND_LINK}">Download {html.escape(r.entry.name)} ({size_text(r.entry.size_bytes)})</a>, '
+            f"{notice_link(RECOMMEND_LINK, f'Download {html.escape(r.entry.name)} ({size_text(r.entry.size_bytes)})', 'note')}, "
             f"{html.escape(r.reason)}.")
 
     def download(self, entry: models.CatalogEntry) -> DownloadDialog:

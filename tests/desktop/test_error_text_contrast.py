@@ -40,3 +40,42 @@ def test_the_error_colour_reads_on_either_palette(qapp):
 
     for palette in (qapp.style().standardPalette(), dark_palette()):
         assert contrast(QColor(error_text_color(palette)), palette.color(QPalette.ColorRole.Window)) >= 4.5
+
+
+def _ink(image, ground: QColor) -> QColor:
+    """The pixel of ``image`` farthest from ``ground`` (a glyph's stem)."""
+    best, far = ground, -1
+    for y in range(image.height()):
+        for x in range(image.width()):
+            c = image.pixelColor(x, y)
+            d = abs(c.red() - ground.red()) + abs(c.green() - ground.green()) + abs(c.blue() - ground.blue())
+            if d > far:
+                best, far = c, d
+    return best
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+@pytest.mark.parametrize("kind", ["note", "error"])
+def test_a_link_in_the_notice_reads_on_its_own_background(qtbot, make_window, request, theme, kind):
+    """The notice has its own colours (dark on pale yellow, white on red) but its links took the
+    window's: the dark palette's light blue on the note's pale yellow was 2.2:1."""
+    from PySide6.QtWidgets import QApplication
+
+    if theme == "dark":   # as ATTNCHAT_THEME=dark does: the application's palette (a widget's own is not used under a style sheet)
+        kept = QApplication.palette()
+        QApplication.setPalette(dark_palette())
+        request.addfinalizer(lambda: QApplication.setPalette(kept))
+    from desktop.chat.pages import notice_link
+    from desktop.main_window.replies import CONTEXT_FULL
+
+    w = make_window()
+    if kind == "note":   # the first start's recommendation, its link alone
+        w.show_note(notice_link("recommend", "Download SmolLM2-1.7B-Instruct (1,010.9 MiB)", "note"))
+    else:   # the full context's first link, alone
+        link = notice_link("new", "start a new chat", "error")
+        assert link in CONTEXT_FULL
+        w.show_error(link)
+    qtbot.waitUntil(lambda: w.notice.isVisible() and w.notice.width() > 100, timeout=2000)
+    image = w.notice.grab().toImage()
+    ground = image.pixelColor(3, image.height() // 2)   # inside the padding
+    assert contrast(_ink(image, ground), ground) >= 4.5
