@@ -152,33 +152,3 @@ def test_no_child_is_started_with_python_m_from_the_current_folder():
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
     assert offenders == [], "children that may import from the current folder:\n" + "\n".join(offenders)
 
-
-def test_a_frozen_app_runs_its_child_modules_by_its_own_flag(monkeypatch):
-    """A frozen app is no interpreter: the argv ``python_command`` gives it names the module with
-    the app's own flag, which packaging/entry.py runs (only its listed modules) and nothing else
-    reads as Python's ``-m``."""
-    import importlib.util
-    import runpy
-
-    from models.child import FROZEN_MODULE_FLAG
-
-    spec = importlib.util.spec_from_file_location("frozen_entry", Path(ROOT) / "packaging" / "entry.py")
-    entry = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(entry)
-    monkeypatch.setattr(sys, "frozen", True, raising=False)
-    monkeypatch.setattr(sys, "executable", "/opt/attnchat/attnchat")
-    argv = python_command("models.safety.template_worker", "--x", "1")
-    assert argv == ["/opt/attnchat/attnchat", FROZEN_MODULE_FLAG, "models.safety.template_worker", "--x", "1"]
-    assert "-m" not in argv and attnchat_command("chat") == ["/opt/attnchat/attnchat", "chat"]
-    ran: list[tuple[str, list[str]]] = []
-    monkeypatch.setattr(runpy, "run_module", lambda module, **kw: ran.append((module, list(sys.argv))))
-    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "ATTNCHAT_HUB_OFFLINE_BY_APP", "HF_HUB_DISABLE_TELEMETRY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(sys, "argv", argv)
-    assert entry.main() == 0
-    assert ran == [("models.safety.template_worker", ["/opt/attnchat/attnchat", "--x", "1"])]
-    # a module the app does not list is not run: the argv goes to the command line, which refuses it
-    monkeypatch.setattr(sys, "argv", ["/opt/attnchat/attnchat", FROZEN_MODULE_FLAG, "os"])
-    with pytest.raises(SystemExit) as e:
-        entry.main()
-    assert e.value.code == 2 and len(ran) == 1

@@ -1,5 +1,6 @@
 """What only the frozen app does: find the bundled model, force the hubs offline, run
-``-m attnchat.bench.worker`` (how ``attnchat bench`` starts workers), freeze support."""
+``--attnchat-run-module attnchat.bench.worker`` (how ``attnchat bench`` starts workers: the
+app's own flag, not Python's ``-m``), freeze support."""
 from __future__ import annotations
 
 import os
@@ -113,9 +114,15 @@ def test_entry_gives_multiprocessing_freeze_support(entry, monkeypatch):
 def test_entry_runs_the_bench_worker_module(entry, monkeypatch, module):
     import runpy
 
+    from models.child import FROZEN_MODULE_FLAG, python_command
+
     ran = []
     monkeypatch.setattr(runpy, "run_module", lambda name, **kw: ran.append((name, list(sys.argv))))
-    monkeypatch.setattr(sys, "argv", ["/opt/attnchat/attnchat", "-m", module, "--engine", "ours"])
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    monkeypatch.setattr(sys, "executable", "/opt/attnchat/attnchat")
+    argv = python_command(module, "--engine", "ours")   # what the app starts its child with
+    assert argv == ["/opt/attnchat/attnchat", FROZEN_MODULE_FLAG, module, "--engine", "ours"] and "-m" not in argv
+    monkeypatch.setattr(sys, "argv", argv)
     assert entry.main() == 0
     assert ran == [(module, ["/opt/attnchat/attnchat", "--engine", "ours"])]
 
@@ -123,6 +130,8 @@ def test_entry_runs_the_bench_worker_module(entry, monkeypatch, module):
 def test_entry_refuses_other_modules(entry, monkeypatch):
     import attnchat.cli
 
-    monkeypatch.setattr(attnchat.cli, "main", lambda: 2)  # argparse would reject "-m"
-    monkeypatch.setattr(sys, "argv", ["attnchat", "-m", "os"])
+    from models.child import FROZEN_MODULE_FLAG
+
+    monkeypatch.setattr(attnchat.cli, "main", lambda: 2)  # argparse would reject the flag
+    monkeypatch.setattr(sys, "argv", ["attnchat", FROZEN_MODULE_FLAG, "os"])
     assert entry.main() == 2
