@@ -21,7 +21,7 @@ import time
 from desktop.chat.pages import notice_link
 from desktop.chat.store import DEFAULT_TITLE
 
-__all__ = ["BUSY_NOTE", "CONTEXT_FULL", "ReplyActions", "TITLE_CHARS", "auto_title", "prefill_left"]
+__all__ = ["BUSY_NOTE", "CONTEXT_FULL", "LOADING_NOTE", "ReplyActions", "TITLE_CHARS", "auto_title", "prefill_left"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,9 @@ def prefill_left(reply: dict, done: int, total: int, now: float) -> float | None
 #: Said in the chat when Enter is pressed while a reply is written (it seemed to do nothing);
 #: it goes when the reply ends.
 BUSY_NOTE = "A reply is being written: wait for it, or press Stop (Esc), then send. Your message stays in the box."
+#: Said in the chat when Enter is pressed while the model loads (the window is up before it);
+#: it goes when the model is loaded.
+LOADING_NOTE = "The model is still loading: send your message once it is loaded. It stays in the box."
 
 #: Said in the chat when the "stop" overflow policy finds the context full before a reply.
 CONTEXT_FULL = (f"The context is full: {notice_link('new', 'start a new chat', 'error')}, or "
@@ -121,6 +124,8 @@ class ReplyActions:
             self.w.status.showMessage("A reply is being written: wait for it, or press Stop", 4000)
             return False
         if not self.w.engine.model:
+            if getattr(self.w.engine, "loading", False):
+                self.w.show_note(LOADING_NOTE)
             self.w.status.showMessage("No model is loaded yet", 4000)
             return False
         return True

@@ -25,7 +25,7 @@ from desktop.main_window.attach import Attachments
 from desktop.main_window.conversations import ConversationActions
 from desktop.main_window.menus import build_menus
 from desktop.main_window.panel_width import PanelWidthGuard
-from desktop.main_window.replies import ReplyActions
+from desktop.main_window.replies import LOADING_NOTE, ReplyActions
 from desktop.main_window import model_files
 from desktop.main_window.notices import sentence
 from desktop.main_window.token_count import TokenCounter
@@ -319,6 +319,8 @@ class MainWindow(QMainWindow):
         self._sync()
 
     def _on_model_loaded(self, info: dict) -> None:
+        if self.notice.text() == LOADING_NOTE:   # Enter was pressed while it loaded: it sends now
+            self.hide_notice()
         self.settings.use_model(model_key(info))   # its own context, prompt, sampling, cache policy
         self._models_loaded += 1
         self.chats.live.clear()   # a load starts with no sessions

@@ -46,3 +46,31 @@ def test_a_message_of_its_own_in_the_status_bar_stays(qtbot, make_window):
     w.status.showMessage("Copied the message", 3000)
     w.new_conversation()
     assert w.status.currentMessage() == "Copied the message"
+
+
+def test_enter_while_the_model_loads_says_why_nothing_is_sent(qtbot, make_window):
+    """It said so only in the status bar ("No model is loaded yet"): at a first start the
+    window is up before the model, and Enter seemed to do nothing."""
+    import threading
+
+    from desktop.main_window.replies import LOADING_NOTE
+
+    gate = threading.Event()
+
+    def slow_load(source, device):
+        gate.wait(5)
+        return fake_load(source, device)
+
+    w = make_window(load=False, worker=EngineWorker(load_fn=slow_load, session_fn=_Refusing()))
+    w.load_model("fake.gguf")
+    w.input.setPlainText("hello")
+    qtbot.keyClick(w.input, Qt.Key.Key_Return)
+    assert w.notice.isVisible() and w.notice.text() == LOADING_NOTE and w.notice.property("kind") == "note"
+    assert w.input.toPlainText() == "hello"   # kept, and nothing stored
+    assert not w.current_conversation or w.store.messages(w.current_conversation) == []
+    with qtbot.waitSignal(w.engine.model_loaded, timeout=5000):
+        gate.set()
+    assert not w.notice.isVisible()   # loaded: the note goes, and Enter sends
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        qtbot.keyClick(w.input, Qt.Key.Key_Return)
+    assert [m.content for m in w.store.messages(w.current_conversation)][0] == "hello"
