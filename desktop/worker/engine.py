@@ -34,6 +34,9 @@ class Engine(QObject):
     finished = Signal(object)
     error = Signal(str)
     counted = Signal(object)   # EngineWorker.count's answer
+    # shutdown() is ending the thread: whoever runs long work on it (Explain) stops it now,
+    # or the thread ends only when that work does (emitted on the GUI thread, before the wait).
+    stopping = Signal()
 
     _load = Signal(str, str)
     _count = Signal(int, int, object, str, object)
@@ -119,6 +122,7 @@ class Engine(QObject):
         if self._thread is None:
             return True
         self.stop()
+        self.stopping.emit()
         self._thread.quit()
         ok = self._thread.wait(timeout_ms)
         if not ok:

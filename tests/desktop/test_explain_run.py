@@ -160,3 +160,25 @@ def test_the_rate_is_timed_again_for_a_context_far_from_the_one_timed(monkeypatc
     assert timed == [486, 82] and short["seconds"] == pytest.approx(60 * 82 * (0.01 + 1 / 82))
     plan(150)
     assert timed == [486, 82]
+
+
+def test_quit_during_explain_stops_it_at_its_next_pass(qtbot, make_window, tiny, monkeypatch):
+    """Quit waited for a running Explain to end (minutes on a real chat): the window's close
+    ends the engine's thread, which runs Explain, and only a reply was told to stop."""
+    real = ex_mod._logprob_grads
+    monkeypatch.setattr(ex_mod, "_logprob_grads", lambda *a: (time.sleep(0.3), real(*a))[1])   # a slow machine
+    monkeypatch.setattr(ex_mod, "IG_BUDGET_BYTES", 1)   # one step per batch: it can stop after each
+    w, panel = insight_after_a_reply(qtbot, make_window, tiny, "the cat sat on the mat")
+    view, client = panel.insight.tabs.explain, panel.insight.client
+    view.steps.setValue(24)
+    view.perms.setValue(4)
+    progress, failed = [], []
+    client.explain_progress.connect(lambda rid, done, total, work: progress.append((done, total)))
+    client.failed.connect(lambda rid, message: failed.append(message))
+    qtbot.waitUntil(lambda: view.run.isEnabled(), timeout=20_000)
+    view.run.click()
+    qtbot.waitUntil(lambda: len(progress) >= 1, timeout=20_000)
+    w.close()
+    qtbot.wait(50)   # what the thread sent before it ended
+    assert progress[-1][0] < progress[-1][1] // 2   # it stopped: 1 + 24 + 4 passes of 0.3 s were left to run
+    assert not w.engine._thread and failed == ["Explain cancelled."]

@@ -282,6 +282,7 @@ class AttentionClient(QObject):
 
     def __init__(self, engine, parent: QObject | None = None):
         super().__init__(parent)
+        self.engine = engine   # the insight client asks it when the thread ends
         self.probe = AttentionProbe(engine.worker)
         self.probe.moveToThread(engine.worker.thread())
         self._request = 0

@@ -256,6 +256,9 @@ class InsightClient(QObject):
         for name in ("explain_ready", "explain_started", "explain_progress", "explain_planned", "knockout_ready", "induction_ready",
                      "cost_ready", "failed"):
             getattr(self.probe, name).connect(getattr(self, name))
+        engine = getattr(attention_client, "engine", None)
+        if hasattr(engine, "stopping"):   # Quit: a running Explain stops at its next batch of passes
+            engine.stopping.connect(lambda: self.cancel_explain(self._request))
 
     def _next(self) -> int:
         self._request += 1
