@@ -182,3 +182,26 @@ def test_quit_during_explain_stops_it_at_its_next_pass(qtbot, make_window, tiny,
     qtbot.wait(50)   # what the thread sent before it ended
     assert progress[-1][0] < progress[-1][1] // 2   # it stopped: 1 + 24 + 4 passes of 0.3 s were left to run
     assert not w.engine._thread and failed == ["Explain cancelled."]
+
+
+def test_loading_another_model_stops_a_running_explain(qtbot, make_window, tiny, monkeypatch):
+    """The load waited behind Explain on the engine's thread ("Loading the model…" for minutes),
+    for a result the new model then cleared."""
+    real = ex_mod._logprob_grads
+    monkeypatch.setattr(ex_mod, "_logprob_grads", lambda *a: (time.sleep(0.3), real(*a))[1])
+    monkeypatch.setattr(ex_mod, "IG_BUDGET_BYTES", 1)
+    w, panel = insight_after_a_reply(qtbot, make_window, tiny, "the cat sat on the mat")
+    view, client = panel.insight.tabs.explain, panel.insight.client
+    view.steps.setValue(24)
+    view.perms.setValue(4)
+    progress = []
+    client.explain_progress.connect(lambda rid, done, total, work: progress.append((done, total)))
+    qtbot.waitUntil(lambda: view.run.isEnabled(), timeout=20_000)
+    view.run.click()
+    qtbot.waitUntil(lambda: len(progress) >= 1, timeout=20_000)
+    failed = []
+    client.failed.connect(lambda rid, message: failed.append(message))
+    with qtbot.waitSignal(w.engine.model_loaded, timeout=5000):   # 1 + 24 + 4 passes of 0.3 s were left
+        w.load_model("another.gguf")
+    assert failed == ["Explain cancelled."]
+    assert progress[-1][0] < progress[-1][1] // 2 and view.result is None and view.run.isEnabled()

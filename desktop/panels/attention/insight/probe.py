@@ -256,9 +256,12 @@ class InsightClient(QObject):
         for name in ("explain_ready", "explain_started", "explain_progress", "explain_planned", "knockout_ready", "induction_ready",
                      "cost_ready", "failed"):
             getattr(self.probe, name).connect(getattr(self, name))
+        # Quit, or another model (whose load waits behind the thread's work, and which clears
+        # the result): a running Explain stops at its next batch of passes.
         engine = getattr(attention_client, "engine", None)
-        if hasattr(engine, "stopping"):   # Quit: a running Explain stops at its next batch of passes
+        if hasattr(engine, "stopping") and hasattr(engine, "load_started"):
             engine.stopping.connect(lambda: self.cancel_explain(self._request))
+            engine.load_started.connect(lambda _source: self.cancel_explain(self._request))
 
     def _next(self) -> int:
         self._request += 1
