@@ -84,7 +84,7 @@ from runtime.insight.formula import FormulaByHand, formula_by_hand
 from runtime.insight.probe import AttentionCapture, HeadScores, head_scores
 from runtime.loader.load import gguf_blocks_bytes, load_model, read_config
 from runtime.loader.model import Model
-from runtime.loader.cache_dtype import cache_dtype_for
+from runtime.loader.load import cache_dtype_for
 from runtime.loader.support import QuantSupport, fit, quant_support, runs_from_blocks
 from runtime.model.attention import (
     ATTENTION_BACKENDS,

@@ -159,7 +159,7 @@ def default_cache_dtype(device: torch.device | str, weight_dtype: torch.dtype | 
                         blocks: bool = False) -> torch.dtype:
     """The KV cache's dtype when none is asked for and nothing was timed: float16 for a GGUF
     run from its own blocks on the CPU, else the compute dtype (:func:`compute_dtype`). A load
-    and the memory figures ask :func:`runtime.loader.cache_dtype.cache_dtype_for`, which
+    and the memory figures ask :func:`runtime.loader.load.cache_dtype_for`, which
     takes the dtype timed on this machine for the model's head size in the first case.
 
     Why float16 there: that model decodes a token as one ggml graph whose flash attention

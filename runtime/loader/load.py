@@ -18,10 +18,10 @@ import torch
 
 from models.safety import template as template_sandbox
 from runtime.config.model import ModelConfig
-from runtime.device import DeviceProfile, device_profile, trim_heap
+from runtime.device import DeviceProfile, default_cache_dtype, device_profile, on_cpu, trim_heap
 from runtime.dtypes import parse_cache_dtype, parse_weight_dtype
 from runtime.errors import ModelLoadError, UnsupportedModelError
-from runtime.loader.cache_dtype import cache_dtype_for
+from runtime.kernels.cache_dtype import blocks_cache_dtype
 from runtime.loader.choose import choose_kernels
 from runtime.loader.model import Model
 from runtime.loader.read import ReadWeights, read_weights
@@ -136,6 +136,22 @@ def load_model(
     # timing's inputs) goes back to the operating system: ~30 MiB of a cached default load.
     trim_heap()
     return model
+
+
+def cache_dtype_for(device: torch.device | str, weight_dtype: torch.dtype | str, *, blocks: bool = False,
+                    head_dim: int | None = None) -> torch.dtype:
+    """The KV cache's dtype when none is asked for. For a GGUF run from its own blocks on the
+    CPU: the one timed on this machine for heads ``head_dim`` wide
+    (:func:`runtime.kernels.cache_dtype.blocks_cache_dtype`: float16 unless ggml's flash
+    attention reads bfloat16 faster here, or float32 1.5x faster; float16 when ``head_dim``
+    is None or nothing was measured). Otherwise :func:`runtime.device.default_cache_dtype` (the compute dtype).
+
+    Raises:
+        ValueError: an unknown dtype name.
+    """
+    if blocks and on_cpu(device):
+        return blocks_cache_dtype(head_dim)
+    return default_cache_dtype(device, weight_dtype, blocks=blocks)
 
 
 def widens(dtype: str | torch.dtype | None, reproducible: bool) -> bool:

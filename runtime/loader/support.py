@@ -15,8 +15,7 @@ import torch
 
 from runtime.kernels import ggml_ops
 from runtime.kernels.quant_choice import kernel_pairs
-from runtime.loader.cache_dtype import cache_dtype_for
-from runtime.loader.load import widens
+from runtime.loader.load import cache_dtype_for, widens
 from runtime.memory import planner
 from runtime.weights.gguf.open import types_run_from_blocks
 from runtime.weights.quant_types import BLOCK_TYPES
@@ -100,7 +99,7 @@ def fit(file_bytes: int, *, layers: int, kv_heads: int, head_dim: int, context: 
     """:func:`runtime.memory.planner.fit` of a GGUF of ``file_bytes``, its KV cache planned in
     the dtype the loader gives that file on ``device`` (unless ``cache_dtype`` is given): for a
     quantized file of a family run from its blocks on the CPU, the one timed here for its head
-    size (:func:`runtime.loader.cache_dtype.cache_dtype_for`; :func:`runs_from_blocks`;
+    size (:func:`runtime.loader.load.cache_dtype_for`; :func:`runs_from_blocks`;
     ``block_type`` and ``architecture`` name it, "" when unknown),
     the compute dtype otherwise (float32 on the CPU: a float file, a widened one, reproducible
     replies). ``dtype`` and ``reproducible``: as :func:`runtime.load_model` would be called.
