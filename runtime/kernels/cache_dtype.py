@@ -7,7 +7,7 @@ Why measure: such a model decodes a token as one ggml graph whose flash attentio
 cache's keys and values in place, and how fast ggml reads a float16 cache depends on the CPU
 and the head size. Its float16 dot product runs a vector loop over whole steps of the CPU's
 float16 registers and a scalar loop over the rest: on an Intel Xeon with AVX512-FP16
-(Sapphire Rapids, 2 vCPUs) a step is 128 values, so a 64-wide head (SmolLM2, Llama 3.2 1B,
+(family 6 model 167, 2 vCPUs) a step is 128 values, so a 64-wide head (SmolLM2, Llama 3.2 1B,
 Qwen2.5) runs entirely in the scalar loop. One token's attention over 1,024 keys there, 30
 layers of 9 query and 3 key-value heads: float16 15.4 ms, bfloat16 3.2 ms, float32 2.6 ms;
 with 128-wide heads (32 and 8 heads) float16 was the fastest (10.2, 16.5, 15.3 ms). The

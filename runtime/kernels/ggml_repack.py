@@ -30,9 +30,9 @@ never SIGBUS); the embedding and the LM head, which lookups read row by row, get
 Beside the blocks (+520 MiB on the 1B shape) the forms cost more memory than they gained
 speed; in their place the 1B shape peaks at the plain blocks' memory.
 
-Which types get forms by default is measured on each machine (:func:`measured_faster`): the
-one-row product (a decode step's) of a matrix of the type on its form against its plain
-blocks, kept in the cache folder. On an Intel Xeon with AVX512 (Sapphire Rapids, 2 vCPUs) the
+Which types get forms by default is measured on each machine (:func:`measured_faster`): one
+row (a decode step's) through matrices of the type in one graph, on their forms against their
+plain blocks, kept in the cache folder. On an Intel Xeon with AVX-512 (family 6 model 167, 2 vCPUs) the
 1B shape's Q4_K decode took 43 ms a token with forms against 58-61 without, level with
 llama.cpp (same run, the bench: 23.9 against 23.9 tok/s at a depth of 128); on the AMD EPYC
 Zen 3 the step was not measured faster (56-71 against 58-64 ms). ``ATTNCHAT_GGML_REPACK=1``
