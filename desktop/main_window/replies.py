@@ -21,7 +21,8 @@ import time
 from desktop.chat.pages import notice_link
 from desktop.chat.store import DEFAULT_TITLE
 
-__all__ = ["BUSY_NOTE", "CONTEXT_FULL", "LOADING_NOTE", "ReplyActions", "TITLE_CHARS", "auto_title", "prefill_left"]
+__all__ = ["BUSY_NOTE", "CONTEXT_FULL", "LOADING_NOTE", "ReplyActions", "TITLE_CHARS", "auto_title", "prefill_left",
+           "waiting_note"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,14 @@ BUSY_NOTE = "A reply is being written: wait for it, or press Stop (Esc), then se
 #: Said in the chat when Enter is pressed while the model loads (the window is up before it);
 #: it goes when the model is loaded.
 LOADING_NOTE = "The model is still loading: send your message once it is loaded. It stays in the box."
+
+
+def waiting_note(work: str) -> str:
+    """Said in the chat when a reply is queued behind ``work`` ("Explain") on the engine's
+    thread; it goes when the reply starts."""
+    return (f"{work} is running on the model: this reply starts when it ends "
+            f"(its Cancel is in View > Attention > Insight).")
+
 
 #: Said in the chat when the "stop" overflow policy finds the context full before a reply.
 CONTEXT_FULL = (f"The context is full: {notice_link('new', 'start a new chat', 'error')}, or "
@@ -285,12 +294,23 @@ class ReplyActions:
         row = self.w.messages.append("assistant", "", streaming=True)
         self.reply = {"request": request, "conv_id": conv, "kind": kind, "text": "", "row": row,
                        "cache_key": self.w.chats.cache_key(), "settings": self.reply_settings(gen)}
+        work = getattr(self.w.engine, "holding", "")
+        if work:   # queued behind it on the engine's thread: "Reading the prompt…" would not move
+            self.reply["waiting"] = waiting_note(work)
+            self.w.show_note(self.reply["waiting"])
         self.w._sync()
+
+    def _started(self, r: dict) -> None:
+        """The reply runs: the note that it waits goes."""
+        if r.pop("waiting", None) == self.w.notice.text():
+            self.w.hide_notice()
 
     def on_text(self, text: str) -> None:
         r = self.reply
         if r is None:
             return
+        if "waiting" in r:
+            self._started(r)
         r["text"] += text
         if r["row"] >= 0:
             self.w.messages.append_text(r["row"], text)
@@ -299,6 +319,8 @@ class ReplyActions:
         r = self.reply
         if r is None:
             return
+        if "waiting" in r:
+            self._started(r)
         left = prefill_left(r, done, total, time.monotonic())
         if r["row"] >= 0:
             self.w.status.set_prefill(done, total, left)
@@ -319,6 +341,8 @@ class ReplyActions:
         self.reply = None
         if self.w.notice.text() == BUSY_NOTE:
             self.w.hide_notice()
+        if "waiting" in r:   # it ended without a token (an error, a stop): the wait is over too
+            self._started(r)
         result = dict(result, kind=r["kind"])   # an edit goes to the worker as a send
         conv, text, reason, stats = r["conv_id"], result["text"], result["reason"], result["stats"]
         if stats:   # the worker holds this conversation's cache now, made with these settings

@@ -52,6 +52,9 @@ class Engine(QObject):
         self._request = 0
         self._running: set[int] = set()
         self.loading = False
+        #: Other long work that holds the engine's thread now ("Explain"; "" for none), set by
+        #: whoever queued it: a request queued now waits for it, and the window says so.
+        self.holding = ""
         self.model: dict | None = None
         self._previous: dict | None = None   # the model held while another loads
         self._load.connect(self.worker.load_model)

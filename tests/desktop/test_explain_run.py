@@ -205,3 +205,33 @@ def test_loading_another_model_stops_a_running_explain(qtbot, make_window, tiny,
         w.load_model("another.gguf")
     assert failed == ["Explain cancelled."]
     assert progress[-1][0] < progress[-1][1] // 2 and view.result is None and view.run.isEnabled()
+
+
+def test_a_message_sent_during_explain_says_it_waits_for_it(qtbot, make_window, tiny, monkeypatch):
+    """The reply sat at "Reading the prompt…" for the rest of the Explain (both run on the
+    engine's thread), with nothing saying why."""
+    from desktop.main_window.replies import waiting_note
+
+    real = ex_mod._logprob_grads
+    monkeypatch.setattr(ex_mod, "_logprob_grads", lambda *a: (time.sleep(0.3), real(*a))[1])
+    monkeypatch.setattr(ex_mod, "IG_BUDGET_BYTES", 1)
+    w, panel = insight_after_a_reply(qtbot, make_window, tiny, "the cat sat on the mat")
+    view, client = panel.insight.tabs.explain, panel.insight.client
+    view.steps.setValue(3)
+    view.perms.setValue(2)
+    progress = []
+    client.explain_progress.connect(lambda rid, done, total, work: progress.append((done, total)))
+    qtbot.waitUntil(lambda: view.run.isEnabled(), timeout=20_000)
+    view.run.click()
+    qtbot.waitUntil(lambda: len(progress) >= 1, timeout=20_000)
+    assert w.engine.holding == "Explain"
+    with qtbot.waitSignal(w.reply_finished, timeout=30_000):
+        w.submit("and the dog?")
+        assert w.notice.isVisible() and w.notice.text() == waiting_note("Explain")
+        assert w.notice.property("kind") == "note"
+        qtbot.waitUntil(lambda: w.engine.holding == "", timeout=20_000)   # Explain ended: the reply runs
+        qtbot.waitUntil(lambda: not w.notice.isVisible(), timeout=20_000)
+    assert view.result is not None   # Explain ran to its end first
+    with qtbot.waitSignal(w.reply_finished, timeout=20_000):
+        w.submit("once more")   # nothing holds the thread now: no note
+        assert not w.notice.isVisible()

@@ -60,6 +60,7 @@ class InsightController(QObject):
         if key != self._model_key:   # another model: its heads and results are not the old one's
             if self._model_key:
                 self._pending.clear()   # answers still coming belong to the old model
+                self._hold(False)
                 self.tabs.explain.clear()
                 self.tabs.knockout.clear()
             self._model_key = key
@@ -88,8 +89,16 @@ class InsightController(QObject):
             return None
         return conv, history, main.generation().get("system_prompt") or ""
 
+    def _hold(self, on: bool) -> None:
+        """Say on the engine that Explain holds its thread (a reply sent now waits for it)."""
+        engine = self.panel.main.engine
+        if hasattr(engine, "holding"):
+            engine.holding = "Explain" if on else ""
+
     def _sent(self, name: str, rid: int, what: str) -> None:
         self._pending[name] = rid
+        if name == "explain":
+            self._hold(True)
         busy = " (after the reply in progress)" if self.panel.main.replying else ""
         self.panel.status.setText(f"Computing {what}{busy}…")
 
@@ -99,6 +108,7 @@ class InsightController(QObject):
         del self._pending[name]
         self.panel.status.setText("")
         if name == "explain":
+            self._hold(False)
             self.tabs.explain.set_idle()
             self.schedule_plan()
         show(d)
@@ -109,6 +119,7 @@ class InsightController(QObject):
                 del self._pending[name]
                 self.panel.status.setText(message)
                 if name == "explain":
+                    self._hold(False)
                     self.tabs.explain.set_idle()
                     self.schedule_plan()
 
