@@ -109,6 +109,7 @@ class MainWindow(QMainWindow):
         self.resize(1100, 720)
         self._restore()
         self._sync()
+        self.input.setFocus()   # typing goes to the message box from the start, not to "Search chats"
 
     # ---- construction --------------------------------------------------------------------
     def _build_chat(self) -> None:

@@ -74,3 +74,22 @@ def test_enter_while_the_model_loads_says_why_nothing_is_sent(qtbot, make_window
     with qtbot.waitSignal(w.reply_finished, timeout=5000):
         qtbot.keyClick(w.input, Qt.Key.Key_Return)
     assert [m.content for m in w.store.messages(w.current_conversation)][0] == "hello"
+
+
+def test_the_message_box_has_the_focus_while_the_first_model_loads(qtbot, make_window):
+    """The window opened with the focus in "Search chats": what a new user typed while the
+    model loaded filtered the chat list away, and Enter sent nothing."""
+    import threading
+
+    gate = threading.Event()
+
+    def slow_load(source, device):
+        gate.wait(5)
+        return fake_load(source, device)
+
+    w = make_window(load=False, worker=EngineWorker(load_fn=slow_load, session_fn=_Refusing()))
+    w.load_model("fake.gguf")
+    assert w.focusWidget() is w.input
+    with qtbot.waitSignal(w.engine.model_loaded, timeout=5000):
+        gate.set()
+    assert w.focusWidget() is w.input
