@@ -45,6 +45,7 @@ class ConversationActions:
         #: draft stays with its conversation, as in other chat apps (it followed the switch and
         #: could be sent into the wrong one).
         self.drafts: dict[int, tuple[str, list]] = {}
+        self._load_drafts()
 
     def new(self) -> int:
         if self.current and not self.w.messages.rowCount() and self.w.replies.reply is None:
@@ -76,6 +77,25 @@ class ConversationActions:
         self.show_context_of(conv_id)
         self.update_title()
         self.w._sync()
+
+    def _load_drafts(self) -> None:
+        """The drafts kept at the last Quit (their text; attached files are not kept)."""
+        try:
+            kept = json.loads(self.w.settings.get("window/drafts") or "{}")
+        except ValueError:
+            kept = {}
+        if isinstance(kept, dict):
+            self.drafts.update({int(k): (v, []) for k, v in kept.items()
+                                if str(k).isdigit() and isinstance(v, str) and v.strip()})
+
+    def save_drafts(self) -> None:
+        """Keep what was typed and not sent, in every conversation still listed, for the next
+        start (it was lost at Quit). The text only: a file attached may be gone by then."""
+        texts = {c: t for c, (t, _files) in self.drafts.items() if t.strip()}
+        if self.current and self.w.input.toPlainText().strip() and not self.w.replies.editing:   # an edit is no draft
+            texts[self.current] = self.w.input.toPlainText()
+        texts = {str(c): t for c, t in texts.items() if self.w.conversations.row_of(c) >= 0}
+        self.w.settings.set("window/drafts", json.dumps(texts, sort_keys=True) if texts else "")
 
     def _swap_draft(self, conv_id: int) -> None:
         """Keep the open conversation's draft and put ``conv_id``'s in the box (empty if none)."""

@@ -434,6 +434,7 @@ class MainWindow(QMainWindow):
             s.set("window/state", self.saveState())
             s.set("window/splitter", self.splitter.saveState())
             s.set("window/panel_widths", json.dumps(self.panel_width.widths(), sort_keys=True))
+            self.chats.save_drafts()
             s.sync()
             self.hide()
             # Stop the reply, end the thread, then deliver what it sent last so the

@@ -30,6 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "window/state": QByteArray(),
     "window/splitter": QByteArray(),
     "window/panel_widths": "",   # JSON: each panel's width as the user set it (px; desktop.main_window.panel_width)
+    "window/drafts": "",         # JSON: conversation id -> the text typed and not sent at the last Quit
     "last_conversation": 0,
     "model/source": "",          # "" = the default model
     "model/device": "auto",

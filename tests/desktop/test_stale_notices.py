@@ -93,3 +93,29 @@ def test_the_message_box_has_the_focus_while_the_first_model_loads(qtbot, make_w
     with qtbot.waitSignal(w.engine.model_loaded, timeout=5000):
         gate.set()
     assert w.focusWidget() is w.input
+
+
+def test_a_draft_survives_a_restart(qtbot, make_window):
+    """What was typed and not sent was lost at Quit (drafts were kept only while the app ran)."""
+    w = make_window()
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        w.submit("hello")
+    first = w.current_conversation
+    w.input.setPlainText("a question I had not sent")
+    w.new_conversation()
+    with qtbot.waitSignal(w.reply_finished, timeout=5000):
+        w.submit("another chat")
+    second = w.current_conversation
+    w.input.setPlainText("half a thought\nover two lines")
+    w.close()
+    again = make_window()
+    assert again.current_conversation == second and again.input.toPlainText() == "half a thought\nover two lines"
+    again.open_conversation(first)
+    assert again.input.toPlainText() == "a question I had not sent"
+    again.input.clear()   # sent or cleared: not kept
+    again.edit_message(0)   # the box holds the message being edited: not a draft
+    assert again.input.toPlainText() == "hello"
+    again.close()
+    third = make_window()
+    third.open_conversation(first)
+    assert third.input.toPlainText() == ""
