@@ -384,10 +384,10 @@ class ModelSwitcher:
             return
         self.window.settings.set("models/recommendation_offered", True)
         name = html.escape(models.DEFAULT_MODEL.name)
-        self.window.show_note(
-            f"{name} is for the first minute and offline use; it often repeats itself. Better answers: "
-            f"{notice_link(RECOMMEND_LINK, f'Download {html.escape(r.entry.name)} ({size_text(r.entry.size_bytes)})', 'note')}, "
-            f"{html.escape(r.reason)}.")
+        link = notice_link(RECOMMEND_LINK, f"Download {html.escape(r.entry.name)} ({size_text(r.entry.size_bytes)})",
+                           "note")
+        self.window.show_note(f"{name} is for the first minute and offline use; it often repeats itself. "
+                              f"Better answers: {link}, {html.escape(r.reason)}.")
 
     def download(self, entry: models.CatalogEntry) -> DownloadDialog:
         """Download ``entry`` (the dialog names its size and license and asks first); then load it."""

@@ -30,7 +30,8 @@ def test_a_too_long_count_reads_in_both_palettes(qtbot, make_window, theme):
         w.input.setPlainText(" ".join(["word"] * 2000))   # the fake session: a token a character
     qtbot.waitUntil(lambda: label.text().endswith("too long for the context"), timeout=2000)
     label.ensurePolished()
-    text, ground = label.palette().color(QPalette.ColorRole.WindowText), w.page.palette().color(QPalette.ColorRole.Window)
+    text = label.palette().color(QPalette.ColorRole.WindowText)
+    ground = w.page.palette().color(QPalette.ColorRole.Window)
     assert text.red() > max(text.green(), text.blue()) + 60   # still red
     assert contrast(text, ground) >= 4.5, (text.name(), ground.name())
 
@@ -61,7 +62,8 @@ def test_a_link_in_the_notice_reads_on_its_own_background(qtbot, make_window, re
     window's: the dark palette's light blue on the note's pale yellow was 2.2:1."""
     from PySide6.QtWidgets import QApplication
 
-    if theme == "dark":   # as ATTNCHAT_THEME=dark does: the application's palette (a widget's own is not used under a style sheet)
+    # As ATTNCHAT_THEME=dark does: the application's palette (a widget's own is not used under a style sheet).
+    if theme == "dark":
         kept = QApplication.palette()
         QApplication.setPalette(dark_palette())
         request.addfinalizer(lambda: QApplication.setPalette(kept))
