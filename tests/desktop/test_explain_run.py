@@ -162,22 +162,31 @@ def test_the_rate_is_timed_again_for_a_context_far_from_the_one_timed(monkeypatc
     assert timed == [486, 82]
 
 
-def test_quit_during_explain_stops_it_at_its_next_pass(qtbot, make_window, tiny, monkeypatch):
-    """Quit waited for a running Explain to end (minutes on a real chat): the window's close
-    ends the engine's thread, which runs Explain, and only a reply was told to stop."""
+def _explain_running(qtbot, make_window, tiny, monkeypatch, steps: int, perms: int):
+    """A window whose Explain has started on a slow machine (0.3 s a gradient pass, one step
+    per batch, so it can stop after each): the window, the view, its client, and the progress
+    ``(done, total)`` seen so far (it grows)."""
     real = ex_mod._logprob_grads
-    monkeypatch.setattr(ex_mod, "_logprob_grads", lambda *a: (time.sleep(0.3), real(*a))[1])   # a slow machine
-    monkeypatch.setattr(ex_mod, "IG_BUDGET_BYTES", 1)   # one step per batch: it can stop after each
+    monkeypatch.setattr(ex_mod, "_logprob_grads", lambda *a: (time.sleep(0.3), real(*a))[1])
+    monkeypatch.setattr(ex_mod, "IG_BUDGET_BYTES", 1)
     w, panel = insight_after_a_reply(qtbot, make_window, tiny, "the cat sat on the mat")
     view, client = panel.insight.tabs.explain, panel.insight.client
-    view.steps.setValue(24)
-    view.perms.setValue(4)
-    progress, failed = [], []
+    view.steps.setValue(steps)
+    view.perms.setValue(perms)
+    progress = []
     client.explain_progress.connect(lambda rid, done, total, work: progress.append((done, total)))
-    client.failed.connect(lambda rid, message: failed.append(message))
     qtbot.waitUntil(lambda: view.run.isEnabled(), timeout=20_000)
     view.run.click()
     qtbot.waitUntil(lambda: len(progress) >= 1, timeout=20_000)
+    return w, view, client, progress
+
+
+def test_quit_during_explain_stops_it_at_its_next_pass(qtbot, make_window, tiny, monkeypatch):
+    """Quit waited for a running Explain to end (minutes on a real chat): the window's close
+    ends the engine's thread, which runs Explain, and only a reply was told to stop."""
+    w, view, client, progress = _explain_running(qtbot, make_window, tiny, monkeypatch, 24, 4)
+    failed = []
+    client.failed.connect(lambda rid, message: failed.append(message))
     w.close()
     qtbot.wait(50)   # what the thread sent before it ended
     assert progress[-1][0] < progress[-1][1] // 2   # it stopped: 1 + 24 + 4 passes of 0.3 s were left to run
@@ -187,18 +196,7 @@ def test_quit_during_explain_stops_it_at_its_next_pass(qtbot, make_window, tiny,
 def test_loading_another_model_stops_a_running_explain(qtbot, make_window, tiny, monkeypatch):
     """The load waited behind Explain on the engine's thread ("Loading the model…" for minutes),
     for a result the new model then cleared."""
-    real = ex_mod._logprob_grads
-    monkeypatch.setattr(ex_mod, "_logprob_grads", lambda *a: (time.sleep(0.3), real(*a))[1])
-    monkeypatch.setattr(ex_mod, "IG_BUDGET_BYTES", 1)
-    w, panel = insight_after_a_reply(qtbot, make_window, tiny, "the cat sat on the mat")
-    view, client = panel.insight.tabs.explain, panel.insight.client
-    view.steps.setValue(24)
-    view.perms.setValue(4)
-    progress = []
-    client.explain_progress.connect(lambda rid, done, total, work: progress.append((done, total)))
-    qtbot.waitUntil(lambda: view.run.isEnabled(), timeout=20_000)
-    view.run.click()
-    qtbot.waitUntil(lambda: len(progress) >= 1, timeout=20_000)
+    w, view, client, progress = _explain_running(qtbot, make_window, tiny, monkeypatch, 24, 4)
     failed = []
     client.failed.connect(lambda rid, message: failed.append(message))
     with qtbot.waitSignal(w.engine.model_loaded, timeout=5000):   # 1 + 24 + 4 passes of 0.3 s were left
@@ -212,18 +210,7 @@ def test_a_message_sent_during_explain_says_it_waits_for_it(qtbot, make_window, 
     engine's thread), with nothing saying why."""
     from desktop.main_window.replies import waiting_note
 
-    real = ex_mod._logprob_grads
-    monkeypatch.setattr(ex_mod, "_logprob_grads", lambda *a: (time.sleep(0.3), real(*a))[1])
-    monkeypatch.setattr(ex_mod, "IG_BUDGET_BYTES", 1)
-    w, panel = insight_after_a_reply(qtbot, make_window, tiny, "the cat sat on the mat")
-    view, client = panel.insight.tabs.explain, panel.insight.client
-    view.steps.setValue(3)
-    view.perms.setValue(2)
-    progress = []
-    client.explain_progress.connect(lambda rid, done, total, work: progress.append((done, total)))
-    qtbot.waitUntil(lambda: view.run.isEnabled(), timeout=20_000)
-    view.run.click()
-    qtbot.waitUntil(lambda: len(progress) >= 1, timeout=20_000)
+    w, view, client, progress = _explain_running(qtbot, make_window, tiny, monkeypatch, 3, 2)
     assert w.engine.holding == "Explain"
     with qtbot.waitSignal(w.reply_finished, timeout=30_000):
         w.submit("and the dog?")

@@ -48,12 +48,9 @@ def test_a_message_of_its_own_in_the_status_bar_stays(qtbot, make_window):
     assert w.status.currentMessage() == "Copied the message"
 
 
-def test_enter_while_the_model_loads_says_why_nothing_is_sent(qtbot, make_window):
-    """It said so only in the status bar ("No model is loaded yet"): at a first start the
-    window is up before the model, and Enter seemed to do nothing."""
+def _loading_slowly(make_window):
+    """A window whose first model is still loading: the window, and the gate that lets the load end."""
     import threading
-
-    from desktop.main_window.replies import LOADING_NOTE
 
     gate = threading.Event()
 
@@ -63,6 +60,15 @@ def test_enter_while_the_model_loads_says_why_nothing_is_sent(qtbot, make_window
 
     w = make_window(load=False, worker=EngineWorker(load_fn=slow_load, session_fn=_Refusing()))
     w.load_model("fake.gguf")
+    return w, gate
+
+
+def test_enter_while_the_model_loads_says_why_nothing_is_sent(qtbot, make_window):
+    """It said so only in the status bar ("No model is loaded yet"): at a first start the
+    window is up before the model, and Enter seemed to do nothing."""
+    from desktop.main_window.replies import LOADING_NOTE
+
+    w, gate = _loading_slowly(make_window)
     w.input.setPlainText("hello")
     qtbot.keyClick(w.input, Qt.Key.Key_Return)
     assert w.notice.isVisible() and w.notice.text() == LOADING_NOTE and w.notice.property("kind") == "note"
@@ -79,16 +85,7 @@ def test_enter_while_the_model_loads_says_why_nothing_is_sent(qtbot, make_window
 def test_the_message_box_has_the_focus_while_the_first_model_loads(qtbot, make_window):
     """The window opened with the focus in "Search chats": what a new user typed while the
     model loaded filtered the chat list away, and Enter sent nothing."""
-    import threading
-
-    gate = threading.Event()
-
-    def slow_load(source, device):
-        gate.wait(5)
-        return fake_load(source, device)
-
-    w = make_window(load=False, worker=EngineWorker(load_fn=slow_load, session_fn=_Refusing()))
-    w.load_model("fake.gguf")
+    w, gate = _loading_slowly(make_window)
     assert w.focusWidget() is w.input
     with qtbot.waitSignal(w.engine.model_loaded, timeout=5000):
         gate.set()
