@@ -286,7 +286,17 @@ def _stand_in_tokenizer():
 
 
 def _process_seconds() -> float:
-    """Seconds since this process started (its creation time, as psutil reads it)."""
+    """Seconds since this process started, to the kernel's clock tick (10 ms).
+
+    On Linux from ``/proc/self/stat``'s start time (clock ticks since boot) against
+    ``CLOCK_BOOTTIME``: psutil's creation time adds the boot time, which ``/proc/stat`` gives
+    in whole seconds, so its age of a process is off by up to a second (it read 0.60 s for a
+    process 0.03 s old). Elsewhere psutil's."""
+    stat = Path("/proc/self/stat")
+    if hasattr(time, "CLOCK_BOOTTIME") and stat.exists():
+        fields = stat.read_text().rsplit(")", 1)[1].split()   # after the command's name, which may hold spaces
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")    # field 22: starttime
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started
     import psutil
 
     return time.time() - psutil.Process().create_time()

@@ -167,3 +167,19 @@ def test_the_compiled_engine_reports_its_compile_time(tiny_folder):
         depths=[16], decode_tokens=5, followup_context=20, followup_tokens=4)
     r = bench_worker.measure(args)
     assert r["decode_mode"] == "compile" and r["compile_s"] > 0 and r["decode_tokens_per_s"]["16"] > 0
+
+
+def test_a_process_age_is_within_what_its_parent_waited():
+    """``first_reply_s`` counts from the worker's start: its age read in a fresh child lies
+    between 0 and the parent's wall time around the child (to the kernel's 10 ms tick). psutil's
+    creation time, from a boot time in whole seconds, read up to a second more."""
+    import subprocess
+    import sys
+    import time
+
+    code = "from attnchat.bench.worker import _process_seconds as s; print(s())"
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    waited = time.perf_counter() - t0
+    age = float(out.stdout)
+    assert 0.0 <= age <= waited + 0.011, (age, waited)
