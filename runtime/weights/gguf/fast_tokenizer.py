@@ -20,7 +20,11 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["FastTokenizer", "read", "transformers_tokenizer"]
+__all__ = ["FastTokenizer", "compact_merges", "read", "transformers_tokenizer"]
+
+#: Beside a tokenizer.json whose BPE merges :func:`compact_merges` has written as strings
+#: (or found nothing to change in): it is not read again to find out.
+COMPACT_MARK = "attnchat-merges-compact"
 
 #: transformers' named special tokens (``SPECIAL_TOKENS_ATTRIBUTES``), in its order.
 NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -55,6 +59,47 @@ def read(tokenizer_file: Path, kwargs: dict[str, Any]) -> "FastTokenizer | None"
     if backend.truncation is not None or backend.padding is not None:   # transformers resets both
         return None
     return FastTokenizer(backend, tokenizer_file, kwargs, named, list(extra))
+
+
+def compact_merges(tokenizer_file: Path) -> bool:
+    """Rewrite a BPE tokenizer.json's merges from pairs (``["a", "b"]``, what ``tokenizers``
+    saves) to the strings ``"a b"`` it also reads, and mark the folder (:data:`COMPACT_MARK`);
+    True when the file was rewritten. Why: ``tokenizers`` reads string merges faster. Gemma 3's
+    514,906 merges: 0.61 s against 0.95 s for the whole tokenizer (Intel Xeon, 2 cores). It
+    builds the same tokenizer either way: a string merge is split at its space, so merges with
+    a space inside a piece stay as pairs (the whole file is left as it is).
+
+    The file is replaced atomically; one that cannot be read or written is left as it is (the
+    mark then not written either), since the pairs form reads as well, only slower.
+    """
+    import json
+    import os
+
+    mark = tokenizer_file.with_name(COMPACT_MARK)
+    try:
+        data = json.loads(tokenizer_file.read_text(encoding="utf-8"))
+        model = data.get("model") or {}
+        merges = model.get("merges") or []
+        pairs = [m for m in merges if isinstance(m, list)]
+        changed = bool(pairs) and model.get("type") == "BPE" and all(
+            len(m) == 2 and isinstance(m[0], str) and isinstance(m[1], str) and " " not in m[0] + m[1] for m in pairs)
+        if changed:
+            model["merges"] = [m if isinstance(m, str) else f"{m[0]} {m[1]}" for m in merges]
+            tmp = tokenizer_file.with_name(tokenizer_file.name + f".tmp{os.getpid()}")
+            try:
+                text = json.dumps(data, ensure_ascii=False)   # UTF-8 reads 5 % faster than escapes
+                try:
+                    raw = text.encode("utf-8")
+                except UnicodeEncodeError:   # a lone surrogate in a token: kept escaped, as it came
+                    raw = json.dumps(data).encode("ascii")
+                tmp.write_bytes(raw)
+                os.replace(tmp, tokenizer_file)
+            finally:
+                tmp.unlink(missing_ok=True)
+        mark.write_text("merges as strings where a piece has no space\n", encoding="utf-8")
+        return changed
+    except (OSError, ValueError, UnicodeError):
+        return False
 
 
 class FastTokenizer:

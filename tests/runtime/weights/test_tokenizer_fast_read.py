@@ -124,3 +124,74 @@ def test_a_load_with_its_cache_folder_kept_imports_no_transformers():
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "FastTokenizer", "True"]
+
+
+def _bpe_file(tmp_path, merges):
+    """A tiny BPE tokenizer.json as ``tokenizers`` saves it (merges as pairs)."""
+    from tokenizers import Tokenizer, models
+
+    vocab = {"a": 0, "b": 1, "c": 2, " ": 3, "ab": 4, "abc": 5, "a b": 6, "c ": 7}
+    path = tmp_path / "tokenizer.json"
+    Tokenizer(models.BPE(vocab=vocab, merges=merges)).save(str(path))
+    return path
+
+
+def test_compact_merges_writes_strings_that_read_to_the_same_tokenizer(tmp_path):
+    from tokenizers import Tokenizer
+
+    from runtime.weights.gguf.fast_tokenizer import COMPACT_MARK, compact_merges
+
+    path = _bpe_file(tmp_path, [("a", "b"), ("ab", "c")])
+    before = Tokenizer.from_file(str(path))
+    assert json.loads(path.read_text())["model"]["merges"] == [["a", "b"], ["ab", "c"]]
+    assert compact_merges(path) is True
+    assert json.loads(path.read_text())["model"]["merges"] == ["a b", "ab c"]
+    after = Tokenizer.from_file(str(path))
+    assert after.to_str() == before.to_str()
+    assert after.encode("abcab").ids == before.encode("abcab").ids == [5, 4]
+    assert (tmp_path / COMPACT_MARK).exists()
+    assert compact_merges(path) is False   # strings already: nothing to rewrite
+    assert sorted(p.name for p in tmp_path.iterdir()) == [COMPACT_MARK, "tokenizer.json"]   # no temporary left
+
+
+def test_compact_merges_leaves_a_file_with_a_space_inside_a_piece(tmp_path):
+    """``"a b c"`` could not say which space parts the pair: such a file keeps its pairs."""
+    from runtime.weights.gguf.fast_tokenizer import COMPACT_MARK, compact_merges
+
+    path = _bpe_file(tmp_path, [("a", "b"), ("c", " ")])
+    text = path.read_text()
+    assert compact_merges(path) is False
+    assert path.read_text() == text
+    assert (tmp_path / COMPACT_MARK).exists()
+
+
+def test_compact_merges_on_a_broken_file_changes_nothing(tmp_path):
+    from runtime.weights.gguf.fast_tokenizer import COMPACT_MARK, compact_merges
+
+    path = tmp_path / "tokenizer.json"
+    path.write_text('{"model": {"type": "BPE", "merges": [["a", "b"]')
+    assert compact_merges(path) is False
+    assert path.read_text() == '{"model": {"type": "BPE", "merges": [["a", "b"]'
+    assert not (tmp_path / COMPACT_MARK).exists()
+
+
+@pytest.mark.parametrize("entry_name", ["DEFAULT_MODEL", "GEMMA3_270M"])
+def test_the_kept_tokenizer_is_compact_and_is_the_files_own(entry_name, tmp_path):
+    """The cache folder's tokenizer.json holds string merges, and reads to the tokenizer its
+    pairs form does (written again as pairs here, compacted, compared whole)."""
+    from tokenizers import Tokenizer
+
+    from models import catalog
+    from runtime.weights.gguf.fast_tokenizer import COMPACT_MARK, compact_merges
+
+    folder = _cached_folder(getattr(catalog, entry_name))
+    assert (folder / COMPACT_MARK).exists()
+    kept = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert all(isinstance(m, str) for m in json.loads((folder / "tokenizer.json").read_text())["model"]["merges"])
+    pairs = tmp_path / "tokenizer.json"
+    kept.save(str(pairs))
+    assert isinstance(json.loads(pairs.read_text())["model"]["merges"][0], list)
+    assert compact_merges(pairs) is True
+    assert Tokenizer.from_file(str(pairs)).to_str() == kept.to_str()
+    for text in TEXTS:
+        assert Tokenizer.from_file(str(pairs)).encode(text).ids == kept.encode(text).ids
