@@ -77,6 +77,9 @@ class QuantChoice:
 
     Attributes:
         kernels: as above.
+        short_rows: per type, the most rows a prefill product runs through :data:`SHORT_KERNEL`
+            instead of the type's prefill kernel (a short prompt or a follow-up turn); 0 or
+            absent: never (:func:`measure_quant` times where it is faster).
         timings_us: measured microseconds per token: ``type -> phase -> kernel -> us`` (empty
             when not measured).
         measured: whether it was timed now (False: the defaults, or read from a file).
@@ -85,15 +88,19 @@ class QuantChoice:
     kernels: dict[str, tuple[str, str]]
     timings_us: dict = field(default_factory=dict, compare=False)
     measured: bool = field(default=False, compare=False)
+    short_rows: dict[str, int] = field(default_factory=dict)
 
     def kernel(self, btype: BlockType, rows: int) -> str:
         """The kernel for a product of ``rows`` activation rows (1: decode)."""
         decode, prefill = self.kernels[btype.name]
-        return decode if rows == 1 else prefill
+        if rows == 1:
+            return decode
+        return SHORT_KERNEL if rows <= self.short_rows.get(btype.name, 0) else prefill
 
     def describe(self) -> dict:
-        """JSON-ready: ``{type: {"decode": k, "prefill": k}}`` and the timings."""
-        return {"kernels": {t: {"decode": d, "prefill": p} for t, (d, p) in self.kernels.items()},
+        """JSON-ready: ``{type: {"decode": k, "prefill": k, "short_prefill_rows": n}}`` and the timings."""
+        return {"kernels": {t: {"decode": d, "prefill": p, "short_prefill_rows": self.short_rows.get(t, 0)}
+                            for t, (d, p) in self.kernels.items()},
                 "timings_us": self.timings_us, "measured": self.measured}
 
 
@@ -105,7 +112,7 @@ def head_choice(choice: QuantChoice) -> QuantChoice:
     to "L'Étoile, la Marseillaise", the exact top logits keep "The capital of France is Paris."
     (measured on an Intel Xeon, and on an AMD EPYC Zen 4 with ggml built for AVX2 only)."""
     return QuantChoice({t: ("ggml-head" if d == "ggml" else d, p) for t, (d, p) in choice.kernels.items()},
-                       timings_us=choice.timings_us, measured=choice.measured)
+                       timings_us=choice.timings_us, measured=choice.measured, short_rows=choice.short_rows)
 
 
 def default_quant_choice(btypes, device: str | torch.device = "cpu") -> QuantChoice:
@@ -149,6 +156,15 @@ def _pairs_with(pairs: list[tuple[str, str]], decode: str | None) -> list[tuple[
 #: 512-token prompt read at 326 tok/s against 297.
 PREFILL_ROWS = 256
 
+#: The copy-free kernel a short prefill product may run instead of the type's prefill kernel,
+#: and the row counts it is timed at against it. Why: a widening kernel widens every matrix
+#: once a call, whatever its rows; ggml's products (twice, for the activations' rounding) cost
+#: per row. Default model, Q4_1, per token (Intel Xeon, 2 cores): 4 rows widen-bf16 22.5 ms,
+#: ggml-exact 6.3; 16 rows 5.7 against 5.1; 32 rows 2.9 against 5.0. A follow-up turn of a
+#: chat is often that short.
+SHORT_KERNEL = "ggml-exact"
+SHORT_ROWS = (4, 8, 16, 32, 64)
+
 
 def measure_quant(weights: list[QuantWeight], device: str | torch.device = "cpu", *, prefill_rows: int = PREFILL_ROWS,
                   reps: int = 3, prefill_weights: list[QuantWeight] | None = None,
@@ -177,7 +193,7 @@ def measure_quant(weights: list[QuantWeight], device: str | torch.device = "cpu"
     for w in weights:
         by_type.setdefault(w.btype.name, []).append(w)
     prefill_set = {id(w) for w in (prefill_weights if prefill_weights is not None else weights)}
-    chosen, timings = {}, {}
+    chosen, timings, short = {}, {}, {}
     with torch.inference_mode():
         for tname, ws in by_type.items():
             pairs = _pairs_with(kernel_pairs(ws[0].btype, device), decode)
@@ -210,11 +226,36 @@ def measure_quant(weights: list[QuantWeight], device: str | torch.device = "cpu"
             prefill = _fastest(per["prefill"], prefills)
             chosen[tname] = (decode, prefill)
             timings[tname] = per
+            if SHORT_KERNEL in prefills and prefill != SHORT_KERNEL and shapes:
+                short[tname] = _short_rows(shapes, prefill, reps, device, per)
             for w in ws:
+                keep = (decode, prefill, SHORT_KERNEL) if short.get(tname) else (decode, prefill)
                 for k in list(w.prepared):
-                    if k not in (decode, prefill):
+                    if k not in keep:
                         del w.prepared[k]
-    return QuantChoice(chosen, timings_us=timings, measured=True)
+    return QuantChoice(chosen, timings_us=timings, measured=True, short_rows=short)
+
+
+def _short_rows(shapes: dict, prefill: str, reps: int, device, per: dict) -> int:
+    """The most of :data:`SHORT_ROWS` up to which :data:`SHORT_KERNEL` multiplies ``shapes``
+    (shape -> its matrices) faster than ``prefill`` at every count timed (0: not at the first);
+    the times go into ``per["short"]`` (``rows -> kernel -> us per token``)."""
+    best = 0
+    per["short"] = {}
+    for rows in SHORT_ROWS:
+        us = {}
+        for k in (SHORT_KERNEL, prefill):
+            total = 0.0
+            for (_, cols), same in shapes.items():
+                x = torch.randn(rows, cols, device=device)
+                total += best_time_us(functools.partial(quant_linear, x, same[0], k, device=device), reps,
+                                      warm_up=True) * len(same)
+            us[k] = round(total / rows, 1)
+        per["short"][str(rows)] = us
+        if us[SHORT_KERNEL] >= us[prefill]:
+            break
+        best = rows
+    return best
 
 
 # ---- kept per machine -----------------------------------------------------------------------
@@ -248,10 +289,11 @@ class BlockKernels:
         names = sorted({t.name for t in self.btypes})
         section = kept.get(self.section, {})
         pairs = {t.name: _pairs_with(kernel_pairs(t, self.device), self.decode) for t in self.btypes}
-        if all(n in section and tuple(section[n]["pair"]) in pairs[n] for n in names):
+        if all(n in section and tuple(section[n]["pair"]) in pairs[n] and "short_rows" in section[n] for n in names):
             return QuantChoice({n: tuple(section[n]["pair"]) for n in names},
-                               timings_us={n: section[n].get("timings_us", {}) for n in names})
-        return None
+                               timings_us={n: section[n].get("timings_us", {}) for n in names},
+                               short_rows={n: int(section[n]["short_rows"]) for n in names})
+        return None   # not measured here, or before short prefills were timed: measured (again)
 
     @property
     def section(self) -> str:
@@ -261,5 +303,6 @@ class BlockKernels:
     def keep(self, kept: dict, choice: QuantChoice) -> dict:
         section = kept.setdefault(self.section, {})
         for n, pair in choice.kernels.items():
-            section[n] = {"pair": list(pair), "timings_us": choice.timings_us.get(n, {})}
+            section[n] = {"pair": list(pair), "timings_us": choice.timings_us.get(n, {}),
+                          "short_rows": choice.short_rows.get(n, 0)}
         return kept

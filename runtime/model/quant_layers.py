@@ -53,6 +53,8 @@ class QuantLinear(nn.Module):
         self.choice: qc.QuantChoice | None = None
         self.device = torch.device("cpu")
         self._runs: tuple[list, list] = ([], [])  # per part: (kernel run, form, weight), decode then prefill
+        self._short: list[tuple[int, tuple | None]] = []   # per part: (most rows, run) of a short prefill
+        self._short_max = 0
         self._keys: list[int] = []
         # Inside widened_for_gradients: the matrix widened once, kept for every gradient pass.
         self.keep_widened = False
@@ -89,6 +91,9 @@ class QuantLinear(nn.Module):
                 prefill_runs.append(self._run(p, fallback))
                 deferred.append((i, p, prefill))
         self._runs = (decode_runs, prefill_runs)
+        self._short = [(n, self._run(p, qc.SHORT_KERNEL) if n > 1 else None)
+                       for p in self.parts for n in [choice.short_rows.get(p.btype.name, 0)]]
+        self._short_max = max(n for n, _ in self._short)
         self._keys = [qk.weight_key(p) for p in self.parts]
         qk.compiled_linear()  # defined now: torch.compile cannot define an op while tracing
         if deferred:
@@ -137,12 +142,15 @@ class QuantLinear(nn.Module):
             x2 = x2.contiguous()
         # one token per sequence (B, 1, in) decodes as one row does: a batched reply equals it alone
         phase = 0 if x2.shape[0] == 1 or (x.dim() >= 3 and shape[-2] == 1) else 1
+        runs = self._runs[phase]
+        if phase and x2.shape[0] <= self._short_max:   # a short prefill: see quant_choice.SHORT_KERNEL
+            runs = [s if s is not None and x2.shape[0] <= n else r for r, (n, s) in zip(runs, self._short)]
         if torch.compiler.is_compiling():
             op = qk.compiled_linear()
-            outs = [op(x2, key, run[3]) for key, run in zip(self._keys, self._runs[phase])]
+            outs = [op(x2, key, run[3]) for key, run in zip(self._keys, runs)]
         else:
             xf = x2 if x2.dtype == torch.float32 else x2.float()
-            outs = [run(xf, form, p) for run, form, p, _ in self._runs[phase]]
+            outs = [run(xf, form, p) for run, form, p, _ in runs]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         y = y.view(*shape[:-1], self.out_features)
         if y.dtype != x.dtype:

@@ -327,3 +327,69 @@ def test_the_bfloat16_prefill_is_offered_only_where_onednn_multiplies_bfloat16(m
     assert ("ggml", "widen-bf16") in quant_choice.kernel_pairs(q4, "cpu")
     assert all("widen-bf16" not in pair for pair in quant_choice.kernel_pairs(f32, "cpu"))
     assert quant_choice.kernel_pairs(q4, "cpu")[0] == ("ggml", "widen")   # the unmeasured default stays float32
+
+
+@needs_ggml
+def test_short_prefills_are_timed_and_kept(weights, tmp_path, monkeypatch):
+    """Where the short kernel multiplies a few rows faster than the type's prefill kernel, the
+    choice says up to how many rows: every count timed up to it was faster, the next was not
+    (or was the last timed). The rows are kept with the pair, and a kept file without them is
+    measured again."""
+    import json
+
+    from runtime.kernels import machine
+    from runtime.kernels.chooser import load_or_measure
+    from runtime.kernels.quant_choice import SHORT_KERNEL, SHORT_ROWS, BlockKernels, measure_quant
+
+    ws = list(weights.values())
+    choice = measure_quant(ws, reps=1, prefill_rows=64, decode="ggml")
+    for w in ws:
+        name = w.btype.name
+        _, prefill = choice.kernels[name]
+        n = choice.short_rows.get(name, 0)
+        if prefill == SHORT_KERNEL:
+            assert n == 0
+            continue
+        timed = choice.timings_us[name]["short"]
+        faster = [int(r) for r, us in timed.items() if us[SHORT_KERNEL] < us[prefill]]
+        assert n in (0, *SHORT_ROWS)
+        assert faster[: len([r for r in SHORT_ROWS if r <= n])] == [r for r in SHORT_ROWS if r <= n]
+        if n and n != SHORT_ROWS[-1]:
+            nxt = SHORT_ROWS[SHORT_ROWS.index(n) + 1]
+            assert timed[str(nxt)][SHORT_KERNEL] >= timed[str(nxt)][prefill]
+        if n:
+            assert choice.kernel(w.btype, n) == SHORT_KERNEL and choice.kernel(w.btype, n + 1) == prefill
+            assert SHORT_KERNEL in w.prepared
+        assert choice.kernel(w.btype, 1) == "ggml"
+    monkeypatch.setattr(machine, "busy", lambda: False)
+    btypes = {w.btype for w in ws}
+    kept = load_or_measure(tmp_path, BlockKernels(btypes, "cpu", lambda: choice, decode="ggml"))
+    assert kept.short_rows == choice.short_rows
+    again = load_or_measure(tmp_path, BlockKernels(btypes, "cpu", lambda: pytest.fail("measured again"), decode="ggml"))
+    assert again.short_rows == {n: choice.short_rows.get(n, 0) for n in choice.kernels}
+    path = next(tmp_path.glob("kernels-*.json"))
+    saved = json.loads(path.read_text())
+    for entry in saved["quant-decode-ggml"].values():
+        del entry["short_rows"]   # a file kept before short prefills were timed
+    path.write_text(json.dumps(saved))
+    calls = []
+    load_or_measure(tmp_path, BlockKernels(btypes, "cpu", lambda: calls.append(1) or choice, decode="ggml"))
+    assert calls == [1]
+
+
+@needs_ggml
+def test_a_layer_runs_the_short_kernel_up_to_its_rows(weights):
+    """A product of at most ``short_rows`` rows is the short kernel's, bit for bit; one more row
+    is the prefill kernel's; one row is decode's."""
+    from runtime.kernels.quant_choice import SHORT_KERNEL, QuantChoice
+    from runtime.model.quant_layers import QuantLinear
+
+    w = weights["Q4_K"]
+    layer = QuantLinear([w])
+    layer.set_choice(QuantChoice({"Q4_K": ("ggml", "widen")}, short_rows={"Q4_K": 8}))
+    g = torch.Generator().manual_seed(0)
+    for rows, kernel in ((1, "ggml"), (2, SHORT_KERNEL), (8, SHORT_KERNEL), (9, "widen"), (32, "widen")):
+        x = torch.randn(rows, w.cols, generator=g)
+        torch.testing.assert_close(layer(x), quant_linear(x, w, kernel), rtol=0, atol=0, msg=f"{rows} rows")
+    x = torch.randn(8, w.cols, generator=g)
+    assert not torch.equal(quant_linear(x, w, SHORT_KERNEL), quant_linear(x, w, "widen"))   # the test can tell them apart
