@@ -118,6 +118,14 @@ class ThreadGovernor:
       of the time.
     - A call slower than ``jump`` times the current count's median (another program just
       started) forgets that count's older times and tries the other counts next.
+    - When such a look around (the first calibration, or one after a jump) chose fewer than
+      the most threads by less than ``sure`` times, it is looked at again ``confirm`` calls
+      later, once. Why: it was taken while the machine was cold. After a load the first
+      decode call also built the token's graph, and the first calls after a prefill find the
+      weights out of the CPU's caches. On the quiet 2-core Intel Xeon, default model, the
+      first call took 21.5 ms on 2 threads and the next 16.7 on 1, and then 1 thread ran
+      ~60 calls at 10 ms against 6 ms on 2, until the budget allowed a try. A busy core is
+      no such coin toss (2 threads 20x slower): it is not looked at again.
 
     Args:
         options: thread counts (:func:`thread_options`), most first.
@@ -137,6 +145,8 @@ class ThreadGovernor:
         min_calls: int = 16,
         budget: float = 50.0,
         jump: float = 3.0,
+        sure: float = 2.0,
+        confirm: int = 3,
     ):
         if not options:
             raise ValueError("no thread counts to choose from")
@@ -145,7 +155,10 @@ class ThreadGovernor:
         self._times = {k: deque(maxlen=window) for k in self.options}
         self.choice = self.options[0]
         self._min_calls, self._budget, self._jump = min_calls, budget, jump
+        self._sure, self._confirm = sure, confirm
         self._pending: list[int] = []  # counts to try next, one call each
+        self._looking = False   # the pending tries are a look around (calibration or a jump)
+        self._confirm_in: int | None = None   # calls on the choice until a look again
         self._since_try = 0
         self._tried_at: float | None = None
         self._next_other = 0
@@ -182,14 +195,20 @@ class ThreadGovernor:
         if not others:
             return
         if self._tried_at is None:  # calibrate: each other count once
-            self._pending = others
+            self._pending, self._looking = others, True
             return
         self._since_try += 1
+        if self._confirm_in is not None:
+            self._confirm_in -= 1
+            if self._confirm_in <= 0:   # a close choice of fewer threads made cold: once more, now
+                self._confirm_in = None
+                self._pending = others
+                return
         if before is not None and seconds_per_unit > self._jump * before:
             # The machine changed: forget the count's older times and look around now.
             self._times[threads].clear()
             self._times[threads].append(seconds_per_unit)
-            self._pending = others
+            self._pending, self._looking = others, True
         elif self._since_try >= self._min_calls:
             k = others[self._next_other % len(others)]
             last, mine = self.median(k), self.median(self.choice)
@@ -203,6 +222,10 @@ class ThreadGovernor:
         self.choice = min(medians, key=medians.get)
         self._since_try = 0
         self._tried_at = now
+        rest = [m for k, m in medians.items() if k != self.choice]
+        if self._looking and self.choice != self.options[0] and rest and min(rest) < self._sure * medians[self.choice]:
+            self._confirm_in = self._confirm
+        self._looking = False
 
     def run(self, fn: Callable[[], T], units: float = 1.0) -> T:
         """``fn()`` on the chosen thread count, timed (``units`` of work, e.g. tokens)."""
