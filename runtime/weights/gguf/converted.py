@@ -133,10 +133,10 @@ def _read_cached_fast(cached: Path | None):
         template = cached / "chat_template.jinja"
         if "chat_template" not in kwargs and template.exists():
             kwargs["chat_template"] = template.read_text(encoding="utf-8")
-        if not (cached / fast_tokenizer.COMPACT_MARK).exists():   # a folder kept before the compact form
-            fast_tokenizer.compact_merges(cached / "tokenizer.json")
         fast = fast_tokenizer.read(cached / "tokenizer.json", {**kwargs, "name_or_path": str(cached)})
         if fast is not None:  # no transformers import on a load (a second of the default model's)
+            if not (cached / fast_tokenizer.COMPACT_MARK).exists():   # a folder kept before the compact form
+                fast_tokenizer.compact_merges(cached / "tokenizer.json", fast.backend_tokenizer)
             return cfg, fast
         from transformers import PreTrainedTokenizerFast
 
@@ -169,7 +169,7 @@ def _write_cache(cached: Path | None, hf_config, tokenizer) -> None:
         hf_config.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         if (tmp / "tokenizer.json").exists():
-            fast_tokenizer.compact_merges(tmp / "tokenizer.json")
+            fast_tokenizer.compact_merges(tmp / "tokenizer.json", getattr(tokenizer, "backend_tokenizer", None))
         if not cached.exists():
             os.replace(tmp, cached)
     except OSError:

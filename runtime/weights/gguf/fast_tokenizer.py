@@ -61,37 +61,43 @@ def read(tokenizer_file: Path, kwargs: dict[str, Any]) -> "FastTokenizer | None"
     return FastTokenizer(backend, tokenizer_file, kwargs, named, list(extra))
 
 
-def compact_merges(tokenizer_file: Path) -> bool:
+def compact_merges(tokenizer_file: Path, backend=None) -> bool:
     """Rewrite a BPE tokenizer.json's merges from pairs (``["a", "b"]``, what ``tokenizers``
-    saves) to the strings ``"a b"`` it also reads, and mark the folder (:data:`COMPACT_MARK`);
-    True when the file was rewritten. Why: ``tokenizers`` reads string merges faster. Gemma 3's
-    514,906 merges: 0.61 s against 0.95 s for the whole tokenizer (Intel Xeon, 2 cores). It
-    builds the same tokenizer either way: a string merge is split at its space, so merges with
-    a space inside a piece stay as pairs (the whole file is left as it is).
+    saves) to the strings ``"a b"`` it also reads, without indentation, and mark the folder
+    (:data:`COMPACT_MARK`); True when the file was rewritten. Why: ``tokenizers`` reads it
+    faster. Gemma 3's 514,906 merges: 0.55 s against 0.85 s for the whole tokenizer (Intel
+    Xeon, 2 cores). It builds the same tokenizer either way: a string merge is split at its
+    space, so a file with a space inside a piece keeps its pairs (left as it is).
 
-    The file is replaced atomically; one that cannot be read or written is left as it is (the
-    mark then not written either), since the pairs form reads as well, only slower.
+    ``backend``: the ``tokenizers.Tokenizer`` the file holds, when already built (its compact
+    JSON is read instead of the file: 0.8 s against 1.2 for Gemma 3's). The file is replaced
+    atomically; one that cannot be read or written is left as it is (the mark then not written
+    either), since the pairs form reads as well, only slower.
     """
+    import itertools
     import json
     import os
 
     mark = tokenizer_file.with_name(COMPACT_MARK)
     try:
-        data = json.loads(tokenizer_file.read_text(encoding="utf-8"))
+        text = backend.to_str() if backend is not None else tokenizer_file.read_text(encoding="utf-8")
+        data = json.loads(text)
         model = data.get("model") or {}
-        merges = model.get("merges") or []
-        pairs = [m for m in merges if isinstance(m, list)]
-        changed = bool(pairs) and model.get("type") == "BPE" and all(
-            len(m) == 2 and isinstance(m[0], str) and isinstance(m[1], str) and " " not in m[0] + m[1] for m in pairs)
+        merges = model.get("merges")
+        changed = False
+        if model.get("type") == "BPE" and isinstance(merges, list) and merges and all(type(m) is list for m in merges):
+            pieces = list(itertools.chain.from_iterable(merges))   # (C loops: 515k merges in milliseconds)
+            changed = len(pieces) == 2 * len(merges) and all(type(p) is str for p in pieces) and " " not in "".join(pieces)
         if changed:
-            model["merges"] = [m if isinstance(m, str) else f"{m[0]} {m[1]}" for m in merges]
+            model["merges"] = list(map(" ".join, merges))
             tmp = tokenizer_file.with_name(tokenizer_file.name + f".tmp{os.getpid()}")
             try:
-                text = json.dumps(data, ensure_ascii=False)   # UTF-8 reads 5 % faster than escapes
+                compact = {"separators": (",", ":")}
+                text = json.dumps(data, ensure_ascii=False, **compact)   # UTF-8 reads 5 % faster than escapes
                 try:
                     raw = text.encode("utf-8")
                 except UnicodeEncodeError:   # a lone surrogate in a token: kept escaped, as it came
-                    raw = json.dumps(data).encode("ascii")
+                    raw = json.dumps(data, **compact).encode("ascii")
                 tmp.write_bytes(raw)
                 os.replace(tmp, tokenizer_file)
             finally:
