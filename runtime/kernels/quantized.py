@@ -168,12 +168,35 @@ def _ggml_head_run(x: torch.Tensor, m, w: QuantWeight) -> torch.Tensor:
     if w.rows <= HEAD_EXACT_TOP:
         return _ggml_exact_run(x, m, w)
     rest = x - ggml_ops.as_ggml_sees(x, w.btype.ggml_type)   # (M, cols): what the rounding lost
-    top = y.topk(HEAD_EXACT_TOP, dim=-1).indices                # (M, K)
+    top = top_indices(y, HEAD_EXACT_TOP)                        # (M, K)
     rows = lookup(w, top)                                       # (M, K, cols) float32
     # one matrix-vector product per row, not a bmm over the rows: a row's correction then does
     # not depend on how many rows share the call (a batched reply equals it alone, bit for bit)
     y.scatter_add_(-1, top, torch.stack([rows[i] @ rest[i] for i in range(rows.shape[0])]))
     return y
+
+
+#: Logits a chunk of :func:`top_indices`' first pass; rows shorter than 64 chunks of ``k`` take ``topk`` alone.
+_TOP_CHUNK = 256
+
+
+def top_indices(y: torch.Tensor, k: int) -> torch.Tensor:
+    """int64 ``(M, k)``: each row of ``y (M, V)``'s ``k`` largest, the set ``y.topk(k)`` gives
+    (in descending order). Why not ``topk`` alone: over Gemma 3's 262,144 logits it took 0.5-0.9
+    ms of a 21 ms token (Intel Xeon). The maxima of chunks of :data:`_TOP_CHUNK` come first: the
+    ``k``-th largest of them, ``t``, is at most the row's ``k``-th largest value (those ``k`` chunks
+    each hold one at least ``t``), so the values at least ``t`` hold the ``k`` largest, and ``topk``
+    runs over them alone."""
+    V = y.shape[-1]
+    if V < 64 * k:
+        return y.topk(k, dim=-1).indices
+    main = V // _TOP_CHUNK * _TOP_CHUNK
+    out = []
+    for row in y:
+        t = row[:main].view(-1, _TOP_CHUNK).amax(dim=1).topk(k).values[-1]
+        held = (row >= t).nonzero().view(-1)
+        out.append(held[row[held].topk(k).indices])
+    return torch.stack(out)
 
 
 def _ggml_available() -> bool:

@@ -199,15 +199,16 @@ def test_widen_without_ggml_is_torch_decoding(weights, monkeypatch):
 
 
 def test_measure_keeps_one_pair_per_type(weights):
-    from runtime.kernels.quant_choice import kernel_pairs, measure_quant
+    from runtime.kernels.quant_choice import SHORT_KERNEL, kernel_pairs, measure_quant
 
     ws = list(weights.values())
     choice = measure_quant(ws, reps=1, prefill_rows=4)
     assert set(choice.kernels) == {w.btype.name for w in ws}
     for name, pair in choice.kernels.items():
         assert pair in kernel_pairs(BLOCK_TYPES[name], "cpu")
-    for w in ws:  # the losers' forms are dropped
-        assert set(w.prepared) <= set(choice.kernels[w.btype.name])
+    for w in ws:  # the losers' forms are dropped (the short prefills' kernel is no loser where it runs)
+        short = {SHORT_KERNEL} if choice.short_rows.get(w.btype.name) else set()
+        assert set(w.prepared) <= set(choice.kernels[w.btype.name]) | short
 
 
 @needs_ggml
@@ -393,3 +394,20 @@ def test_a_layer_runs_the_short_kernel_up_to_its_rows(weights):
         torch.testing.assert_close(layer(x), quant_linear(x, w, kernel), rtol=0, atol=0, msg=f"{rows} rows")
     x = torch.randn(8, w.cols, generator=g)
     assert not torch.equal(quant_linear(x, w, SHORT_KERNEL), quant_linear(x, w, "widen"))   # the test can tell them apart
+
+
+@pytest.mark.parametrize("V", [1000, 49152, 262144 + 77])
+def test_top_indices_are_topks(V):
+    """The LM head's top logits through chunk maxima first: the same indices as ``topk`` on
+    distinct values (several rows, a length that is no whole number of chunks), the same values
+    where rows hold ties, and the largest in a chunk's tail found too."""
+    from runtime.kernels.quantized import top_indices
+
+    g = torch.Generator().manual_seed(V)
+    y = torch.randn(3, V, generator=g) * 4
+    y[1, -1] = 100.0   # in the last, partial chunk
+    assert torch.equal(top_indices(y, 128), y.topk(128, dim=-1).indices)
+    ties = torch.zeros(2, V)
+    ties[:, ::7] = 1.0
+    got = top_indices(ties, 128)
+    assert torch.equal(ties.gather(1, got), ties.topk(128, dim=-1).values)
