@@ -72,14 +72,17 @@ def compact_merges(tokenizer_file: Path, backend=None) -> bool:
     ``backend``: the ``tokenizers.Tokenizer`` the file holds, when already built (its JSON is
     read instead of the file). Gemma 3's takes 1.2-1.3 s either way (Python's JSON, once per
     kept folder: at its conversion, or at the first load of a folder kept before). The file is replaced
-    atomically; one that cannot be read or written is left as it is (the mark then not written
-    either), since the pairs form reads as well, only slower.
+    atomically; one that cannot be read or written, or in a folder this process cannot write,
+    is left as it is (the mark then not written either), since the pairs form reads as well,
+    only slower.
     """
     import itertools
     import json
     import os
 
     mark = tokenizer_file.with_name(COMPACT_MARK)
+    if not os.access(tokenizer_file.parent, os.W_OK):   # (a folder we cannot write: not read for nothing at every load)
+        return False
     try:
         text = backend.to_str() if backend is not None else tokenizer_file.read_text(encoding="utf-8")
         data = json.loads(text)

@@ -195,3 +195,20 @@ def test_the_kept_tokenizer_is_compact_and_is_the_files_own(entry_name, tmp_path
     assert Tokenizer.from_file(str(pairs)).to_str() == kept.to_str()
     for text in TEXTS:
         assert Tokenizer.from_file(str(pairs)).encode(text).ids == kept.encode(text).ids
+
+
+def test_compact_merges_in_a_folder_it_cannot_write_reads_nothing(tmp_path, monkeypatch):
+    """A kept folder this process may not write (a shared or read-only cache): nothing is read
+    or parsed (it would be again at every load, 1.2 s of Gemma 3's), the file stays as it is."""
+    import os
+
+    from runtime.weights.gguf.fast_tokenizer import COMPACT_MARK, compact_merges
+
+    path = _bpe_file(tmp_path, [("a", "b"), ("ab", "c")])
+    text = path.read_text()
+    monkeypatch.setattr(os, "access", lambda p, mode: not (mode & os.W_OK and str(p) == str(tmp_path)))
+    import json
+
+    monkeypatch.setattr(json, "loads", lambda *a, **k: pytest.fail("parsed a file it cannot rewrite"))
+    assert compact_merges(path) is False
+    assert path.read_text() == text and not (tmp_path / COMPACT_MARK).exists()
