@@ -92,6 +92,12 @@ def _marker(path: Path) -> Path | None:
         return None
 
 
+def beside(path: Path, kind: str) -> Path | None:
+    """A file of ``kind`` kept beside ``path``'s verdict (``checked/<key>.<kind>.json``), or None."""
+    marker = _marker(path)
+    return None if marker is None else marker.with_name(f"{marker.stem}.{kind}.json")
+
+
 #: Files whose header walk passed in this process, with their identity then.
 _HEADERS: dict[str, dict] = {}
 

@@ -19,8 +19,10 @@ import torch
 from models.safety.gguf_scan import GGUFHeaderError
 from runtime.config.model import ModelConfig
 from runtime.errors import ModelLoadError, UnsupportedModelError
+from runtime.weights import checked
 from runtime.weights.checked import check_gguf_file, check_gguf_metadata
 from runtime.weights.gguf import config as gguf_config
+from runtime.weights.gguf import header_cache
 from runtime.weights.gguf.converted import (
     _read_cached_fast,
     _write_cache,
@@ -48,7 +50,10 @@ def open_gguf(path: Path) -> GGUFTensors:
     check_gguf_file(path)
     check_gguf_metadata(path)
     try:
-        g = read_gguf_tensors(path)
+        g = header_cache.load(path)   # (a file that passed every check, unchanged since)
+        before = None if g is not None else checked.identity(path)
+        if g is None:
+            g = read_gguf_tensors(path)
     except UnknownBlockType as e:
         raise UnsupportedModelError(f"{path.name}: {e}; {_PICK_ANOTHER}") from None
     except GGUFHeaderError as e:
@@ -57,6 +62,8 @@ def open_gguf(path: Path) -> GGUFTensors:
         raise ModelLoadError(f"{path} could not be read ({e.strerror})") from None
     refuse_architecture(path, g)
     refuse_unrunnable_types(path, g)
+    if before is not None:   # read now, and not refused: kept for the next load
+        header_cache.keep(path, g, before)
     return g
 
 
